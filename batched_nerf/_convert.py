@@ -1,0 +1,217 @@
+"""Public conversion functions: argument checks, broadcasting and dispatch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ._build import build_levels
+from ._inverse import InternalCoordinates, internal_from_xyz
+from ._table import ConstructionTable
+
+Method = Literal["auto", "scan", "levels"]
+_METHODS = ("auto", "scan", "levels")
+_DEG = math.pi / 180.0
+
+
+def _as_float(value: Any, name: str, like: Tensor | None = None) -> Tensor:
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(
+            value,
+            dtype=like.dtype if like is not None else None,
+            device=like.device if like is not None else None,
+        )
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
+    if not value.is_floating_point():
+        value = value.to(torch.get_default_dtype())
+    return value
+
+
+def _check_table(table: Any) -> ConstructionTable:
+    if not isinstance(table, ConstructionTable):
+        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+    return table
+
+
+def broadcast_internal(
+    bonds: Any, angles: Any, dihedrals: Any, table: ConstructionTable, degrees: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Check, promote and broadcast internal coordinates to one ``(..., N)`` shape."""
+    first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
+    tensors = [
+        _as_float(v, name, first)
+        for v, name in ((bonds, "bonds"), (angles, "angles"), (dihedrals, "dihedrals"))
+    ]
+    n = table.n_atoms
+    for t, name in zip(tensors, ("bonds", "angles", "dihedrals")):
+        if t.ndim == 0 or t.shape[-1] != n:
+            raise ValueError(
+                f"{name} must have shape (..., N) with N = {n} atoms of the table, " f"got {tuple(t.shape)}"
+            )
+    dtype = torch.promote_types(torch.promote_types(tensors[0].dtype, tensors[1].dtype), tensors[2].dtype)
+    try:
+        b, a, d = torch.broadcast_tensors(*(t.to(dtype) for t in tensors))
+    except RuntimeError:
+        raise ValueError(
+            "bonds, angles and dihedrals do not broadcast: shapes "
+            f"{tuple(tensors[0].shape)}, {tuple(tensors[1].shape)}, {tuple(tensors[2].shape)}"
+        ) from None
+    if degrees:
+        a = a * _DEG
+        d = d * _DEG
+    return b, a, d
+
+
+def to_cartesian(
+    bonds: Any,
+    angles: Any,
+    dihedrals: Any,
+    table: ConstructionTable,
+    *,
+    degrees: bool = False,
+    fixed_xyz: Tensor | None = None,
+    method: Method = "auto",
+) -> Tensor:
+    r"""Cartesian coordinates from internal coordinates, for a whole batch at once.
+
+    Atom ``i`` with references ``(b, a, d)`` is placed with the natural
+    extension reference frame (NeRF)::
+
+        e1 = (x_b - x_a) / |x_b - x_a|
+        e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
+        e2 = e3 x e1
+        x_i = x_b + r (-cos(theta) e1 + sin(theta) cos(phi) e2 + sin(theta) sin(phi) e3)
+
+    so that ``|x_i - x_b| = r = bonds[..., i]``, the angle ``x_i-x_b-x_a`` is
+    ``theta = angles[..., i]`` and the IUPAC dihedral ``(x_i, x_b, x_a, x_d)`` is
+    ``phi = dihedrals[..., i]``. Seed atoms of each component are placed at the
+    origin, on ``+x`` and in the ``xy``-plane (``y > 0``); fixed atoms are copied
+    from ``fixed_xyz``. Entries a seed atom does not use get zero gradient.
+
+    Differentiable to any order, compatible with ``torch.func`` (``vmap``,
+    ``jacrev``, ``jacfwd``, ``hessian``) and ``torch.compile``; finite gradients
+    at straight angles and collinear references (see
+    :data:`batched_nerf.EPS`).
+
+    Args:
+        bonds: ``(..., N)`` bond lengths, any length unit.
+        angles: ``(..., N)`` bond angles in ``[0, pi]`` (radians, or degrees
+            with ``degrees=True``).
+        dihedrals: ``(..., N)`` IUPAC dihedrals (radians, or degrees).
+        table: the :class:`ConstructionTable` of the ``N`` atoms.
+        degrees: read angles and dihedrals in degrees.
+        fixed_xyz: ``(..., F, 3)`` positions of ``table.fixed`` atoms, in that
+            order; required when the table has fixed atoms.
+        method: ``"levels"`` (one step per dependency level), ``"scan"``
+            (log-depth composition of frames) or ``"auto"`` (chosen from the
+            table's shape, batch size and device).
+
+    Returns:
+        ``(..., N, 3)`` with the broadcast leading shape of the inputs, atoms in
+        the row order of ``table``; dtype and device of the inputs.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
+        ValueError: the last dimension is not ``N``, the inputs do not
+            broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
+            unknown ``method``.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> table = bn.ConstructionTable.chain(4)
+        >>> bonds = torch.full((2, 4), 1.5)
+        >>> angles = torch.full((2, 4), 109.5)
+        >>> dihedrals = torch.tensor([[0.0, 0.0, 0.0, 60.0], [0.0, 0.0, 0.0, -60.0]])
+        >>> xyz = bn.to_cartesian(bonds, angles, dihedrals, table, degrees=True)
+        >>> xyz.shape
+        torch.Size([2, 4, 3])
+        >>> bn.to_internal(xyz, table, degrees=True).dihedrals[:, 3]
+        tensor([ 60.0000, -60.0000])
+    """
+    table = _check_table(table)
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    b, a, d = broadcast_internal(bonds, angles, dihedrals, table, degrees)
+    fixed = _broadcast_fixed(fixed_xyz, table, b)
+    if fixed is not None:
+        batch = torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
+        b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
+        fixed = fixed.expand(*batch, *fixed.shape[-2:])
+    if method == "auto":
+        from ._dispatch import choose_method
+
+        method = choose_method(table, b.shape[:-1], b.device)
+    if method == "levels":
+        return build_levels(table.plan("levels", b.device), b, a, d, fixed)
+    from ._scan import build_scan
+
+    return build_scan(table, b, a, d, fixed)
+
+
+def _broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> Tensor | None:
+    f = table.n_fixed
+    if f == 0:
+        if fixed_xyz is not None:
+            raise ValueError("fixed_xyz was given but the table has no fixed atoms")
+        return None
+    if fixed_xyz is None:
+        raise ValueError(f"the table has {f} fixed atoms: pass fixed_xyz of shape (..., {f}, 3)")
+    fixed = _as_float(fixed_xyz, "fixed_xyz", like)
+    if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (f, 3):
+        raise ValueError(f"fixed_xyz must have shape (..., {f}, 3), got {tuple(fixed.shape)}")
+    try:
+        torch.broadcast_shapes(like.shape[:-1], fixed.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with internal "
+            f"coordinates of shape {tuple(like.shape)}"
+        ) from None
+    return fixed.to(like.dtype)
+
+
+def to_internal(xyz: Any, table: ConstructionTable, *, degrees: bool = False) -> InternalCoordinates:
+    r"""Internal coordinates of every atom from Cartesian coordinates.
+
+    For atom ``i`` with references ``(b, a, d)``::
+
+        bonds[..., i]     = |x_i - x_b|
+        angles[..., i]    = atan2(|u x v|, u . v),  u = x_i - x_b, v = x_a - x_b    in [0, pi]
+        dihedrals[..., i] = IUPAC dihedral of (x_d, x_a, x_b, x_i)                   in (-pi, pi]
+
+    Entries an atom does not use (seed and fixed atoms) are ``0``. Finite, with
+    finite derivatives, at straight angles, collinear and coincident atoms
+    (undefined angles and dihedrals read ``0`` there).
+
+    Args:
+        xyz: ``(..., N, 3)`` Cartesian coordinates.
+        table: the :class:`ConstructionTable` of the ``N`` atoms.
+        degrees: return angles and dihedrals in degrees.
+
+    Returns:
+        :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
+        ``(..., N)``.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
+        ValueError: ``xyz`` is not ``(..., N, 3)``.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+        >>> ic = bn.to_internal(xyz, bn.ConstructionTable.chain(4), degrees=True)
+        >>> ic.angles.tolist(), ic.dihedrals[3].item()
+        ([0.0, 0.0, 90.0, 90.0], 90.0)
+    """
+    table = _check_table(table)
+    x = _as_float(xyz, "xyz")
+    n = table.n_atoms
+    if x.ndim < 2 or x.shape[-1] != 3 or x.shape[-2] != n:
+        raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
+    ic = internal_from_xyz(table.plan("inverse", x.device), x)
+    if degrees:
+        return InternalCoordinates(ic.bonds, ic.angles / _DEG, ic.dihedrals / _DEG)
+    return ic
