@@ -149,7 +149,7 @@ def to_cartesian(
         return build_levels(table.plan("levels", b.device), b, a, d, fixed)
     from ._scan import build_scan
 
-    return build_scan(table, b, a, d, fixed)
+    return build_scan(table.plan("scan", b.device), b, a, d, fixed)
 
 
 def _broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> Tensor | None:

@@ -1,13 +1,405 @@
-"""PLACEHOLDER (being written): log-depth engine. Delegates to the level engine for now."""
+"""Scan engine: compose rigid frames along the reference tree in O(log depth) steps.
+
+Frame-tree compilation (done once per table, in :func:`scan_plan`)
+-------------------------------------------------------------------
+Every fully referenced atom ``j`` with references ``(b, a, d)`` is placed from
+the frame ``M_j`` spanned by the atoms ``(d, a, b)`` (see
+:func:`._geometry.place`). Call ``O_b = M_b L_b`` the *out-frame* of ``b``: the
+frame spanned by ``(a_b, b_b, b)``, where ``L(theta, phi)`` is the rotation that
+carries ``M_b`` to it. Then:
+
+* *primary* rows ``(b, a, d) = (b, bond_ref(b), angle_ref(b))`` have ``M_j = O_b``;
+* *sibling* rows, whose dihedral reference ``d`` has the same bond and angle
+  references ``(b, a)``, share ``d``'s frame with the dihedral offset
+  ``phi_j + phi_d`` (dihedrals about one axis add), followed transitively;
+* the third seed atom ``T`` of a component hangs from a constant *anchor* frame
+  (``e1 = +-e_x, e2 = e_y``) at its bond reference, with dihedral ``0``; rows that
+  are siblings of ``T`` share that anchor.
+
+Each such atom has a rigid local transform ``T_j = (L_j, r_j u_j)`` with
+``u = (-cos theta, sin theta cos phi, sin theta sin phi)``, and its world frame
+is ``F_j = F_parent * T_j``. Every other row is *irregular*: it is placed from
+the positions of its references (a level pass) and becomes the root of the
+subtree below it. Irregular rows are grouped into rounds by their dependencies
+(most tables have one round).
+
+Log-depth composition
+---------------------
+Within a round, ``F_j`` is the product of the transforms along the path from
+its root, computed by pointer jumping: ``A_j <- A_parent(j) * A_j`` with the
+parent pointers doubled each step, so ``ceil(log2(depth + 1))`` steps build a
+chain of any length. All pointers are static, precomputed on the CPU. Rotation
+products are written out elementwise (no ``matmul``), so TF32 settings cannot
+change results.
+"""
 
 from __future__ import annotations
 
-from ._build import build_levels
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._build import seed_block
+from ._geometry import cross, safe_normalize
+from ._plan import SeedPlan, _long, _Movable, seed_plan
+from ._table import FULL, SECOND, THIRD
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._table import ConstructionTable
 
 
-def make_plan(kind, table):
+@dataclass(frozen=True)
+class RoundPlan(_Movable):
+    """One round: irregular roots and anchors, then pointer jumping over their subtrees.
+
+    Node order: ``[sentinel, anchors, irregular roots, scanned atoms]``.
+    """
+
+    n_anchor: int
+    anchor_origin: Tensor  # (n_anchor,) rows of the position pool at the anchor origin
+    anchor_rot: Tensor  # (n_anchor, 3, 3) constant anchor rotations (float64)
+    irregular_atoms: Tensor  # (n_irr,) atom indices
+    irregular_refs: Tensor  # (n_irr * 3,) rows of the position pool for (d, a, b)
+    scan_atoms: Tensor  # (n_scan,) atom indices (third seeds included)
+    scan_phi_zero: Tensor  # (n_scan,) bool: dihedral fixed at 0 (third seeds)
+    parent: Tensor  # (n_nodes,) parent node (0 = sentinel; roots point at it)
+    jumps: tuple[Tensor, ...]  # pointer-jumping steps: parent pointers doubled, ptr^(2^k)
+    rot_steps: int  # steps the rotations need (parents are one level shallower)
+    node_root: Tensor  # (n_nodes,) index of each node's root among [anchors, irregular roots]
+    pool_blocks: int  # number of position blocks the irregular gathers read
+
+
+@dataclass(frozen=True)
+class ScanPlan(_Movable):
+    """Everything :func:`build_scan` needs."""
+
+    seeds: SeedPlan
+    phi_paths: Tensor  # (N, L) dihedral indices summed into the effective dihedral (N = zero)
+    rounds: tuple[RoundPlan, ...]
+    inverse: Tensor  # (N,) row of cat(position blocks) holding each atom
+    depth: int  # longest scanned path (for dispatch and reports)
+
+
+def _effective_refs(refs: np.ndarray, n_refs: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
+    """Follow sibling chains: effective dihedral reference and the dihedrals summed."""
+    n = len(refs)
+    eff = refs.copy()
+    paths: list[list[int]] = [[] for _ in range(n)]
+    for j in np.flatnonzero(n_refs == FULL).tolist():
+        b, a, d = refs[j].tolist()
+        path = [j]
+        seen = {j}
+        while n_refs[d] == FULL and refs[d, 0] == b and refs[d, 1] == a and d not in seen:
+            path.append(d)
+            seen.add(d)
+            d = int(refs[d, 2])
+        eff[j, 2] = d
+        paths[j] = path
+    return eff, paths
+
+
+def scan_plan(table: ConstructionTable) -> ScanPlan:
+    refs = table._refs_np
+    n = len(refs)
+    n_refs = (refs >= 0).sum(1)
+    seeds = seed_plan(table)
+    eff, paths = _effective_refs(refs, n_refs)
+
+    third = set(np.flatnonzero(n_refs == THIRD).tolist())
+    # parent in the frame tree: ("atom", b) / ("anchor", T) / None (irregular)
+    parent: dict[int, tuple[str, int]] = {}
+    for t in sorted(third):
+        parent[t] = ("anchor", t)
+    full = np.flatnonzero(n_refs == FULL).tolist()
+    for j in full:
+        b, a, d = eff[j].tolist()
+        if (b in third and (a, d) == (refs[b, 0], refs[b, 1])) or (
+            n_refs[b] == FULL and (a, d) == (refs[b, 0], refs[b, 1])
+        ):
+            parent[j] = ("atom", b)
+        elif d in third and (b, a) == (refs[d, 0], refs[d, 1]):
+            parent[j] = ("anchor", d)
+
+    # rounds: anchors and seed-fed irregulars are round 0; an irregular atom is
+    # one round after the latest scanned atom it reads.
+    round_of = np.full(n, -1, dtype=np.int64)
+    block0 = set(seeds.atoms.tolist())
+    children: dict[int, list[int]] = {}
+    for j, (kind, p) in parent.items():
+        if kind == "atom":
+            children.setdefault(p, []).append(j)
+    root_of: dict[int, tuple[str, int]] = {}
+
+    def assign(root_key: tuple[str, int], start: list[int], rnd: int) -> None:
+        stack = list(start)
+        while stack:
+            j = stack.pop()
+            round_of[j] = rnd
+            root_of[j] = root_key
+            stack.extend(children.get(j, []))
+
+    for t in sorted(third):
+        assign(("anchor", t), [t] + [j for j, pk in parent.items() if pk == ("anchor", t) and j != t], 0)
+    irregular = [j for j in full if j not in parent]
+    pending = set(irregular)
+    while pending:
+        progressed = False
+        for j in sorted(pending):
+            deps = [int(r) for r in eff[j]]
+            if all(r in block0 or round_of[r] >= 0 for r in deps):
+                # third seeds are in block 0 as positions: readable in round 0
+                rnd = max([0] + [int(round_of[r]) + 1 for r in deps if r not in block0])
+                assign(("irregular", j), [j], rnd)
+                pending.discard(j)
+                progressed = True
+        if not progressed:  # pragma: no cover - the table's cycle check prevents this
+            raise RuntimeError("scan plan: unresolved irregular atoms")
+    n_rounds = int(round_of.max()) + 1 if (round_of >= 0).any() else 0
+
+    # position blocks: 0 = seed block; r + 1 = atoms placed in round r
+    block_of = np.full(n, -1, dtype=np.int64)
+    slot_of = np.full(n, -1, dtype=np.int64)
+    seed_atoms = seeds.atoms.numpy()
+    block_of[seed_atoms] = 0
+    slot_of[seed_atoms] = np.arange(seed_atoms.size)
+    block_sizes = [seed_atoms.size]
+    rounds: list[RoundPlan] = []
+    max_depth = 0
+    for rnd in range(n_rounds):
+        members = [j for j in range(n) if round_of[j] == rnd]
+        anchors = sorted(t for t in third if round_of[t] == rnd)
+        irr = sorted(j for j in members if root_of[j] == ("irregular", j))
+        scanned = [j for j in members if j not in irr]
+        # order scanned atoms parents-first (BFS by depth) for readability
+        depth = {}
+        for j in irr:
+            depth[j] = 0
+        order: list[int] = []
+
+        def node_depth(j: int) -> int:
+            if j in depth:
+                return depth[j]
+            kind, p = parent[j]
+            depth[j] = 1 if kind == "anchor" else node_depth(p) + 1
+            return depth[j]
+
+        for j in scanned:
+            node_depth(j)
+        scanned.sort(key=lambda j: (depth[j], j))
+        order = scanned
+        node_index = {("anchor", t): 1 + k for k, t in enumerate(anchors)}
+        for k, j in enumerate(irr):
+            node_index[("atom", j)] = 1 + len(anchors) + k
+        for k, j in enumerate(order):
+            node_index[("atom", j)] = 1 + len(anchors) + len(irr) + k
+        n_nodes = 1 + len(anchors) + len(irr) + len(order)
+        ptr = np.zeros(n_nodes, dtype=np.int64)
+        node_root = np.zeros(n_nodes, dtype=np.int64)
+        node_root[1 : 1 + len(anchors) + len(irr)] = np.arange(len(anchors) + len(irr))
+        for j in order:  # parents first
+            kind, p = parent[j]
+            ptr[node_index[("atom", j)]] = node_index[(kind, p)]
+            node_root[node_index[("atom", j)]] = node_root[node_index[(kind, p)]]
+        round_depth = max([depth[j] for j in order], default=0)
+        max_depth = max(max_depth, round_depth)
+        # a node at depth d sums d transforms: ceil(log2(d)) doublings
+        steps = int(np.ceil(np.log2(round_depth))) if round_depth > 1 else 0
+        rot_steps = int(np.ceil(np.log2(round_depth - 1))) if round_depth > 2 else 0
+        jumps = []
+        cur = ptr
+        for _ in range(steps):
+            jumps.append(_long(cur))
+            cur = cur[cur]
+        # irregular gathers read blocks 0..rnd
+        offsets = np.concatenate([[0], np.cumsum(block_sizes)])
+        pool_row = lambda a: int(offsets[block_of[a]] + slot_of[a])  # noqa: E731
+        anchor_origin = [pool_row(int(refs[t, 0])) for t in anchors]
+        anchor_rot = []
+        for t in anchors:
+            sign = 1.0 if refs[t, 0] in seeds.second.tolist() else -1.0
+            # columns e1 = sign * e_x, e2 = e_y, e3 = e1 x e2 = sign * e_z
+            anchor_rot.append([[sign, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, sign]])
+        irr_refs = [pool_row(int(r)) for j in irr for r in eff[j][::-1]]
+        scan_atoms = order
+        rounds.append(
+            RoundPlan(
+                n_anchor=len(anchors),
+                anchor_origin=_long(anchor_origin),
+                anchor_rot=torch.tensor(anchor_rot, dtype=torch.float64).reshape(-1, 3, 3),
+                irregular_atoms=_long(irr),
+                irregular_refs=_long(irr_refs),
+                scan_atoms=_long(scan_atoms),
+                scan_phi_zero=torch.as_tensor(np.array([j in third for j in scan_atoms], dtype=bool)),
+                parent=_long(ptr),
+                jumps=tuple(jumps),
+                rot_steps=rot_steps,
+                node_root=_long(node_root),
+                pool_blocks=len(block_sizes),
+            )
+        )
+        # this round's block: node rows (sentinel and anchors included, never read)
+        for j in irr + order:
+            if j in third:
+                continue  # third seeds keep their closed-form block-0 position
+            block_of[j] = rnd + 1
+            slot_of[j] = node_index[("atom", j)]
+        block_sizes.append(n_nodes)
+
+    offsets = np.concatenate([[0], np.cumsum(block_sizes)])
+    inverse = offsets[block_of] + slot_of
+    width = max([len(p) for p in paths] + [1])
+    phi_paths = np.full((n, width), n, dtype=np.int64)
+    for j, p in enumerate(paths):
+        phi_paths[j, : len(p)] = p
+    return ScanPlan(
+        seeds=seeds,
+        phi_paths=_long(phi_paths),
+        rounds=tuple(rounds),
+        inverse=_long(inverse),
+        depth=max_depth,
+    )
+
+
+def make_plan(kind: str, table: ConstructionTable) -> ScanPlan:
+    if kind == "scan":
+        return scan_plan(table)
     raise ValueError(f"unknown plan kind {kind!r}")
 
 
-def build_scan(table, bonds, angles, dihedrals, fixed_xyz):
-    return build_levels(table.plan("levels", bonds.device), bonds, angles, dihedrals, fixed_xyz)
+# ---------------------------------------------------------------- compute path
+def _qmul(p: Tensor, q: Tensor) -> Tensor:
+    """Hamilton product of quaternions ``(..., 4)`` (``w, x, y, z``), elementwise."""
+    pw, px, py, pz = p.unbind(-1)
+    qw, qx, qy, qz = q.unbind(-1)
+    return torch.stack(
+        (
+            pw * qw - px * qx - py * qy - pz * qz,
+            pw * qx + px * qw + py * qz - pz * qy,
+            pw * qy - px * qz + py * qw + pz * qx,
+            pw * qz + px * qy - py * qx + pz * qw,
+        ),
+        dim=-1,
+    )
+
+
+def _qrotate(q: Tensor, v: Tensor) -> Tensor:
+    """Rotate ``v`` ``(..., 3)`` by the unit quaternion ``q`` ``(..., 4)``."""
+    w = q[..., :1]
+    u = q[..., 1:]
+    t = 2.0 * cross(u, v)
+    return v + w * t + cross(u, t)
+
+
+def _matvec3(a: Tensor, v: Tensor) -> Tensor:
+    """``a @ v`` for ``(..., 3, 3), (..., 3)``, elementwise (no TF32 matmul)."""
+    return (a * v.unsqueeze(-2)).sum(-1)
+
+
+def local_rotation(theta: Tensor, phi: Tensor) -> Tensor:
+    """Quaternion ``(..., 4)`` of the frame step ``L(theta, phi) = R_x(phi) R_z(pi - theta)``.
+
+    ``L`` maps the frame that places an atom onto the frame its primary children
+    are placed from: its first column is the bond direction
+    ``u = (-cos theta, sin theta cos phi, sin theta sin phi)``. For
+    ``sin theta < 0`` a half turn about ``x`` follows, so that the frame matches
+    the position-based placement for any angle.
+    """
+    a = 0.5 * phi
+    b = 0.5 * (torch.pi - theta)
+    ca, sa, cb, sb = torch.cos(a), torch.sin(a), torch.cos(b), torch.sin(b)
+    q = torch.stack((ca * cb, sa * cb, -sa * sb, ca * sb), dim=-1)
+    qw, qx, qy, qz = q.unbind(-1)
+    flipped = torch.stack((-qx, qw, qz, -qy), dim=-1)
+    return torch.where((torch.sin(theta) < 0).unsqueeze(-1), flipped, q)
+
+
+def local_translation(r: Tensor, theta: Tensor, phi: Tensor) -> Tensor:
+    """``r u`` ``(..., 3)``: the atom's offset from its bond reference, in the frame."""
+    st = torch.sin(theta)
+    return r.unsqueeze(-1) * torch.stack((-torch.cos(theta), st * torch.cos(phi), st * torch.sin(phi)), dim=-1)
+
+
+def _frames_from_positions(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """Frame ``[e1, e2, e3]`` (columns, ``(..., 3, 3)``) of the NeRF placement from ``(a, b, c)``."""
+    e1 = safe_normalize(c - b)
+    e3 = safe_normalize(cross(b - a, e1))
+    e2 = cross(e3, e1)
+    return torch.stack((e1, e2, e3), dim=-1)
+
+
+def _rotation_matrix(q: Tensor) -> Tensor:
+    """``(..., 4) -> (..., 3, 3)`` for unit quaternions."""
+    w, x, y, z = q.unbind(-1)
+    rows = (
+        (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)),
+        (2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)),
+        (2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)),
+    )
+    return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
+
+
+def build_scan(
+    plan: ScanPlan,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed_xyz: Tensor | None,
+) -> Tensor:
+    """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs.
+
+    Per round: root frames ``G`` (anchors: constant; irregular atoms: from the
+    positions of their references), rotations relative to the root by pointer
+    jumping over unit quaternions, world offsets ``G q_parent (r u)`` summed
+    along the path by pointer jumping over vectors.
+    """
+    batch = bonds.shape[:-1]
+    dtype = bonds.dtype
+    blocks = [seed_block(plan.seeds, bonds, angles, fixed_xyz)]
+    padded = torch.cat((dihedrals, dihedrals.new_zeros((*batch, 1))), dim=-1)
+    if plan.phi_paths.shape[-1] == 1:
+        phi_eff = padded.index_select(-1, plan.phi_paths[:, 0])
+    else:
+        phi_eff = padded.index_select(-1, plan.phi_paths.reshape(-1)).unflatten(-1, plan.phi_paths.shape)
+        phi_eff = phi_eff.sum(-1)
+    for rp in plan.rounds:
+        pool = blocks[0] if rp.pool_blocks == 1 else torch.cat(blocks[: rp.pool_blocks], dim=-2)
+        frames, origins = [], []
+        if rp.n_anchor:
+            frames.append(rp.anchor_rot.to(dtype).expand(*batch, rp.n_anchor, 3, 3))
+            origins.append(pool.index_select(-2, rp.anchor_origin))
+        if rp.irregular_atoms.numel():
+            a, b, c = pool.index_select(-2, rp.irregular_refs).unflatten(-2, (-1, 3)).unbind(-2)
+            frame = _frames_from_positions(a, b, c)
+            idx = rp.irregular_atoms
+            r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
+            origins.append(c + _matvec3(frame, local_translation(r, t, p)))
+            local = _rotation_matrix(local_rotation(t, p))
+            frames.append((frame.unsqueeze(-1) * local.unsqueeze(-3)).sum(-2))
+        n_roots = 1 + rp.n_anchor + rp.irregular_atoms.numel()
+        frame = torch.cat(frames, dim=-3) if len(frames) > 1 else frames[0]
+        origin = torch.cat(origins, dim=-2) if len(origins) > 1 else origins[0]
+        if rp.scan_atoms.numel():
+            idx = rp.scan_atoms
+            r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
+            p = torch.where(rp.scan_phi_zero, torch.zeros_like(p), p)
+            ident = torch.tensor((1.0, 0.0, 0.0, 0.0), dtype=dtype, device=bonds.device)
+            q = torch.cat((ident.expand(*batch, n_roots, 4), local_rotation(t, p)), dim=-2)
+            # rotation of every node relative to its root frame (only parents' are used)
+            for ptr in rp.jumps[: rp.rot_steps]:
+                q = _qmul(q.index_select(-2, ptr), q)
+            q_parent = q.index_select(-2, rp.parent[n_roots:])
+            q_parent = q_parent / torch.linalg.vector_norm(q_parent, dim=-1, keepdim=True)
+            v = _qrotate(q_parent, local_translation(r, t, p))
+            s = torch.cat((v.new_zeros((*batch, n_roots, 3)), v), dim=-2)
+            for ptr in rp.jumps:
+                s = s.index_select(-2, ptr) + s
+            g = frame.index_select(-3, rp.node_root)
+            x = origin.index_select(-2, rp.node_root) + _matvec3(g, s)
+        else:
+            x = torch.cat((origin.new_zeros((*batch, 1, 3)), origin), dim=-2)
+        blocks.append(x)
+    xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
+    return xyz.index_select(-2, plan.inverse)

@@ -1,0 +1,76 @@
+"""Shared helpers of the file-format modules: file handling and array conversion."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+from collections.abc import Iterator
+from typing import IO, Any, Union
+
+import numpy as np
+
+#: A file name, a path, or an open text file.
+PathOrFile = Union[str, "os.PathLike[str]", IO[str]]
+
+
+@contextlib.contextmanager
+def open_text(path_or_file: PathOrFile, mode: str) -> Iterator[IO[str]]:
+    """Yield a text handle; files we open are closed again, handles passed in are not."""
+    if hasattr(path_or_file, "read" if mode == "r" else "write"):
+        yield path_or_file  # type: ignore[misc]
+    else:
+        with open(os.fspath(path_or_file), mode, encoding="utf-8") as handle:  # type: ignore[arg-type]
+            yield handle
+
+
+def as_numpy(value: Any, dtype: Any = np.float64) -> np.ndarray:
+    """numpy copy of an array-like or (detached, CPU) torch tensor."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.array(value, dtype=dtype)
+
+
+def refs_of(table_or_refs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(refs (N, 3), fixed (F,))`` as ``np.int64`` from a ConstructionTable or an array."""
+    if hasattr(table_or_refs, "refs") and hasattr(table_or_refs, "fixed"):
+        return as_numpy(table_or_refs.refs, np.int64), as_numpy(table_or_refs.fixed, np.int64).reshape(-1)
+    refs = as_numpy(table_or_refs, np.int64)
+    if refs.ndim != 2 or refs.shape[1] != 3:
+        raise ValueError(f"refs must have shape (N, 3), got {tuple(refs.shape)}")
+    return refs, np.zeros(0, dtype=np.int64)
+
+
+def topological_order(refs: np.ndarray) -> np.ndarray:
+    """A build order in which every atom comes after its references.
+
+    Among the atoms ready to be placed the lowest index goes first, so a table
+    that is already in build order keeps its order.
+
+    Raises:
+        ValueError: for references out of range or a reference cycle.
+    """
+    n = len(refs)
+    waiting = np.zeros(n, dtype=np.int64)
+    users: list[list[int]] = [[] for _ in range(n)]
+    for i, row in enumerate(refs.tolist()):
+        for r in row:
+            if r >= n or r < -1:
+                raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
+            if r >= 0:
+                waiting[i] += 1
+                users[r].append(i)
+    ready = [i for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != n:
+        stuck = sorted(set(range(n)) - set(order))
+        raise ValueError(f"the references contain a cycle (atoms {stuck[:8]} can never be placed)")
+    return np.asarray(order, dtype=np.int64)

@@ -1,0 +1,290 @@
+"""Automatic construction tables: table_from_bonds and table_from_xyz."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batched_nerf._autotable import (
+    COVALENT_RADII,
+    perceive_bonds,
+    table_from_bonds,
+    table_from_xyz,
+)
+from batched_nerf._convert import to_cartesian, to_internal
+from batched_nerf._table import ConstructionTable
+from batched_nerf.data import available, load
+from batched_nerf.data._reference import angle
+
+LINEAR_DEG = 5.0
+
+
+def _adjacency(bonds: np.ndarray | list[tuple[int, int]], n: int) -> list[set[int]]:
+    adj: list[set[int]] = [set() for _ in range(n)]
+    for i, j in np.asarray(bonds, dtype=np.int64).reshape(-1, 2).tolist():
+        adj[i].add(j)
+        adj[j].add(i)
+    return adj
+
+
+def _components(adj: list[set[int]]) -> list[int]:
+    comp = [-1] * len(adj)
+    c = 0
+    for s in range(len(adj)):
+        if comp[s] >= 0:
+            continue
+        stack = [s]
+        comp[s] = c
+        while stack:
+            u = stack.pop()
+            for v in adj[u]:
+                if comp[v] < 0:
+                    comp[v] = c
+                    stack.append(v)
+        c += 1
+    return comp
+
+
+def pdist(x: torch.Tensor) -> torch.Tensor:
+    """Exact pairwise distances (``torch.cdist`` loses digits through its matmul form)."""
+    return (x[..., :, None, :] - x[..., None, :, :]).norm(dim=-1)
+
+
+def check_table(
+    table: ConstructionTable, bonds: np.ndarray | list[tuple[int, int]], n: int, *, real_bonds: bool = True
+) -> None:
+    """Every atom covered, bond refs are bonds (``real_bonds``), refs stay in their fragment."""
+    refs = table.refs.numpy()
+    assert refs.shape == (n, 3)
+    adj = _adjacency(bonds, n)
+    comp = _components(adj)
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if b >= 0 and real_bonds:
+            assert b in adj[i], f"atom {i}: bond ref {b} is not bonded"
+        for r in (a, d):
+            if r >= 0:
+                assert comp[r] == comp[i], f"atom {i}: reference {r} in another fragment"
+    # one seed triple per fragment
+    n_frag = len(set(comp))
+    assert int((refs[:, 0] < 0).sum()) == n_frag
+    assert table.n_components == n_frag
+
+
+def check_not_linear(table: ConstructionTable, xyz: np.ndarray) -> None:
+    refs = table.refs.numpy()
+    lo, hi = np.deg2rad(LINEAR_DEG), np.deg2rad(180 - LINEAR_DEG)
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if a >= 0:
+            t = angle(xyz[i], xyz[b], xyz[a])
+            assert lo < t < hi, f"atom {i}: angle {i}-{b}-{a} is {np.degrees(t):.1f} deg"
+        if d >= 0:
+            t = angle(xyz[b], xyz[a], xyz[d])
+            assert lo < t < hi, f"atom {i}: triple {b}-{a}-{d} is {np.degrees(t):.1f} deg"
+
+
+def test_ethane_siblings() -> None:
+    ethane = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 5), (1, 6), (1, 7)]
+    table = table_from_bonds(ethane, 8, root=0)
+    refs = table.refs.tolist()
+    assert refs[0] == [-1, -1, -1] and refs[1] == [0, -1, -1]
+    check_table(table, ethane, 8)
+    # the hydrogens of each methyl share bond and angle refs; later ones reference a sibling
+    h1 = [refs[k] for k in (5, 6, 7)]
+    assert {tuple(r[:2]) for r in h1} == {(1, 0)}
+    assert h1[1][2] == h1[2][2] == 5
+    assert h1[0][2] in (2, 3, 4)  # proper torsion H-C-C-H
+
+
+def test_chain_gets_proper_torsions() -> None:
+    n = 10
+    bonds = [(k, k + 1) for k in range(n - 1)]
+    refs = table_from_bonds(bonds, n).refs.numpy()
+    adj = _adjacency(bonds, n)
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if d >= 0:
+            assert a in adj[b] and d in adj[a], f"atom {i}: {b, a, d} is not a proper torsion"
+
+
+def test_isolated_atoms_and_small_fragments() -> None:
+    table = table_from_bonds([(1, 2), (3, 4), (4, 5)], 6)
+    refs = table.refs.tolist()
+    assert refs[0] == [-1, -1, -1]
+    assert table.n_components == 3
+    check_table(table, [(1, 2), (3, 4), (4, 5)], 6)
+    assert table_from_bonds([], 0).n_atoms == 0
+    assert table_from_bonds(np.zeros((0, 2), dtype=np.int64), 2).refs.tolist() == [[-1, -1, -1]] * 2
+
+
+def test_ring_closure_ignored() -> None:
+    ring = [(k, (k + 1) % 6) for k in range(6)]
+    table = table_from_bonds(ring, 6)
+    check_table(table, ring, 6)
+
+
+def test_torch_inputs_and_root() -> None:
+    bonds = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 4]])
+    table = table_from_bonds(bonds, 5, root=4)
+    assert table.refs[4].tolist() == [-1, -1, -1]
+    assert table.refs[3].tolist() == [4, -1, -1]
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
+    """Random forests plus a few extra (ring-closing) edges."""
+    n = draw(st.integers(1, 40))
+    bonds: list[tuple[int, int]] = []
+    for i in range(1, n):
+        if draw(st.booleans()) or i < 2:  # sometimes start a new fragment
+            j = draw(st.integers(0, i - 1))
+            bonds.append((j, i))
+    extra = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=5))
+    bonds += [(i, j) for i, j in extra if i != j]
+    return n, bonds
+
+
+@settings(max_examples=40, deadline=None)
+@given(graphs())
+def test_random_graphs(graph: tuple[int, list[tuple[int, int]]]) -> None:
+    n, bonds = graph
+    check_table(table_from_bonds(bonds, n), bonds, n)
+
+
+@settings(max_examples=20, deadline=None)
+@given(graphs(), st.integers(0, 2**31 - 1))
+def test_random_graphs_with_coordinates(graph: tuple[int, list[tuple[int, int]]], seed: int) -> None:
+    n, bonds = graph
+    xyz = np.random.default_rng(seed).normal(size=(n, 3)) * 2.0
+    table = table_from_bonds(bonds, n, xyz=xyz)
+    check_table(table, bonds, n)
+    # round trip through the core: the table really determines the geometry
+    x = torch.as_tensor(xyz)
+    ic = to_internal(x, table)
+    back = to_cartesian(ic.bonds, ic.angles, ic.dihedrals, table)
+    d0 = pdist(x)
+    d1 = pdist(back)
+    comp = table.components
+    same = comp[:, None] == comp[None, :]
+    assert torch.allclose(d0[same], d1[same], atol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(graphs(), st.integers(0, 2**31 - 1))
+def test_random_graphs_with_collinear_coordinates(
+    graph: tuple[int, list[tuple[int, int]]], seed: int
+) -> None:
+    """Points on a line or a small grid: many exactly linear triples, the fallbacks must stay valid."""
+    n, bonds = graph
+    rng = np.random.default_rng(seed)
+    xyz = rng.integers(0, 3, size=(n, 3)).astype(float)
+    xyz[: n // 2, 1:] = 0.0  # half of the atoms on the x axis
+    table = table_from_bonds(bonds, n, xyz=xyz)
+    check_table(table, bonds, n, real_bonds=False)
+
+
+@pytest.mark.parametrize("name", available())
+def test_shipped_molecules_from_bonds(name: str) -> None:
+    mol = load(name)
+    table = table_from_bonds(mol.connectivity, mol.n_atoms)
+    check_table(table, mol.connectivity, mol.n_atoms)
+    check_not_linear(table, mol.xyz)
+
+
+@pytest.mark.parametrize("name", available())
+def test_shipped_molecules_from_xyz(name: str) -> None:
+    mol = load(name)
+    assert perceive_bonds(mol.xyz, mol.elements).tolist() == mol.connectivity.tolist()
+    table = table_from_xyz(mol.xyz, mol.elements)
+    check_table(table, mol.connectivity, mol.n_atoms)
+    check_not_linear(table, mol.xyz)
+    x = torch.tensor(mol.xyz)
+    ic = to_internal(x, table)
+    back = to_cartesian(ic.bonds, ic.angles, ic.dihedrals, table)
+    assert torch.allclose(pdist(back), pdist(x), atol=1e-9)
+
+
+def test_linear_triples_avoided() -> None:
+    # acetonitrile H3C-C#N: C-C-N is linear, N must take another angle reference
+    xyz = np.array(
+        [
+            [0.0, 0.0, 0.0],
+            [1.46, 0.0, 0.0],
+            [2.62, 0.0, 0.0],
+            [-0.36, 1.03, 0.0],
+            [-0.36, -0.51, 0.89],
+            [-0.36, -0.51, -0.89],
+        ]
+    )
+    elements = ["C", "C", "N", "H", "H", "H"]
+    bonds = perceive_bonds(xyz, elements)
+    for root in (None, 0, 1, 2, 3):
+        table = table_from_bonds(bonds, 6, xyz=xyz, root=root)
+        # rooted at N, the third seed has no bonded non-linear choice and takes a non-bonded one
+        check_table(table, bonds, 6, real_bonds=root != 2)
+        check_not_linear(table, xyz)
+    check_not_linear(table_from_xyz(xyz, elements), xyz)
+
+
+def test_linear_chain_with_branch() -> None:
+    # but-2-yne-like chain C-C#C-C with hydrogens on the ends: two linear triples in a row
+    xyz = np.array(
+        [
+            [0.0, 0.0, 0.0],
+            [1.46, 0.0, 0.0],
+            [2.66, 0.0, 0.0],
+            [4.12, 0.0, 0.0],
+            [-0.36, 1.03, 0.0],
+            [-0.36, -0.51, 0.89],
+            [-0.36, -0.51, -0.89],
+            [4.48, 1.03, 0.0],
+            [4.48, -0.51, 0.89],
+            [4.48, -0.51, -0.89],
+        ]
+    )
+    elements = ["C"] * 4 + ["H"] * 6
+    table = table_from_xyz(xyz, elements)
+    check_table(table, perceive_bonds(xyz, elements), 10)
+    check_not_linear(table, xyz)
+
+
+def test_fully_linear_molecule_still_gets_a_table() -> None:
+    xyz = np.array([[0.0, 0.0, 0.0], [1.16, 0.0, 0.0], [-1.16, 0.0, 0.0], [2.5, 0.0, 0.0]])
+    table = table_from_bonds([(0, 1), (0, 2), (1, 3)], 4, xyz=xyz)
+    assert table.n_atoms == 4
+
+
+def test_element_names_are_case_insensitive() -> None:
+    xyz = [[0.0, 0.0, 0.0], [1.8, 0.0, 0.0]]
+    assert perceive_bonds(xyz, ["c", "CL"]).tolist() == [[0, 1]]
+    assert {"H", "C", "N", "O", "S", "P", "Ar", "Br", "I", "Se"} <= set(COVALENT_RADII)
+
+
+def test_scale() -> None:
+    xyz = [[0.0, 0.0, 0.0], [1.7, 0.0, 0.0]]
+    assert perceive_bonds(xyz, ["C", "C"]).tolist() == [[0, 1]]
+    assert perceive_bonds(xyz, ["C", "C"], scale=1.0).tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: table_from_bonds([(0, 5)], 3), r"bond 0 \(0, 5\): atom index 5 out of range \[0, 2\]"),
+        (lambda: table_from_bonds([(0, -1)], 3), r"atom index -1 out of range"),
+        (lambda: table_from_bonds([(1, 1)], 3), r"cannot be bonded to itself"),
+        (lambda: table_from_bonds([(0, 1, 2)], 3), r"sequence of \(i, j\) pairs"),
+        (lambda: table_from_bonds(np.array([[0.0, 1.0]]), 3), r"integer atom indices"),
+        (lambda: table_from_bonds([], -1), r"n_atoms must be a non-negative integer"),
+        (lambda: table_from_bonds([(0, 1)], 2, root=2), r"root must be an atom index in \[0, 1\]"),
+        (lambda: table_from_bonds([(0, 1)], 2, xyz=np.zeros((3, 3))), r"xyz must have shape \(2, 3\)"),
+        (lambda: table_from_bonds([(0, 1)], 2, xyz=np.full((2, 3), np.nan)), r"NaN or infinite"),
+        (lambda: table_from_xyz([[0, 0, 0], [1, 0, 0]], ["C", "Xx"]), r"unknown element 'Xx' at index 1"),
+        (lambda: table_from_xyz([[0, 0, 0], [1, 0, 0]], ["C"]), r"got 1 elements for 2 atoms"),
+        (lambda: table_from_xyz([0, 0, 0], ["C"]), r"xyz must have shape \(N, 3\)"),
+        (lambda: perceive_bonds([[0, 0, 0]], ["C"], scale=0.0), r"scale must be positive"),
+    ],
+)
+def test_errors(call: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()  # type: ignore[operator]

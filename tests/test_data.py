@@ -1,0 +1,145 @@
+"""Shipped molecules: files, loader, and consistency with the core."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+import torch
+
+from batched_nerf._convert import to_cartesian, to_internal
+from batched_nerf._table import ConstructionTable
+from batched_nerf.data import Molecule, available, load
+from batched_nerf.data._generate import molecules
+from batched_nerf.data._reference import build_xyz, dihedral, internal_coordinates
+
+NAMES = available()
+
+
+def pdist(x: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1)
+
+
+def test_available() -> None:
+    assert {"alanine_dipeptide", "chain_20", "polyethylene", "benzene"} <= set(NAMES)
+    assert NAMES == sorted(NAMES)
+
+
+def test_unknown_name() -> None:
+    with pytest.raises(ValueError, match=r"unknown molecule 'nope'; available: alanine_dipeptide"):
+        load("nope")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fields(name: str) -> None:
+    mol = load(name)
+    assert isinstance(mol, Molecule) and mol.name == name
+    n = mol.n_atoms
+    assert mol.refs.shape == (n, 3) and mol.refs.dtype == np.int64
+    for arr in (mol.bonds, mol.angles, mol.dihedrals):
+        assert arr.shape == (n,) and arr.dtype == np.float64
+    assert mol.xyz.shape == (n, 3) and mol.xyz.dtype == np.float64
+    assert len(mol.elements) == len(mol.names) == n
+    assert mol.connectivity.ndim == 2 and mol.connectivity.shape[1] == 2
+    assert (mol.connectivity[:, 0] < mol.connectivity[:, 1]).all()
+    assert not mol.xyz.flags.writeable
+    assert isinstance(mol.table(), ConstructionTable)
+    assert name in repr(mol) and mol.description
+    # every bond reference is a bond of the graph
+    pairs = {tuple(p) for p in mol.connectivity.tolist()}
+    for i, b in enumerate(mol.refs[:, 0].tolist()):
+        if b >= 0:
+            assert (min(i, b), max(i, b)) in pairs
+    # angles within (0, pi), used entries only
+    used = mol.refs[:, 1] >= 0
+    assert ((mol.angles[used] > 0) & (mol.angles[used] < np.pi)).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_files_match_generator(name: str) -> None:
+    """The JSON files are exactly what ``python -m batched_nerf.data._generate`` writes."""
+    shipped = json.loads(resources.files("batched_nerf.data").joinpath(f"{name}.json").read_text())
+    generated = {m["name"]: m for m in molecules()}[name]
+    assert shipped == json.loads(json.dumps(generated))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_xyz_is_the_build_of_the_internal_coordinates(name: str) -> None:
+    mol = load(name)
+    np.testing.assert_allclose(build_xyz(mol.refs, mol.bonds, mol.angles, mol.dihedrals), mol.xyz, atol=1e-12)
+    x = to_cartesian(
+        torch.tensor(mol.bonds), torch.tensor(mol.angles), torch.tensor(mol.dihedrals), mol.table()
+    )
+    # same geometry up to rigid motion: the same distance matrix
+    np.testing.assert_allclose(pdist(x.numpy()), pdist(mol.xyz), atol=1e-10)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_internal_coordinates_recomputed(name: str) -> None:
+    mol = load(name)
+    ic = to_internal(torch.tensor(mol.xyz), mol.table())
+    ref = internal_coordinates(mol.xyz, mol.refs)
+    for got, numpy_value, stored in zip(ic, ref, (mol.bonds, mol.angles, mol.dihedrals)):
+        for value in (got.numpy(), numpy_value):  # dihedrals compared modulo 2 pi (180 == -180)
+            np.testing.assert_allclose(np.angle(np.exp(1j * (value - stored))), 0.0, atol=1e-10)
+
+
+def test_alanine_dipeptide_layout() -> None:
+    mol = load("alanine_dipeptide")
+    assert mol.n_atoms == 22
+    assert mol.names == [
+        "H1", "CH3", "H2", "H3", "C", "O", "N", "H", "CA", "HA", "CB",
+        "HB1", "HB2", "HB3", "C", "O", "N", "H", "C", "H1", "H2", "H3",
+    ]  # fmt: skip
+    assert "".join(mol.elements) == "HCHHCONHCHCHHHCONHCHHH"
+    meta = mol.metadata
+    assert meta["phi"] == [4, 6, 8, 14] and meta["psi"] == [6, 8, 14, 16]
+    # phi and psi are themselves single dihedral entries of the table
+    i, j, k, m = meta["phi"]
+    assert mol.refs[meta["phi_row"]].tolist() == [k, j, i] and meta["phi_row"] == m
+    i, j, k, m = meta["psi"]
+    assert mol.refs[meta["psi_row"]].tolist() == [k, j, i] and meta["psi_row"] == m
+
+
+def test_alanine_dipeptide_phi_psi_from_xyz() -> None:
+    mol = load("alanine_dipeptide")
+    meta = mol.metadata
+    phi = np.degrees(dihedral(*mol.xyz[meta["phi"]]))
+    psi = np.degrees(dihedral(*mol.xyz[meta["psi"]]))
+    assert phi == pytest.approx(meta["phi_deg"], abs=1e-9)
+    assert psi == pytest.approx(meta["psi_deg"], abs=1e-9)
+    assert np.degrees(mol.dihedrals[meta["phi_row"]]) == pytest.approx(meta["phi_deg"])
+    assert np.degrees(mol.dihedrals[meta["psi_row"]]) == pytest.approx(meta["psi_deg"])
+    # the core agrees
+    ic = to_internal(torch.tensor(mol.xyz), mol.table(), degrees=True)
+    assert ic.dihedrals[meta["phi_row"]].item() == pytest.approx(meta["phi_deg"], abs=1e-9)
+    assert ic.dihedrals[meta["psi_row"]].item() == pytest.approx(meta["psi_deg"], abs=1e-9)
+
+
+def test_alanine_is_l() -> None:
+    """L-alanine: seen along HA -> CA, the groups CO, R (CB), N run clockwise."""
+    mol = load("alanine_dipeptide")
+    x = mol.xyz
+    n, ca, ha, c, cb = x[6], x[8], x[9], x[14], x[10]
+    # C -> CB -> N turns clockwise for a viewer at HA looking at CA: its normal points away
+    assert np.cross(cb - c, n - c) @ (ca - ha) > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_clashes(name: str) -> None:
+    mol = load(name)
+    d = pdist(mol.xyz)
+    bonded = np.zeros_like(d, dtype=bool)
+    bonded[mol.connectivity[:, 0], mol.connectivity[:, 1]] = True
+    bonded |= bonded.T
+    np.fill_diagonal(bonded, True)
+    assert d[~bonded].min() > 1.5
+
+
+def test_benzene_ring_closes() -> None:
+    mol = load("benzene")
+    i, j = mol.metadata["ring_closure"]
+    assert np.linalg.norm(mol.xyz[i] - mol.xyz[j]) == pytest.approx(1.39, abs=1e-9)
+    assert np.abs(mol.xyz[:, 2]).max() < 1e-9
