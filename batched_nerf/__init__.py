@@ -1,19 +1,54 @@
 """batched_nerf: batched, twice-differentiable Z-matrix <-> Cartesian conversion in PyTorch.
 
-The public surface is what ``__all__`` lists; everything else is private.
+Core conversion (:func:`to_cartesian`, :func:`to_internal`) over a
+:class:`ConstructionTable`; learning tools (exact log-det, global pose, a flow
+layer, :mod:`batched_nerf.losses`); file formats and adapters
+(:mod:`batched_nerf.formats`) and shipped molecules (:mod:`batched_nerf.data`).
+Hypothesis strategies for property tests live in :mod:`batched_nerf.testing`
+(imported on demand: it needs ``hypothesis``).
+
+The public surface is what ``__all__`` lists; modules starting with ``_`` are
+private.
 """
 
+from . import losses
 from ._convert import to_cartesian, to_internal
+from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
 from ._inverse import InternalCoordinates
+from ._logdet import log_det_jacobian, pose_log_det
+from ._pack import pack_tables, split_atoms
+from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
 from ._version import __version__
+
+_LAZY_SUBMODULES = ("data", "formats", "testing")
+
+
+def __getattr__(name: str) -> object:
+    """``bn.data``, ``bn.formats`` and ``bn.testing`` import on first use."""
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "EPS",
     "ConstructionTable",
+    "FlowCoordinates",
+    "InternalCoordinateTransform",
     "InternalCoordinates",
+    "Pose",
     "__version__",
+    "apply_pose",
+    "extract_pose",
+    "log_det_jacobian",
+    "losses",
+    "pack_tables",
+    "pose_log_det",
+    "split_atoms",
     "to_cartesian",
     "to_internal",
 ]

@@ -47,6 +47,8 @@ def seed_block(plan: SeedPlan, bonds: Tensor, angles: Tensor, fixed_xyz: Tensor 
         parts.append(
             torch.stack((xb + sign * r3 * torch.cos(t3), r3 * torch.sin(t3), zero.expand_as(r3)), dim=-1)
         )
+    if not parts:
+        return bonds.new_zeros((*batch, 0, 3))
     return torch.cat(parts, dim=-2)
 
 

@@ -9,7 +9,10 @@ import torch
 from torch import Tensor
 
 from ._build import build_levels
+from ._dispatch import choose_method, scan_block
 from ._inverse import InternalCoordinates, internal_from_xyz
+from ._pose import Pose, apply_pose, extract_pose
+from ._scan import build_scan
 from ._table import ConstructionTable
 
 Method = Literal["auto", "scan", "levels"]
@@ -75,6 +78,9 @@ def to_cartesian(
     degrees: bool = False,
     fixed_xyz: Tensor | None = None,
     method: Method = "auto",
+    rotation: Tensor | None = None,
+    translation: Tensor | None = None,
+    accumulate_dtype: torch.dtype | None = None,
 ) -> Tensor:
     r"""Cartesian coordinates from internal coordinates, for a whole batch at once.
 
@@ -109,6 +115,17 @@ def to_cartesian(
         method: ``"levels"`` (one step per dependency level), ``"scan"``
             (log-depth composition of frames) or ``"auto"`` (chosen from the
             table's shape, batch size and device).
+        rotation: optional global rotation ``(..., 3, 3)`` of each seeded
+            component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
+            about the component's root atom (see :func:`apply_pose`).
+        translation: optional ``(..., 3)`` (or ``(..., S, 3)``) position of each
+            seeded component's root atom. With ``rotation`` this makes the map
+            bijective; :func:`to_internal` with ``return_pose=True`` inverts it.
+        accumulate_dtype: build in this dtype (e.g. ``torch.float64`` for
+            float32 inputs) and cast the result back to the inputs' dtype;
+            gradients flow through both casts. Improves float32 accuracy of very
+            long chains (see ``docs/benchmarks.md``) at the price of float64
+            arithmetic.
 
     Returns:
         ``(..., N, 3)`` with the broadcast leading shape of the inputs, atoms in
@@ -141,15 +158,22 @@ def to_cartesian(
         batch = torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
         b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
         fixed = fixed.expand(*batch, *fixed.shape[-2:])
+    out_dtype = b.dtype
+    if accumulate_dtype is not None:
+        if not accumulate_dtype.is_floating_point:
+            raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
+        b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
+        fixed = None if fixed is None else fixed.to(accumulate_dtype)
     if method == "auto":
-        from ._dispatch import choose_method
-
         method = choose_method(table, b.shape[:-1], b.device)
     if method == "levels":
-        return build_levels(table.plan("levels", b.device), b, a, d, fixed)
-    from ._scan import build_scan
-
-    return build_scan(table.plan("scan", b.device), b, a, d, fixed)
+        xyz = build_levels(table.plan("levels", b.device), b, a, d, fixed)
+    else:
+        block = scan_block(table.n_atoms, math.prod(b.shape[:-1]))
+        xyz = build_scan(table.plan("scan", b.device, block), b, a, d, fixed)
+    if rotation is not None or translation is not None:
+        xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)
+    return xyz.to(out_dtype)
 
 
 def _broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> Tensor | None:
@@ -173,7 +197,9 @@ def _broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> 
     return fixed.to(like.dtype)
 
 
-def to_internal(xyz: Any, table: ConstructionTable, *, degrees: bool = False) -> InternalCoordinates:
+def to_internal(
+    xyz: Any, table: ConstructionTable, *, degrees: bool = False, return_pose: bool = False
+) -> InternalCoordinates | tuple[InternalCoordinates, Pose]:
     r"""Internal coordinates of every atom from Cartesian coordinates.
 
     For atom ``i`` with references ``(b, a, d)``::
@@ -190,10 +216,14 @@ def to_internal(xyz: Any, table: ConstructionTable, *, degrees: bool = False) ->
         xyz: ``(..., N, 3)`` Cartesian coordinates.
         table: the :class:`ConstructionTable` of the ``N`` atoms.
         degrees: return angles and dihedrals in degrees.
+        return_pose: also return the global :class:`Pose` ``(rotation,
+            translation)`` of the seeded components, such that
+            ``to_cartesian(*ic, table, rotation=R, translation=t)`` reproduces
+            ``xyz``.
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
-        ``(..., N)``.
+        ``(..., N)``; with ``return_pose=True`` the pair ``(ic, pose)``.
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
@@ -213,5 +243,7 @@ def to_internal(xyz: Any, table: ConstructionTable, *, degrees: bool = False) ->
         raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
     ic = internal_from_xyz(table.plan("inverse", x.device), x)
     if degrees:
-        return InternalCoordinates(ic.bonds, ic.angles / _DEG, ic.dihedrals / _DEG)
+        ic = InternalCoordinates(ic.bonds, ic.angles / _DEG, ic.dihedrals / _DEG)
+    if return_pose:
+        return ic, extract_pose(x, table)
     return ic

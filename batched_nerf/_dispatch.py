@@ -1,12 +1,54 @@
-"""``method="auto"``: pick an engine from the table's shape, batch and device."""
+"""``method="auto"``: pick an engine from the table's shape, batch size and device.
+
+A pure function of static information (table structure, shapes, device type),
+so it adds no data-dependent control flow and is stable under ``torch.compile``.
+
+Cost model (constants measured on a 2-core CPU, float32, single thread; see
+``docs/benchmarks.md``): the level engine pays a fixed price per dependency
+level plus a price per atom and sample; the scan engine pays a larger fixed
+price per call and a per-element price that grows with the number of pointer
+jumping steps, but no price per level. On accelerators the price is mostly
+kernel launches, which favours the scan engine for all but the shallowest
+tables.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ._table import ConstructionTable
 
+#: Seconds per dependency level (level engine) and per atom-sample.
+LEVEL_STEP_S = 5e-4
+LEVEL_ELEMENT_S = 3.6e-7
+#: Fixed seconds per call and per atom-sample per doubling step (scan engine).
+SCAN_CALL_S = 2e-3
+SCAN_ELEMENT_S = 2.2e-7
+#: Scan band sizes by atom-samples per call: few -> pure pointer jumping.
+BLOCK_SMALL, BLOCK_LARGE = 8, 32
+BLOCK_THRESHOLDS = (2_048, 262_144)
+
+
+def scan_block(n_atoms: int, n_samples: int) -> int:
+    """Band size ``K`` of the scan engine for ``n_samples`` (batch) builds of ``n_atoms``."""
+    work = n_atoms * max(n_samples, 1)
+    if work < BLOCK_THRESHOLDS[0]:
+        return 1
+    return BLOCK_SMALL if work < BLOCK_THRESHOLDS[1] else BLOCK_LARGE
+
 
 def choose_method(table: ConstructionTable, batch_shape: torch.Size, device: torch.device) -> str:
-    """Engine for one call; a pure function of static information."""
-    return "levels"
+    """``"levels"`` or ``"scan"`` for one call."""
+    depth = table.depth
+    if depth <= 2:
+        return "levels"
+    if device.type != "cpu":
+        return "scan" if depth > 8 else "levels"
+    samples = math.prod(batch_shape)
+    work = table.n_atoms * max(samples, 1)
+    levels = depth * LEVEL_STEP_S + work * LEVEL_ELEMENT_S
+    steps = math.ceil(math.log2(depth)) / (scan_block(table.n_atoms, samples) ** 0.5)
+    scan = SCAN_CALL_S + work * SCAN_ELEMENT_S * (1.0 + steps)
+    return "levels" if levels <= scan else "scan"

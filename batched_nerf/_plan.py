@@ -69,7 +69,8 @@ class LevelPlan(_Movable):
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
 
 
-def seed_plan(table: ConstructionTable) -> SeedPlan:
+def seed_arrays(table: ConstructionTable) -> dict[str, np.ndarray]:
+    """Block-0 layout as numpy arrays (planners work on numpy only, never on tensors)."""
     refs = table._refs_np
     n_refs = (refs >= 0).sum(1)
     fixed = table._fixed_np
@@ -82,14 +83,29 @@ def seed_plan(table: ConstructionTable) -> SeedPlan:
     comp = table._component
     second_of_comp = {int(comp[a]): int(a) for a in second}
     from_second = np.array([refs[t, 0] in slot_of_second for t in third], dtype=bool)
+    return {
+        "fixed": fixed,
+        "roots": roots,
+        "second": second,
+        "third": third,
+        "third_from_second": from_second,
+        "third_second_slot": np.array(
+            [slot_of_second[second_of_comp[int(comp[t])]] for t in third], dtype=np.int64
+        ),
+        "atoms": np.concatenate([fixed, roots, second, third]).astype(np.int64),
+    }
+
+
+def seed_plan(table: ConstructionTable) -> SeedPlan:
+    arrays = seed_arrays(table)
     return SeedPlan(
-        n_fixed=int(fixed.size),
-        n_roots=int(roots.size),
-        second=_long(second),
-        third=_long(third),
-        third_from_second=torch.as_tensor(from_second),
-        third_second_slot=_long([slot_of_second[second_of_comp[int(comp[t])]] for t in third]),
-        atoms=_long(np.concatenate([fixed, roots, second, third])),
+        n_fixed=int(arrays["fixed"].size),
+        n_roots=int(arrays["roots"].size),
+        second=_long(arrays["second"]),
+        third=_long(arrays["third"]),
+        third_from_second=torch.as_tensor(arrays["third_from_second"]),
+        third_second_slot=_long(arrays["third_second_slot"]),
+        atoms=_long(arrays["atoms"]),
     )
 
 
@@ -100,7 +116,7 @@ def level_plan(table: ConstructionTable) -> LevelPlan:
     n_refs = (refs >= 0).sum(1)
     block = np.full(len(refs), -1, dtype=np.int64)
     slot = np.full(len(refs), -1, dtype=np.int64)
-    block0 = seeds.atoms.numpy()
+    block0 = seed_arrays(table)["atoms"]
     block[block0] = 0
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)
@@ -136,7 +152,7 @@ def level_plan(table: ConstructionTable) -> LevelPlan:
     )
 
 
-def make_plan(kind: str, table: ConstructionTable) -> Any:
+def make_plan(kind: str, table: ConstructionTable, block: int = 1) -> Any:
     """Plan of engine ``kind`` for ``table`` (called once, then cached by the table)."""
     if kind == "levels":
         return level_plan(table)
@@ -144,7 +160,7 @@ def make_plan(kind: str, table: ConstructionTable) -> Any:
         return inverse_plan(table)
     from . import _scan
 
-    return _scan.make_plan(kind, table)
+    return _scan.make_plan(kind, table, block)
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ from torch import Tensor
 
 from ._build import seed_block
 from ._geometry import cross, safe_normalize
-from ._plan import SeedPlan, _long, _Movable, seed_plan
-from ._table import FULL, SECOND, THIRD
+from ._plan import SeedPlan, _long, _Movable, seed_arrays, seed_plan
+from ._table import FULL, THIRD
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._table import ConstructionTable
@@ -55,7 +55,12 @@ if TYPE_CHECKING:  # pragma: no cover
 class RoundPlan(_Movable):
     """One round: irregular roots and anchors, then pointer jumping over their subtrees.
 
-    Node order: ``[sentinel, anchors, irregular roots, scanned atoms]``.
+    Node order: ``[sentinel, anchors, irregular roots, scanned atoms]``. Scanned
+    atoms are cut into bands of ``K`` consecutive depths: within a band, frames
+    relative to the band's top are composed in ``K`` sequential steps (O(N)
+    work); the band tops form a tree ``K`` times shallower, composed by pointer
+    jumping; one fix-up pass applies each band top's frame. ``K = 1`` is plain
+    pointer jumping over all atoms.
     """
 
     n_anchor: int
@@ -63,12 +68,16 @@ class RoundPlan(_Movable):
     anchor_rot: Tensor  # (n_anchor, 3, 3) constant anchor rotations (float64)
     irregular_atoms: Tensor  # (n_irr,) atom indices
     irregular_refs: Tensor  # (n_irr * 3,) rows of the position pool for (d, a, b)
-    scan_atoms: Tensor  # (n_scan,) atom indices (third seeds included)
+    scan_atoms: Tensor  # (n_scan,) atom indices (third seeds included), in band-step order
     scan_phi_zero: Tensor  # (n_scan,) bool: dihedral fixed at 0 (third seeds)
-    parent: Tensor  # (n_nodes,) parent node (0 = sentinel; roots point at it)
-    jumps: tuple[Tensor, ...]  # pointer-jumping steps: parent pointers doubled, ptr^(2^k)
-    rot_steps: int  # steps the rotations need (parents are one level shallower)
-    node_root: Tensor  # (n_nodes,) index of each node's root among [anchors, irregular roots]
+    step_sizes: tuple[int, ...]  # scanned nodes per in-band step t = 0..K-1
+    step_parent: tuple[Tensor, ...]  # per step t >= 1: row of each node's parent in step t-1
+    n_boundary: int  # scanned nodes at the bottom of a band (the last step's nodes)
+    band_parent: Tensor  # (n_roots + n_boundary,) boundary tree parent (0 = sentinel)
+    jumps: tuple[Tensor, ...]  # pointer jumping over the boundary tree: ptr^(2^k)
+    rot_steps: int  # rotation steps needed (fewer than translation steps for K = 1)
+    scan_band_root: Tensor  # (n_scan,) boundary node above each scanned node's band
+    node_root: Tensor  # (n_roots + n_scan,) index of each node's root among the real roots
     pool_blocks: int  # number of position blocks the irregular gathers read
 
 
@@ -101,11 +110,12 @@ def _effective_refs(refs: np.ndarray, n_refs: np.ndarray) -> tuple[np.ndarray, l
     return eff, paths
 
 
-def scan_plan(table: ConstructionTable) -> ScanPlan:
+def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     refs = table._refs_np
     n = len(refs)
     n_refs = (refs >= 0).sum(1)
     seeds = seed_plan(table)
+    seed_np = seed_arrays(table)
     eff, paths = _effective_refs(refs, n_refs)
 
     third = set(np.flatnonzero(n_refs == THIRD).tolist())
@@ -126,7 +136,7 @@ def scan_plan(table: ConstructionTable) -> ScanPlan:
     # rounds: anchors and seed-fed irregulars are round 0; an irregular atom is
     # one round after the latest scanned atom it reads.
     round_of = np.full(n, -1, dtype=np.int64)
-    block0 = set(seeds.atoms.tolist())
+    block0 = set(seed_np["atoms"].tolist())
     children: dict[int, list[int]] = {}
     for j, (kind, p) in parent.items():
         if kind == "atom":
@@ -162,7 +172,7 @@ def scan_plan(table: ConstructionTable) -> ScanPlan:
     # position blocks: 0 = seed block; r + 1 = atoms placed in round r
     block_of = np.full(n, -1, dtype=np.int64)
     slot_of = np.full(n, -1, dtype=np.int64)
-    seed_atoms = seeds.atoms.numpy()
+    seed_atoms = seed_np["atoms"]
     block_of[seed_atoms] = 0
     slot_of[seed_atoms] = np.arange(seed_atoms.size)
     block_sizes = [seed_atoms.size]
@@ -173,57 +183,66 @@ def scan_plan(table: ConstructionTable) -> ScanPlan:
         anchors = sorted(t for t in third if round_of[t] == rnd)
         irr = sorted(j for j in members if root_of[j] == ("irregular", j))
         scanned = [j for j in members if j not in irr]
-        # order scanned atoms parents-first (BFS by depth) for readability
-        depth = {}
-        for j in irr:
-            depth[j] = 0
-        order: list[int] = []
+        # depth below the round's roots; bands of `block` depths
+        depth = _depths(scanned, parent)
+        round_depth = max(depth.values(), default=0)
+        max_depth = max(max_depth, round_depth)
+        k_band = max(1, min(block, round_depth))
+        steps_nodes = [
+            sorted((j for j in scanned if (depth[j] - 1) % k_band == t), key=lambda j: (depth[j], j))
+            for t in range(k_band)
+        ]
+        order = [j for step in steps_nodes for j in step]
+        n_roots = 1 + len(anchors) + len(irr)
+        root_key = [("sentinel", -1)] + [("anchor", t) for t in anchors] + [("atom", j) for j in irr]
+        boundary = steps_nodes[-1]
+        bindex = {key: k for k, key in enumerate(root_key)}
+        for k, j in enumerate(boundary):
+            bindex[("atom", j)] = n_roots + k
+        row_in_step = {j: k for step in steps_nodes for k, j in enumerate(step)}
 
-        def node_depth(j: int) -> int:
-            if j in depth:
-                return depth[j]
-            kind, p = parent[j]
-            depth[j] = 1 if kind == "anchor" else node_depth(p) + 1
-            return depth[j]
-
-        for j in scanned:
-            node_depth(j)
-        scanned.sort(key=lambda j: (depth[j], j))
-        order = scanned
+        step_parent = [
+            _long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]
+        ]
+        band_parent = np.zeros(n_roots + len(boundary), dtype=np.int64)
+        node_root = np.zeros(n_roots + len(order), dtype=np.int64)
+        node_root[1:n_roots] = np.arange(n_roots - 1)
+        top_of = {j: bindex[_band_top(j, depth, k_band, parent)] for j in order}
+        for k, j in enumerate(boundary):
+            band_parent[n_roots + k] = top_of[j]
+        root_of_b = np.zeros(n_roots + len(boundary), dtype=np.int64)
+        root_of_b[:n_roots] = node_root[:n_roots]
+        for k in range(n_roots, n_roots + len(boundary)):  # parents come first
+            root_of_b[k] = root_of_b[band_parent[k]]
+        for k, j in enumerate(order):
+            node_root[n_roots + k] = root_of_b[top_of[j]]
+        b_depth = -(-round_depth // k_band)  # boundary tree depth: ceil(depth / K)
+        steps = int(np.ceil(np.log2(b_depth))) if b_depth > 1 else 0
+        if k_band == 1:  # only parents' rotations are needed
+            rot_steps = int(np.ceil(np.log2(b_depth - 1))) if b_depth > 2 else 0
+        else:  # every band top's rotation is needed by the fix-up
+            rot_steps = steps
+        jumps = []
+        cur = band_parent
+        for _ in range(steps):
+            jumps.append(_long(cur))
+            cur = cur[cur]
         node_index = {("anchor", t): 1 + k for k, t in enumerate(anchors)}
         for k, j in enumerate(irr):
             node_index[("atom", j)] = 1 + len(anchors) + k
         for k, j in enumerate(order):
-            node_index[("atom", j)] = 1 + len(anchors) + len(irr) + k
-        n_nodes = 1 + len(anchors) + len(irr) + len(order)
-        ptr = np.zeros(n_nodes, dtype=np.int64)
-        node_root = np.zeros(n_nodes, dtype=np.int64)
-        node_root[1 : 1 + len(anchors) + len(irr)] = np.arange(len(anchors) + len(irr))
-        for j in order:  # parents first
-            kind, p = parent[j]
-            ptr[node_index[("atom", j)]] = node_index[(kind, p)]
-            node_root[node_index[("atom", j)]] = node_root[node_index[(kind, p)]]
-        round_depth = max([depth[j] for j in order], default=0)
-        max_depth = max(max_depth, round_depth)
-        # a node at depth d sums d transforms: ceil(log2(d)) doublings
-        steps = int(np.ceil(np.log2(round_depth))) if round_depth > 1 else 0
-        rot_steps = int(np.ceil(np.log2(round_depth - 1))) if round_depth > 2 else 0
-        jumps = []
-        cur = ptr
-        for _ in range(steps):
-            jumps.append(_long(cur))
-            cur = cur[cur]
+            node_index[("atom", j)] = n_roots + k
+        n_nodes = n_roots + len(order)
         # irregular gathers read blocks 0..rnd
         offsets = np.concatenate([[0], np.cumsum(block_sizes)])
-        pool_row = lambda a: int(offsets[block_of[a]] + slot_of[a])  # noqa: E731
-        anchor_origin = [pool_row(int(refs[t, 0])) for t in anchors]
+        pool_row = offsets[np.maximum(block_of, 0)] + slot_of  # valid for placed atoms
+        anchor_origin = [int(pool_row[refs[t, 0]]) for t in anchors]
         anchor_rot = []
         for t in anchors:
-            sign = 1.0 if refs[t, 0] in seeds.second.tolist() else -1.0
+            sign = 1.0 if refs[t, 0] in seed_np["second"] else -1.0
             # columns e1 = sign * e_x, e2 = e_y, e3 = e1 x e2 = sign * e_z
             anchor_rot.append([[sign, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, sign]])
-        irr_refs = [pool_row(int(r)) for j in irr for r in eff[j][::-1]]
-        scan_atoms = order
+        irr_refs = [int(pool_row[r]) for j in irr for r in eff[j][::-1]]
         rounds.append(
             RoundPlan(
                 n_anchor=len(anchors),
@@ -231,11 +250,15 @@ def scan_plan(table: ConstructionTable) -> ScanPlan:
                 anchor_rot=torch.tensor(anchor_rot, dtype=torch.float64).reshape(-1, 3, 3),
                 irregular_atoms=_long(irr),
                 irregular_refs=_long(irr_refs),
-                scan_atoms=_long(scan_atoms),
-                scan_phi_zero=torch.as_tensor(np.array([j in third for j in scan_atoms], dtype=bool)),
-                parent=_long(ptr),
+                scan_atoms=_long(order),
+                scan_phi_zero=torch.as_tensor(np.array([j in third for j in order], dtype=bool)),
+                step_sizes=tuple(len(step) for step in steps_nodes),
+                step_parent=tuple(step_parent),
+                n_boundary=len(boundary),
+                band_parent=_long(band_parent),
                 jumps=tuple(jumps),
                 rot_steps=rot_steps,
+                scan_band_root=_long([top_of[j] for j in order]),
                 node_root=_long(node_root),
                 pool_blocks=len(block_sizes),
             )
@@ -263,43 +286,84 @@ def scan_plan(table: ConstructionTable) -> ScanPlan:
     )
 
 
-def make_plan(kind: str, table: ConstructionTable) -> ScanPlan:
+def _band_top(
+    j: int, depth: dict[int, int], k_band: int, parent: dict[int, tuple[str, int]]
+) -> tuple[str, int]:
+    """Key of the node above ``j``'s band: ``(depth - 1) % K + 1`` parents up."""
+    key: tuple[str, int] = ("atom", j)
+    for _ in range((depth[j] - 1) % k_band + 1):
+        key = parent[key[1]]
+    return key
+
+
+def _depths(scanned: list[int], parent: dict[int, tuple[str, int]]) -> dict[int, int]:
+    """Depth of each scanned atom below its root (children of an anchor or root: 1)."""
+    depth: dict[int, int] = {}
+    for j in scanned:
+        path = []
+        node = j
+        while node not in depth:
+            kind, p = parent.get(node, ("root", node))
+            if kind == "root":  # an irregular root
+                depth[node] = 0
+                break
+            path.append(node)
+            if kind == "anchor":
+                depth[node] = 1
+                path.pop()
+                break
+            node = p
+        base = depth[node]
+        for k, a in enumerate(reversed(path), start=1):
+            depth[a] = base + k
+    return depth
+
+
+def make_plan(kind: str, table: ConstructionTable, block: int = 1) -> ScanPlan:
     if kind == "scan":
-        return scan_plan(table)
+        return scan_plan(table, block)
     raise ValueError(f"unknown plan kind {kind!r}")
 
 
 # ---------------------------------------------------------------- compute path
+# Quaternions and vectors are component-major here: ``(4, ..., n)`` and
+# ``(3, ..., n)``, so that every elementwise operation runs on contiguous memory
+# and every gather is a single ``index_select`` on the last dimension.
+
+
+def _cross(u: Tensor, v: Tensor) -> Tensor:
+    u0, u1, u2 = u.unbind(0)
+    v0, v1, v2 = v.unbind(0)
+    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0))
+
+
 def _qmul(p: Tensor, q: Tensor) -> Tensor:
-    """Hamilton product of quaternions ``(..., 4)`` (``w, x, y, z``), elementwise."""
-    pw, px, py, pz = p.unbind(-1)
-    qw, qx, qy, qz = q.unbind(-1)
+    """Hamilton product of component-major quaternions ``(4, ...)`` (``w, x, y, z``)."""
+    pw, px, py, pz = p.unbind(0)
+    qw, qx, qy, qz = q.unbind(0)
     return torch.stack(
         (
             pw * qw - px * qx - py * qy - pz * qz,
             pw * qx + px * qw + py * qz - pz * qy,
             pw * qy - px * qz + py * qw + pz * qx,
             pw * qz + px * qy - py * qx + pz * qw,
-        ),
-        dim=-1,
+        )
     )
 
 
 def _qrotate(q: Tensor, v: Tensor) -> Tensor:
-    """Rotate ``v`` ``(..., 3)`` by the unit quaternion ``q`` ``(..., 4)``."""
-    w = q[..., :1]
-    u = q[..., 1:]
-    t = 2.0 * cross(u, v)
-    return v + w * t + cross(u, t)
+    """Rotate ``v`` ``(3, ...)`` by the unit quaternion ``q`` ``(4, ...)``."""
+    w, u = q[0], q[1:]
+    t = 2.0 * _cross(u, v)
+    return v + w * t + _cross(u, t)
 
 
-def _matvec3(a: Tensor, v: Tensor) -> Tensor:
-    """``a @ v`` for ``(..., 3, 3), (..., 3)``, elementwise (no TF32 matmul)."""
-    return (a * v.unsqueeze(-2)).sum(-1)
+def _qnormalize(q: Tensor) -> Tensor:
+    return q / torch.sqrt((q * q).sum(0))
 
 
 def local_rotation(theta: Tensor, phi: Tensor) -> Tensor:
-    """Quaternion ``(..., 4)`` of the frame step ``L(theta, phi) = R_x(phi) R_z(pi - theta)``.
+    """Quaternion ``(4, ...)`` of the frame step ``L(theta, phi) = R_x(phi) R_z(pi - theta)``.
 
     ``L`` maps the frame that places an atom onto the frame its primary children
     are placed from: its first column is the bond direction
@@ -310,16 +374,15 @@ def local_rotation(theta: Tensor, phi: Tensor) -> Tensor:
     a = 0.5 * phi
     b = 0.5 * (torch.pi - theta)
     ca, sa, cb, sb = torch.cos(a), torch.sin(a), torch.cos(b), torch.sin(b)
-    q = torch.stack((ca * cb, sa * cb, -sa * sb, ca * sb), dim=-1)
-    qw, qx, qy, qz = q.unbind(-1)
-    flipped = torch.stack((-qx, qw, qz, -qy), dim=-1)
-    return torch.where((torch.sin(theta) < 0).unsqueeze(-1), flipped, q)
+    q = torch.stack((ca * cb, sa * cb, -sa * sb, ca * sb))
+    flipped = torch.stack((-q[1], q[0], q[3], -q[2]))
+    return torch.where(torch.sin(theta) < 0, flipped, q)
 
 
 def local_translation(r: Tensor, theta: Tensor, phi: Tensor) -> Tensor:
-    """``r u`` ``(..., 3)``: the atom's offset from its bond reference, in the frame."""
-    st = torch.sin(theta)
-    return r.unsqueeze(-1) * torch.stack((-torch.cos(theta), st * torch.cos(phi), st * torch.sin(phi)), dim=-1)
+    """``r u`` ``(3, ...)``: the atom's offset from its bond reference, in the frame."""
+    rs = r * torch.sin(theta)
+    return torch.stack((-r * torch.cos(theta), rs * torch.cos(phi), rs * torch.sin(phi)))
 
 
 def _frames_from_positions(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
@@ -330,15 +393,56 @@ def _frames_from_positions(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
     return torch.stack((e1, e2, e3), dim=-1)
 
 
+def _matvec3(a: Tensor, v: Tensor) -> Tensor:
+    """``a @ v`` for ``(..., 3, 3), (..., 3)``, elementwise (no TF32 matmul)."""
+    return (a * v.unsqueeze(-2)).sum(-1)
+
+
 def _rotation_matrix(q: Tensor) -> Tensor:
-    """``(..., 4) -> (..., 3, 3)`` for unit quaternions."""
-    w, x, y, z = q.unbind(-1)
+    """Component-major unit quaternions ``(4, ...)`` to matrices ``(..., 3, 3)``."""
+    w, x, y, z = q.unbind(0)
     rows = (
         (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)),
         (2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)),
         (2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)),
     )
     return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
+
+
+def _compose_bands(rp: RoundPlan, q: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
+    """Phase 1: frames relative to each band's top, ``K`` sequential steps.
+
+    Returns the rotations of the band-bottom nodes ``(4, ..., n_boundary)`` and
+    the translations of all scanned nodes ``(3, ..., n_scan)``.
+    """
+    sizes = rp.step_sizes
+    if len(sizes) == 1:
+        return q, tau
+    qs = q.split(sizes, dim=-1)
+    ts = tau.split(sizes, dim=-1)
+    rot, trans = qs[0], ts[0]
+    out = [trans]
+    for q_t, t_t, parent in zip(qs[1:], ts[1:], rp.step_parent):
+        rot_p = rot.index_select(-1, parent)
+        trans = trans.index_select(-1, parent) + _qrotate(_qnormalize(rot_p), t_t)
+        rot = _qmul(rot_p, q_t)
+        out.append(trans)
+    return rot, torch.cat(out, dim=-1)
+
+
+def _compose_tree(rp: RoundPlan, rot: Tensor, trans: Tensor) -> tuple[Tensor, Tensor]:
+    """Phase 2: pointer jumping over the band tops; frames relative to the root.
+
+    ``rot`` ``(4, ..., n_b)`` and ``trans`` ``(3, ..., n_b)`` are the transforms
+    of the boundary tree's nodes relative to their parents (identity for roots).
+    """
+    for ptr in rp.jumps[: rp.rot_steps]:
+        rot = _qmul(rot.index_select(-1, ptr), rot)
+    rot = _qnormalize(rot)
+    trans = _qrotate(rot.index_select(-1, rp.band_parent), trans)
+    for ptr in rp.jumps:
+        trans = trans.index_select(-1, ptr) + trans
+    return rot, trans
 
 
 def build_scan(
@@ -351,9 +455,9 @@ def build_scan(
     """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs.
 
     Per round: root frames ``G`` (anchors: constant; irregular atoms: from the
-    positions of their references), rotations relative to the root by pointer
-    jumping over unit quaternions, world offsets ``G q_parent (r u)`` summed
-    along the path by pointer jumping over vectors.
+    positions of their references); rotations (unit quaternions) and offsets
+    relative to the root, composed in bands and across band tops by pointer
+    jumping; finally ``x = origin + G s``.
     """
     batch = bonds.shape[:-1]
     dtype = bonds.dtype
@@ -375,7 +479,7 @@ def build_scan(
             frame = _frames_from_positions(a, b, c)
             idx = rp.irregular_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
-            origins.append(c + _matvec3(frame, local_translation(r, t, p)))
+            origins.append(c + _matvec3(frame, local_translation(r, t, p).movedim(0, -1)))
             local = _rotation_matrix(local_rotation(t, p))
             frames.append((frame.unsqueeze(-1) * local.unsqueeze(-3)).sum(-2))
         n_roots = 1 + rp.n_anchor + rp.irregular_atoms.numel()
@@ -385,19 +489,21 @@ def build_scan(
             idx = rp.scan_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
             p = torch.where(rp.scan_phi_zero, torch.zeros_like(p), p)
+            rot_b, trans = _compose_bands(rp, local_rotation(t, p), local_translation(r, t, p))
             ident = torch.tensor((1.0, 0.0, 0.0, 0.0), dtype=dtype, device=bonds.device)
-            q = torch.cat((ident.expand(*batch, n_roots, 4), local_rotation(t, p)), dim=-2)
-            # rotation of every node relative to its root frame (only parents' are used)
-            for ptr in rp.jumps[: rp.rot_steps]:
-                q = _qmul(q.index_select(-2, ptr), q)
-            q_parent = q.index_select(-2, rp.parent[n_roots:])
-            q_parent = q_parent / torch.linalg.vector_norm(q_parent, dim=-1, keepdim=True)
-            v = _qrotate(q_parent, local_translation(r, t, p))
-            s = torch.cat((v.new_zeros((*batch, n_roots, 3)), v), dim=-2)
-            for ptr in rp.jumps:
-                s = s.index_select(-2, ptr) + s
+            ident = ident.reshape(4, *([1] * (len(batch) + 1))).expand(4, *batch, n_roots)
+            rot_tree = torch.cat((ident, rot_b), dim=-1)
+            trans_b = trans[..., trans.shape[-1] - rp.n_boundary :]
+            trans_tree = torch.cat((trans.new_zeros((3, *batch, n_roots)), trans_b), dim=-1)
+            rot_tree, s_tree = _compose_tree(rp, rot_tree, trans_tree)
+            if len(rp.step_sizes) == 1:
+                s = s_tree
+            else:  # phase 3: apply each band top's frame
+                top = rp.scan_band_root
+                s_scan = s_tree.index_select(-1, top) + _qrotate(rot_tree.index_select(-1, top), trans)
+                s = torch.cat((s_tree[..., :n_roots], s_scan), dim=-1)
             g = frame.index_select(-3, rp.node_root)
-            x = origin.index_select(-2, rp.node_root) + _matvec3(g, s)
+            x = origin.index_select(-2, rp.node_root) + _matvec3(g, s.movedim(0, -1))
         else:
             x = torch.cat((origin.new_zeros((*batch, 1, 3)), origin), dim=-2)
         blocks.append(x)

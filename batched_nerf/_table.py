@@ -22,12 +22,24 @@ if TYPE_CHECKING:  # pragma: no cover
 #: fully referenced atom.
 ROOT, SECOND, THIRD, FULL = 0, 1, 2, 3
 
+#: Engines' plan kinds.
+PLAN_KINDS = ("inverse", "scan", "levels")
+#: Deeper tables build their level plan (one entry per level) on first use only.
+EAGER_LEVELS_DEPTH = 256
+
 
 def _as_index_array(values: Any, what: str) -> np.ndarray:
     """Convert integer array-likes (lists, numpy, torch) to ``np.int64``."""
     if isinstance(values, Tensor):
         values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
+    try:
+        arr = np.asarray(values)
+    except ValueError:  # ragged nested sequences
+        raise ValueError(
+            f"{what} must have shape (N, 3), got rows of different lengths"
+            if what == "refs"
+            else f"{what} must be a 1-D sequence of atom indices, got ragged nesting"
+        ) from None
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.integer) or (arr.size == 0 and arr.dtype == np.float64)
     ):
@@ -79,7 +91,7 @@ class ConstructionTable:
         fixed_arr = (
             np.zeros(0, dtype=np.int64)
             if fixed is None
-            else _as_index_array(list(fixed) if not hasattr(fixed, "shape") else fixed, "fixed")
+            else _as_index_array(fixed, "fixed")
         )
         if fixed_arr.ndim != 1:
             raise ValueError(f"fixed must be a 1-D sequence of atom indices, got shape {fixed_arr.shape}")
@@ -89,8 +101,11 @@ class ConstructionTable:
         self._component, self._level = self._analyse(arr, fixed_arr)
         self._refs = torch.from_numpy(arr.copy())
         self._fixed = torch.from_numpy(fixed_arr.copy())
-        self._plans: dict[tuple[str, torch.device], Any] = {}
+        self._plans: dict[tuple[str, int, torch.device], Any] = {}
         self._n = n
+        # Plans are static structure: build the CPU ones now, outside any
+        # torch.func transform or torch.compile trace that a first call may sit in.
+        self.prepare(levels=self.depth <= EAGER_LEVELS_DEPTH)
 
     # ------------------------------------------------------------------ checks
     @staticmethod
@@ -294,22 +309,57 @@ class ConstructionTable:
         return cls(np.where(idx >= 0, idx, -1))
 
     # ------------------------------------------------------------------ plans
-    def plan(self, kind: str, device: torch.device | str | None = None) -> Any:
-        """Build plan of an engine, computed once per table, kind and device."""
-        device = torch.device("cpu" if device is None else device)
-        key = (kind, device)
-        cached = self._plans.get(key)
-        if cached is None:
-            cpu_key = (kind, torch.device("cpu"))
-            base = self._plans.get(cpu_key)
-            if base is None:
-                from . import _plan
+    def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:
+        """Build plan of an engine (``"levels"``, ``"scan"`` or ``"inverse"``), cached per device.
 
-                base = _plan.make_plan(kind, self)
-                self._plans[cpu_key] = base
-            cached = base if device.type == "cpu" else base.to(device)
-            self._plans[key] = cached
+        CPU plans are built when the table is made (the level plan of a very deep
+        table on first use); copies for other devices on first use, or ahead of
+        time with :meth:`prepare`.
+        """
+        device = torch.device("cpu" if device is None else device)
+        key = (kind, block, device)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        if kind not in PLAN_KINDS:
+            raise ValueError(f"unknown plan kind {kind!r}; expected one of {PLAN_KINDS}")
+        if torch.compiler.is_compiling():
+            raise RuntimeError(
+                f"the {kind!r} plan of this table is not ready for device {device}: call "
+                f"table.prepare({str(device)!r}) before compiling a function that uses the table"
+            )
+        cpu_key = (kind, block, torch.device("cpu"))
+        base = self._plans.get(cpu_key)
+        if base is None:
+            from . import _plan
+
+            base = _plan.make_plan(kind, self, block)
+            self._plans[cpu_key] = base
+        cached = base if device.type == "cpu" else base.to(device)
+        self._plans[key] = cached
         return cached
+
+    def prepare(
+        self, device: torch.device | str | None = None, *, levels: bool = True
+    ) -> ConstructionTable:
+        """Build every engine's plan for ``device`` now; returns the table itself.
+
+        Needed only before ``torch.compile`` on a non-CPU device (or for the
+        level engine of a table deeper than ``EAGER_LEVELS_DEPTH``); elsewhere
+        plans are made on first use.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> table = bn.ConstructionTable.chain(8).prepare("cpu")
+        """
+        from ._dispatch import BLOCK_LARGE, BLOCK_SMALL
+
+        self.plan("inverse", device)
+        for block in (1, BLOCK_SMALL, BLOCK_LARGE):
+            self.plan("scan", device, block)
+        if levels:
+            self.plan("levels", device)
+        return self
 
     # numpy views for the planners (not public)
     @property

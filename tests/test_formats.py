@@ -129,13 +129,14 @@ def test_read_zmat_variables_and_signs() -> None:
     z = read_zmat(io.StringIO(METHANE))
     assert isinstance(z, ZMatrix)
     assert z.elements == ["C", "H", "H", "H", "H"]
-    assert z.names[4] == "H1"
-    assert z.refs.tolist() == [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 1, 2]]
+    assert z.labels is not None and z.labels[4] == "H1"
+    assert z.table.refs.tolist() == [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 1, 2]]
+    assert z.dtype == torch.float64 and z.batch_shape == () and z.n_atoms == 5
     np.testing.assert_allclose(z.bonds, [0, 1.09, 1.09, 1.09, 1.09])
-    np.testing.assert_allclose(np.degrees(z.angles), [0, 0, 109.4712, 109.4712, 109.4712])
-    np.testing.assert_allclose(np.degrees(z.dihedrals), [0, 0, 0, -120.0, 120.0])
+    np.testing.assert_allclose(np.degrees(z.angles.numpy()), [0, 0, 109.4712, 109.4712, 109.4712])
+    np.testing.assert_allclose(np.degrees(z.dihedrals.numpy()), [0, 0, 0, -120.0, 120.0])
     # a regular tetrahedron: all H-H distances equal
-    x = build_xyz(z.refs, z.bonds, z.angles, z.dihedrals)
+    x = build_xyz(z.table.refs.numpy(), z.bonds.numpy(), z.angles.numpy(), z.dihedrals.numpy())
     d = pdist(x)[1:, 1:][np.triu_indices(4, 1)]
     np.testing.assert_allclose(d, d[0], atol=1e-4)
 
@@ -146,18 +147,19 @@ def test_read_zmat_labels_commas_comments_and_path(tmp_path: Path) -> None:
     path.write_text(text)
     z = read_zmat(path)
     assert z.elements == ["O", "H", "H"]
-    assert z.refs.tolist() == [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
+    assert z.table.refs.tolist() == [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
     assert read_zmat(io.StringIO("Cl\nCL 1 2.0\n")).elements == ["Cl", "Cl"]
 
 
 def test_zmat_dihedral_convention_matches_core() -> None:
     z = read_zmat(io.StringIO(METHANE))
-    table = z.table()
-    x = to_cartesian(torch.tensor(z.bonds), torch.tensor(z.angles), torch.tensor(z.dihedrals), table)
+    table = z.table
+    x = to_cartesian(z.bonds, z.angles, z.dihedrals, table)
+    torch.testing.assert_close(z.to_cartesian(), x)
     ic = to_internal(x, table)
     np.testing.assert_allclose(ic.dihedrals.numpy(), z.dihedrals, atol=1e-10)
     # and with the independent numpy reference
-    _, _, dih = internal_coordinates(x.numpy(), z.refs)
+    _, _, dih = internal_coordinates(x.numpy(), table.refs.numpy())
     np.testing.assert_allclose(dih, z.dihedrals, atol=1e-10)
 
 
@@ -183,19 +185,25 @@ def test_zmat_roundtrip_shipped(name: str, variables: bool) -> None:
     # read -> write -> read is a fixed point
     again = io.StringIO()
     order2 = write_zmat(
-        again, z.elements, z.refs, z.bonds, z.angles, z.dihedrals, variables=variables, precision=10
+        again, z.elements, z.table.refs, z.bonds, z.angles, z.dihedrals, variables=variables, precision=10
     )
     assert order2.tolist() == list(range(mol.n_atoms))
     assert again.getvalue() == text
     # the geometry is the molecule's: same distance matrix after undoing the reordering
-    x = to_cartesian(torch.tensor(z.bonds), torch.tensor(z.angles), torch.tensor(z.dihedrals), z.table())
+    # writing the ZMatrix itself gives the same text
+    assert (
+        write_zmat(third := io.StringIO(), z, variables=variables, precision=10).tolist() == order2.tolist()
+    )
+    assert third.getvalue() == text
+    x = z.to_cartesian()
     np.testing.assert_allclose(pdist(x.numpy()), pdist(mol.xyz[order]), atol=1e-8)
     # and the values agree with a numpy internal-coordinate computation of the built coordinates
-    b, a, d = internal_coordinates(x.numpy(), z.refs)
-    used = z.refs >= 0
-    np.testing.assert_allclose(b[used[:, 0]], z.bonds[used[:, 0]], atol=1e-9)
-    np.testing.assert_allclose(a[used[:, 1]], z.angles[used[:, 1]], atol=1e-9)
-    wrapped = np.angle(np.exp(1j * (d - z.dihedrals)))
+    refs = z.table.refs.numpy()
+    b, a, d = internal_coordinates(x.numpy(), refs)
+    used = refs >= 0
+    np.testing.assert_allclose(b[used[:, 0]], z.bonds.numpy()[used[:, 0]], atol=1e-9)
+    np.testing.assert_allclose(a[used[:, 1]], z.angles.numpy()[used[:, 1]], atol=1e-9)
+    wrapped = np.angle(np.exp(1j * (d - z.dihedrals.numpy())))
     np.testing.assert_allclose(wrapped[used[:, 2]], 0.0, atol=1e-9)
 
 

@@ -1,24 +1,39 @@
-"""Readers and writers for molecular file formats (pure numpy and text).
+"""Readers, writers and adapters for molecular file formats and other packages.
 
 * :mod:`.xyz`: XYZ coordinate files, single- and multi-frame.
-* :mod:`.gaussian`: Gaussian-style Z-matrix text.
+* :mod:`.gaussian`: Gaussian-style Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
 * :mod:`.bgflow`: the integer z-matrices of bgflow / bgmol.
+* :mod:`.chemcoord`: chemcoord ``Zmat`` objects (needs ``chemcoord``).
+* :mod:`.ase`: ASE ``Atoms`` (needs ``ase``).
+* :mod:`.rdkit`: construction tables and coordinates from RDKit molecules (needs ``rdkit``).
+
+The optional packages are imported only when their functions are called.
 """
 
 from __future__ import annotations
 
+from .._zmatrix import ZMatrix
+from .ase import from_ase, to_ase
 from .bgflow import refs_from_bgflow, refs_to_bgflow, table_from_bgflow, table_to_bgflow
-from .gaussian import ZMatrix, read_zmat, write_zmat
+from .chemcoord import from_chemcoord, to_chemcoord
+from .gaussian import read_zmat, write_zmat
+from .rdkit import table_from_rdkit, xyz_from_rdkit
 from .xyz import read_xyz, write_xyz
 
 __all__ = [
     "ZMatrix",
+    "from_ase",
+    "from_chemcoord",
     "read_xyz",
     "read_zmat",
     "refs_from_bgflow",
     "refs_to_bgflow",
     "table_from_bgflow",
+    "table_from_rdkit",
     "table_to_bgflow",
+    "to_ase",
+    "to_chemcoord",
     "write_xyz",
     "write_zmat",
+    "xyz_from_rdkit",
 ]

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from .._autotable import COVALENT_RADII
+from .._zmatrix import ZMatrix
 from ._common import PathOrFile, as_numpy, open_text, refs_of, topological_order
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,33 +46,6 @@ __all__ = ["ZMatrix", "read_zmat", "write_zmat"]
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eEdD][+-]?\d+)?$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True, eq=False)
-class ZMatrix:
-    """A Z-matrix read from text.
-
-    Attributes:
-        elements: ``N`` element symbols (the leading letters of each label).
-        names: ``N`` atom labels as written (``"C"``, ``"C1"``, ``"H12"``).
-        refs: ``(N, 3)`` ``np.int64`` 0-based references ``(bond, angle, dihedral)``, ``-1`` none.
-        bonds: ``(N,)`` ``float64`` bond lengths (0 where unused).
-        angles: ``(N,)`` ``float64`` angles in radians (0 where unused).
-        dihedrals: ``(N,)`` ``float64`` IUPAC dihedrals in radians (0 where unused).
-    """
-
-    elements: list[str]
-    names: list[str]
-    refs: np.ndarray
-    bonds: np.ndarray
-    angles: np.ndarray
-    dihedrals: np.ndarray
-
-    def table(self) -> ConstructionTable:
-        """The :class:`~batched_nerf.ConstructionTable` of :attr:`refs`."""
-        from .._table import ConstructionTable
-
-        return ConstructionTable(self.refs)
 
 
 def _strip(line: str) -> str:
@@ -99,7 +73,9 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
         path_or_file: a path or an open text file.
 
     Returns:
-        A :class:`ZMatrix` with 0-based references and angles in radians.
+        A :class:`~batched_nerf.ZMatrix` (float64, unbatched, angles in radians)
+        with the element symbols and the labels as written; dummy atoms (element
+        ``X``) are marked as not :attr:`~batched_nerf.ZMatrix.real`.
 
     Raises:
         ValueError: naming the 1-based line and the reason: no atoms, a wrong
@@ -112,7 +88,7 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
         >>> import io
         >>> from batched_nerf.formats import read_zmat
         >>> z = read_zmat(io.StringIO("O\\nH 1 0.96\\nH 1 R 2 104.5\\n\\nR 0.96\\n"))
-        >>> z.elements, z.refs.tolist(), z.bonds.tolist()
+        >>> z.elements, z.table.refs.tolist(), z.bonds.tolist()
         (['O', 'H', 'H'], [[-1, -1, -1], [0, -1, -1], [0, 1, -1]], [0.0, 0.96, 0.96])
     """
     with open_text(path_or_file, "r") as handle:
@@ -187,13 +163,16 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
         if n_refs >= 2 and not 0.0 <= ang <= 180.0:
             raise ValueError(f"line {lineno}: angle must lie in [0, 180] degrees, got {ang}")
         label_index.setdefault(label, row)
+    from .._table import ConstructionTable
+
     return ZMatrix(
+        ConstructionTable(refs),
+        torch.from_numpy(values[:, 0].copy()),
+        torch.from_numpy(np.deg2rad(values[:, 1])),
+        torch.from_numpy(np.deg2rad(values[:, 2])),
         elements=elements,
-        names=names,
-        refs=refs,
-        bonds=values[:, 0].copy(),
-        angles=np.deg2rad(values[:, 1]),
-        dihedrals=np.deg2rad(values[:, 2]),
+        labels=names,
+        real=torch.tensor([e != "X" for e in elements], dtype=torch.bool),
     )
 
 
@@ -210,11 +189,11 @@ def _value(token: str, variables: dict[str, float], lineno: int) -> float:
 
 def write_zmat(
     path_or_file: PathOrFile,
-    elements: Sequence[str],
-    refs: ConstructionTable | Any,
-    bonds: Any,
-    angles: Any,
-    dihedrals: Any,
+    elements: Sequence[str] | ZMatrix,
+    refs: ConstructionTable | Any = None,
+    bonds: Any = None,
+    angles: Any = None,
+    dihedrals: Any = None,
     *,
     degrees: bool = False,
     variables: bool = False,
@@ -230,7 +209,9 @@ def write_zmat(
 
     Args:
         path_or_file: a path (overwritten) or an open text file.
-        elements: ``N`` element symbols.
+        elements: ``N`` element symbols, or a :class:`~batched_nerf.ZMatrix` of
+            one conformation with elements (then ``refs`` and the values are
+            taken from it and must not be passed).
         refs: a :class:`~batched_nerf.ConstructionTable` (without fixed atoms) or
             an ``(N, 3)`` integer array, ``-1`` for no reference.
         bonds, angles, dihedrals: ``(N,)`` values of one conformation (numpy,
@@ -243,7 +224,10 @@ def write_zmat(
         ``(N,)`` ``np.int64`` ``order``: written row ``k`` is atom ``order[k]``.
 
     Raises:
-        ValueError: for fixed atoms, not exactly one seed triple (Gaussian
+        TypeError: for a ZMatrix together with ``refs`` or values, or missing
+            ``refs`` or values otherwise.
+        ValueError: for a ZMatrix without elements or with more than one
+            conformation, for fixed atoms, not exactly one seed triple (Gaussian
             describes one connected build), references that cannot be written
             as Gaussian rows, a reference cycle, or values of the wrong shape.
 
@@ -261,6 +245,23 @@ def write_zmat(
         H 1 0.96
         H 1 0.96 2 104.50
     """
+    if isinstance(elements, ZMatrix):
+        if any(v is not None for v in (refs, bonds, angles, dihedrals)):
+            raise TypeError("pass either a ZMatrix or elements, refs, bonds, angles and dihedrals")
+        if degrees:
+            raise ValueError("a ZMatrix holds radians; do not pass degrees=True with it")
+        z = elements
+        if z.elements is None:
+            raise ValueError("the ZMatrix has no elements; a Gaussian Z-matrix needs element symbols")
+        if z.batch_shape.numel() != 1:
+            raise ValueError(
+                "a Gaussian Z-matrix holds one conformation; the ZMatrix has batch shape "
+                f"{tuple(z.batch_shape)}"
+            )
+        elements, refs = z.elements, z.table
+        bonds, angles, dihedrals = (v.reshape(-1) for v in (z.bonds, z.angles, z.dihedrals))
+    elif any(v is None for v in (refs, bonds, angles, dihedrals)):
+        raise TypeError("write_zmat needs refs, bonds, angles and dihedrals (or a ZMatrix)")
     ref_arr, fixed = refs_of(refs)
     n = len(ref_arr)
     if fixed.size:

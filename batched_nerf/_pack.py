@@ -1,0 +1,82 @@
+"""Heterogeneous batches: several molecules in one table, one call, split back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from torch import Tensor
+
+from ._table import ConstructionTable
+
+
+def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
+    """Concatenate tables into one whose components are the given molecules.
+
+    Atom ``k`` of ``tables[m]`` becomes atom ``offset_m + k`` of the packed
+    table, with ``offset_m = sum(len(t) for t in tables[:m])``; fixed atoms keep
+    their order, table by table. Build the packed molecules in one call by
+    concatenating their values along the atom dimension (``torch.cat(...,
+    dim=-1)`` for internal coordinates, ``dim=-2`` for ``fixed_xyz``), then
+    :func:`split_atoms` the result.
+
+    Args:
+        tables: one or more :class:`ConstructionTable`.
+
+    Returns:
+        The packed :class:`ConstructionTable` of ``sum(len(t))`` atoms.
+
+    Raises:
+        ValueError: ``tables`` is empty.
+        TypeError: an element is not a ConstructionTable.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> water = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+        >>> butane = bn.ConstructionTable.chain(4)
+        >>> packed = bn.pack_tables([water, butane])
+        >>> bonds = torch.tensor([0.0, 0.96, 0.96] + [0.0, 1.53, 1.53, 1.53])
+        >>> angles = torch.tensor([0.0, 0.0, 1.82] + [0.0, 0.0, 1.95, 1.95])
+        >>> dihedrals = torch.tensor([0.0, 0.0, 0.0] + [0.0, 0.0, 0.0, 3.14])
+        >>> xyz = bn.to_cartesian(bonds, angles, dihedrals, packed)
+        >>> [x.shape for x in bn.split_atoms(xyz, [water, butane])]
+        [torch.Size([3, 3]), torch.Size([4, 3])]
+    """
+    tables = list(tables)
+    if not tables:
+        raise ValueError("pack_tables needs at least one table")
+    refs, fixed, offset = [], [], 0
+    for k, table in enumerate(tables):
+        if not isinstance(table, ConstructionTable):
+            raise TypeError(f"tables[{k}] must be a ConstructionTable, got {type(table).__name__}")
+        r = table._refs_np
+        refs.append(np.where(r >= 0, r + offset, -1))
+        fixed.append(table._fixed_np + offset)
+        offset += table.n_atoms
+    return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
+
+
+def split_atoms(
+    values: Tensor, tables: Sequence[ConstructionTable | int], dim: int = -2
+) -> list[Tensor]:
+    """Split packed per-atom values back into one tensor per molecule.
+
+    Args:
+        values: e.g. ``(..., N, 3)`` coordinates (``dim=-2``) or ``(..., N)``
+            internal coordinates (``dim=-1``) of a packed table.
+        tables: the tables given to :func:`pack_tables`, or their atom counts.
+        dim: the atom dimension of ``values``.
+
+    Returns:
+        Views ``(..., N_m, 3)`` (or ``(..., N_m)``), one per molecule.
+
+    Raises:
+        ValueError: the sizes do not add up to ``values.shape[dim]``.
+    """
+    sizes = [t if isinstance(t, int) else t.n_atoms for t in tables]
+    if sum(sizes) != values.shape[dim]:
+        raise ValueError(
+            f"molecule sizes {sizes} add up to {sum(sizes)} atoms, but values of shape "
+            f"{tuple(values.shape)} have {values.shape[dim]} along dim {dim}"
+        )
+    return list(values.split(sizes, dim=dim))

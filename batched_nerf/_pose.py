@@ -1,0 +1,380 @@
+r"""Global pose (rotation + translation) of the seeded components of a table.
+
+:func:`~batched_nerf.to_cartesian` builds every *seeded* component (one with
+seed rows, no fixed atoms) in its canonical frame: root at the origin, second
+seed atom on ``+x``, third seed atom in the ``xy``-plane with ``y > 0``. The
+pose of a seeded component is the rigid motion that carries that canonical
+frame into the lab frame::
+
+    x_lab = R @ x_canonical + t          (per atom of the component)
+
+so that ``t`` is the lab position of the root atom and the columns of ``R``
+are the lab directions of the canonical ``x``, ``y`` and ``z`` axes
+(Gram-Schmidt of the seed atoms). Anchored components (those with fixed atoms)
+are built in the lab frame already and have no pose.
+
+Shapes. ``S`` is the number of seeded components (``pose_components(table)``).
+When ``S == 1`` (one molecule, with or without anchored components) a pose is
+``rotation (..., 3, 3)`` and ``translation (..., 3)``; when ``S > 1`` it is one
+pose per seeded component, ``rotation (..., S, 3, 3)`` and ``translation
+(..., S, 3)``, components in the order of ``table.components``. The rule is a
+static property of the table, so shapes never depend on data.
+
+Rotation chart. The log-determinants of :mod:`._logdet` measure rotations with
+the Haar measure ``dR`` of total volume ``8 pi^2``. It is flat in the chart
+``u = (yaw, s, roll)`` of :func:`rotation_from_angles`,
+``R = Rz(yaw) Ry(asin s) Rx(roll)`` with ``s = sin(pitch)`` in ``[-1, 1]``
+(the analogue of bgflow's ``cos(beta)`` Euler chart), so densities in that
+chart need no extra Jacobian factor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._geometry import EPS, cross, dot, safe_normalize
+from ._table import ConstructionTable
+
+
+class Pose(NamedTuple):
+    """Rotation ``(..., [S,] 3, 3)`` and translation ``(..., [S,] 3)`` of the seeded components."""
+
+    rotation: Tensor
+    translation: Tensor
+
+
+@dataclass(frozen=True)
+class PoseInfo:
+    """Static description of a table's seeded components (numpy, CPU)."""
+
+    n_seeded: int
+    root: np.ndarray  # (S,) root atom of each seeded component
+    second: np.ndarray  # (S,) second seed atom, or the root when the component has one atom
+    third: np.ndarray  # (S,) third seed atom, or the root when the component has < 3 atoms
+    has_second: np.ndarray  # (S,) bool
+    has_third: np.ndarray  # (S,) bool
+    slot: np.ndarray  # (N,) seeded-component index of each atom, S for anchored atoms
+    third_from_second: np.ndarray  # (S,) bool: the third atom's bond reference is the second atom
+
+    @property
+    def squeeze(self) -> bool:
+        """One seeded component: poses carry no component axis."""
+        return self.n_seeded == 1
+
+
+_INFO: weakref.WeakKeyDictionary[ConstructionTable, PoseInfo] = weakref.WeakKeyDictionary()
+
+
+def pose_info(table: ConstructionTable) -> PoseInfo:
+    """Seeded-component layout of ``table`` (computed once per table, cached)."""
+    info = _INFO.get(table)
+    if info is not None:
+        return info
+    refs = table._refs_np
+    n = len(refs)
+    comp = table._component
+    n_refs = (refs >= 0).sum(1)
+    anchored = np.zeros(table.n_components, dtype=bool)
+    anchored[comp[table._fixed_np]] = True
+    seeded = [c for c in range(table.n_components) if not anchored[c]]
+    root, second, third, has2, has3, from2 = [], [], [], [], [], []
+    slot = np.full(n, len(seeded), dtype=np.int64)
+    for k, c in enumerate(seeded):
+        members = np.flatnonzero(comp == c)
+        slot[members] = k
+        r = int(members[n_refs[members] == 0][0])
+        s = members[n_refs[members] == 1]
+        t = members[n_refs[members] == 2]
+        root.append(r)
+        second.append(int(s[0]) if s.size else r)
+        third.append(int(t[0]) if t.size else r)
+        has2.append(bool(s.size))
+        has3.append(bool(t.size))
+        from2.append(bool(t.size) and bool(s.size) and int(refs[t[0], 0]) == int(s[0]))
+    info = PoseInfo(
+        n_seeded=len(seeded),
+        root=np.asarray(root, dtype=np.int64),
+        second=np.asarray(second, dtype=np.int64),
+        third=np.asarray(third, dtype=np.int64),
+        has_second=np.asarray(has2, dtype=bool),
+        has_third=np.asarray(has3, dtype=bool),
+        slot=slot,
+        third_from_second=np.asarray(from2, dtype=bool),
+    )
+    _INFO[table] = info
+    return info
+
+
+def pose_components(table: ConstructionTable) -> int:
+    """Number ``S`` of seeded components of ``table`` (components that have a pose).
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf._pose import pose_components
+        >>> pose_components(bn.ConstructionTable.chain(5))
+        1
+    """
+    if not isinstance(table, ConstructionTable):
+        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+    return pose_info(table).n_seeded
+
+
+def _long(a: np.ndarray, device: torch.device) -> Tensor:
+    return torch.as_tensor(a, dtype=torch.long, device=device)
+
+
+def _check_xyz(xyz: Any, table: ConstructionTable) -> Tensor:
+    if not isinstance(table, ConstructionTable):
+        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+    x = torch.as_tensor(xyz)
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    n = table.n_atoms
+    if x.ndim < 2 or x.shape[-1] != 3 or x.shape[-2] != n:
+        raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
+    return x
+
+
+def _pose_shapes(info: PoseInfo) -> tuple[str, str]:
+    if info.squeeze:
+        return "(..., 3, 3)", "(..., 3)"
+    return f"(..., {info.n_seeded}, 3, 3)", f"(..., {info.n_seeded}, 3)"
+
+
+def apply_pose(
+    xyz: Tensor,
+    table: ConstructionTable,
+    *,
+    rotation: Tensor | None = None,
+    translation: Tensor | None = None,
+) -> Tensor:
+    r"""Move each seeded component of ``xyz`` by its pose: ``x -> R x + t``.
+
+    Atoms of anchored components (those containing fixed atoms) are returned
+    unchanged. ``to_cartesian(ic, table)`` followed by ``apply_pose`` with the
+    output of :func:`extract_pose` reproduces the original coordinates.
+
+    Args:
+        xyz: ``(..., N, 3)`` coordinates (any length unit).
+        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
+        rotation: ``(..., 3, 3)`` (one seeded component) or ``(..., S, 3, 3)``
+            rotation matrices applied as ``R @ x``; ``None`` means identity.
+            Not checked for orthogonality.
+        translation: ``(..., 3)`` or ``(..., S, 3)``; ``None`` means zero.
+
+    Returns:
+        ``(..., N, 3)``, batch shape broadcast over ``xyz`` and the pose.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable.
+        ValueError: ``xyz`` is not ``(..., N, 3)``, the pose has the wrong
+            shape, shapes do not broadcast, or the table has no seeded
+            component but a pose was given.
+
+    Example:
+        >>> import math, torch, batched_nerf as bn
+        >>> from batched_nerf._pose import apply_pose
+        >>> table = bn.ConstructionTable.chain(3)
+        >>> xyz = bn.to_cartesian(torch.ones(3), torch.full((3,), math.pi / 2), torch.zeros(3), table)
+        >>> rz = torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+        >>> apply_pose(xyz, table, rotation=rz, translation=torch.tensor([0.0, 0.0, 5.0]))
+        tensor([[ 0.,  0.,  5.],
+                [ 0.,  1.,  5.],
+                [-1.,  1.,  5.]])
+    """
+    x = _check_xyz(xyz, table)
+    if rotation is None and translation is None:
+        return x
+    info = pose_info(table)
+    rot_shape, tr_shape = _pose_shapes(info)
+    if info.n_seeded == 0:
+        raise ValueError(
+            "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
+        )
+    s = info.n_seeded
+    dev = x.device
+    if rotation is not None:
+        rot = torch.as_tensor(rotation, dtype=x.dtype, device=dev)
+        if info.squeeze:
+            if rot.ndim < 2 or tuple(rot.shape[-2:]) != (3, 3):
+                raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
+            rot = rot.unsqueeze(-3)
+        elif rot.ndim < 3 or tuple(rot.shape[-3:]) != (s, 3, 3):
+            raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
+    else:
+        rot = torch.eye(3, dtype=x.dtype, device=dev).expand(s, 3, 3)
+    if translation is not None:
+        tr = torch.as_tensor(translation, dtype=x.dtype, device=dev)
+        if info.squeeze:
+            if tr.ndim < 1 or tr.shape[-1] != 3:
+                raise ValueError(f"translation must have shape {tr_shape}, got {tuple(tr.shape)}")
+            tr = tr.unsqueeze(-2)
+        elif tr.ndim < 2 or tuple(tr.shape[-2:]) != (s, 3):
+            raise ValueError(f"translation must have shape {tr_shape}, got {tuple(tr.shape)}")
+    else:
+        tr = x.new_zeros((s, 3))
+    try:
+        batch = torch.broadcast_shapes(x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
+            "do not broadcast"
+        ) from None
+    # slot S (anchored atoms): identity and zero
+    rot = torch.cat(
+        (rot.expand(*batch, s, 3, 3), torch.eye(3, dtype=x.dtype, device=dev).expand(*batch, 1, 3, 3)), -3
+    )
+    tr = torch.cat((tr.expand(*batch, s, 3), x.new_zeros(()).expand(*batch, 1, 3)), -2)
+    slot = _long(info.slot, dev)
+    rot_atom = rot.index_select(-3, slot)  # (..., N, 3, 3)
+    tr_atom = tr.index_select(-2, slot)  # (..., N, 3)
+    return (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
+
+
+def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:
+    """Gram-Schmidt frame ``(..., S, 3, 3)`` (columns e1, e2, e3) of seed positions ``(..., S, 3)``."""
+    ex = torch.tensor([1.0, 0.0, 0.0], dtype=x0.dtype, device=x0.device)
+    ey = torch.tensor([0.0, 1.0, 0.0], dtype=x0.dtype, device=x0.device)
+    ez = torch.tensor([0.0, 0.0, 1.0], dtype=x0.dtype, device=x0.device)
+    e1 = torch.where(has2.unsqueeze(-1), safe_normalize(x1 - x0, EPS), ex)
+    # a helper direction for components without a third atom: the lab axis least parallel to e1
+    helper = torch.where((e1[..., 2:3].abs() < 0.9), ez, ey)
+    v = torch.where(has3.unsqueeze(-1), x2 - x0, helper)
+    v = torch.where(has2.unsqueeze(-1), v, ey)
+    e2 = safe_normalize(v - dot(v, e1).unsqueeze(-1) * e1, EPS)
+    e3 = cross(e1, e2)
+    return torch.stack((e1, e2, e3), dim=-1)
+
+
+def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
+    r"""Pose of every seeded component of ``xyz``, the inverse of :func:`apply_pose`.
+
+    For a seeded component with root ``o``, second seed atom ``s`` and third
+    seed atom ``t`` (Gram-Schmidt, differentiable)::
+
+        translation = x_o
+        e1 = (x_s - x_o) / |x_s - x_o|
+        e2 = normalise((x_t - x_o) - ((x_t - x_o) . e1) e1)
+        e3 = e1 x e2
+        rotation = [e1 | e2 | e3]          (columns; det = +1)
+
+    so that ``apply_pose(to_cartesian(to_internal(xyz)), rotation, translation)``
+    reproduces ``xyz``. A component of two atoms completes ``e2`` with the lab
+    axis least parallel to ``e1``; a single atom gets the identity. Finite,
+    with finite gradients, at coincident or collinear seed atoms (normalisation
+    by ``max(|v|, EPS)``; the rotation is then arbitrary but the round trip
+    still holds).
+
+    Args:
+        xyz: ``(..., N, 3)`` Cartesian coordinates.
+        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
+
+    Returns:
+        :class:`Pose` ``(rotation, translation)``: ``(..., 3, 3)`` and
+        ``(..., 3)`` when the table has one seeded component, else
+        ``(..., S, 3, 3)`` and ``(..., S, 3)``.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable.
+        ValueError: ``xyz`` is not ``(..., N, 3)`` or the table has no seeded
+            component.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> from batched_nerf._pose import apply_pose, extract_pose
+        >>> table = bn.ConstructionTable.chain(5)
+        >>> xyz = torch.randn(2, 5, 3, dtype=torch.float64)
+        >>> ic = bn.to_internal(xyz, table)
+        >>> pose = extract_pose(xyz, table)
+        >>> pose.rotation.shape, pose.translation.shape
+        (torch.Size([2, 3, 3]), torch.Size([2, 3]))
+        >>> rebuilt = apply_pose(bn.to_cartesian(*ic, table), table, rotation=pose.rotation,
+        ...                      translation=pose.translation)
+        >>> torch.allclose(rebuilt, xyz)
+        True
+    """
+    x = _check_xyz(xyz, table)
+    info = pose_info(table)
+    if info.n_seeded == 0:
+        raise ValueError(
+            "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
+        )
+    dev = x.device
+    x0 = x.index_select(-2, _long(info.root, dev))
+    x1 = x.index_select(-2, _long(info.second, dev))
+    x2 = x.index_select(-2, _long(info.third, dev))
+    has2 = torch.as_tensor(info.has_second, device=dev)
+    has3 = torch.as_tensor(info.has_third, device=dev)
+    rot = _frame(x0, x1, x2, has2, has3)
+    if info.squeeze:
+        return Pose(rot.squeeze(-3), x0.squeeze(-2))
+    return Pose(rot, x0)
+
+
+def rotation_from_angles(angles: Tensor) -> Tensor:
+    r"""Rotation matrices from the Haar-flat chart ``(yaw, s, roll)``.
+
+    ``R = Rz(yaw) @ Ry(pitch) @ Rx(roll)`` with ``pitch = asin(s)``. The Haar
+    measure of rotations is ``dR = d(yaw) ds d(roll)`` in this chart (total
+    volume ``2 pi * 2 * 2 pi = 8 pi^2``), which is the measure the pose
+    log-determinants of :func:`~batched_nerf._logdet.pose_log_det` refer to.
+
+    Args:
+        angles: ``(..., 3)``: yaw in ``(-pi, pi]``, ``s = sin(pitch)`` in
+            ``[-1, 1]``, roll in ``(-pi, pi]`` (radians).
+
+    Returns:
+        ``(..., 3, 3)`` proper rotation matrices.
+
+    Raises:
+        ValueError: ``angles`` is not ``(..., 3)``.
+
+    Example:
+        >>> import torch
+        >>> from batched_nerf._pose import rotation_angles, rotation_from_angles
+        >>> u = torch.tensor([0.3, -0.4, 2.0], dtype=torch.float64)
+        >>> torch.allclose(rotation_angles(rotation_from_angles(u)), u)
+        True
+    """
+    a = torch.as_tensor(angles)
+    if a.ndim < 1 or a.shape[-1] != 3:
+        raise ValueError(f"angles must have shape (..., 3), got {tuple(a.shape)}")
+    yaw, s, roll = a.unbind(-1)
+    c = torch.sqrt((1.0 - s * s).clamp_min(0.0))
+    cy, sy, cr, sr = torch.cos(yaw), torch.sin(yaw), torch.cos(roll), torch.sin(roll)
+    rows = (
+        (cy * c, cy * s * sr - sy * cr, cy * s * cr + sy * sr),
+        (sy * c, sy * s * sr + cy * cr, sy * s * cr - cy * sr),
+        (-s, c * sr, c * cr),
+    )
+    return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
+
+
+def rotation_angles(rotation: Tensor) -> Tensor:
+    r"""Inverse of :func:`rotation_from_angles`: ``(..., 3, 3) -> (..., 3)`` ``(yaw, s, roll)``.
+
+    ``yaw = atan2(R10, R00)``, ``s = -R20``, ``roll = atan2(R21, R22)``;
+    undefined (gimbal lock) at ``s = +-1``.
+
+    Raises:
+        ValueError: ``rotation`` is not ``(..., 3, 3)``.
+
+    Example:
+        >>> import torch
+        >>> from batched_nerf._pose import rotation_angles
+        >>> rotation_angles(torch.eye(3))
+        tensor([0., -0., 0.])
+    """
+    r = torch.as_tensor(rotation)
+    if r.ndim < 2 or tuple(r.shape[-2:]) != (3, 3):
+        raise ValueError(f"rotation must have shape (..., 3, 3), got {tuple(r.shape)}")
+    yaw = torch.atan2(r[..., 1, 0], r[..., 0, 0])
+    s = -r[..., 2, 0]
+    roll = torch.atan2(r[..., 2, 1], r[..., 2, 2])
+    return torch.stack((yaw, s, roll), dim=-1)

@@ -1,0 +1,394 @@
+"""The :class:`ZMatrix` container: a construction table with its values, atoms and labels."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._convert import Method, to_cartesian, to_internal
+from ._table import ConstructionTable
+
+__all__ = ["ZMatrix"]
+
+
+def _as_values(value: Any, name: str, like: Tensor | None) -> Tensor:
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = value.copy()
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(
+            value,
+            dtype=like.dtype if like is not None else torch.float64,
+            device=like.device if like is not None else None,
+        )
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
+    if not value.is_floating_point():
+        value = value.to(torch.get_default_dtype())
+    return value
+
+
+def _as_names(values: Sequence[str] | None, n: int, what: str) -> list[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        raise TypeError(f"{what} must be a sequence of {n} strings, not a single string")
+    out = [str(v) for v in values]
+    if len(out) != n:
+        raise ValueError(f"got {len(out)} {what} for {n} rows of the table")
+    return out
+
+
+class ZMatrix:
+    """A Z-matrix: construction table, internal coordinates, atoms and labels.
+
+    The values are tensors ``(..., N)`` over the ``N`` rows of ``table``
+    (bond lengths in any length unit, angles and IUPAC dihedrals in
+    **radians**); leading dimensions are a batch of conformations and broadcast
+    against each other. Rows may be *dummy* atoms, which take part in the build
+    but are not atoms of the molecule: chemcoord's absolute references
+    ``origin``/``e_x``/``e_y``/``e_z`` (fixed atoms, see
+    :func:`~batched_nerf.formats.from_chemcoord`) and Gaussian's ``X`` atoms.
+    :attr:`real` marks the others; :meth:`to_cartesian` returns only those.
+
+    Args:
+        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` rows.
+        bonds: ``(..., N)`` bond lengths (entries a row does not use are ignored).
+        angles: ``(..., N)`` bond angles in radians.
+        dihedrals: ``(..., N)`` IUPAC dihedrals in radians.
+        fixed_xyz: ``(..., F, 3)`` positions of the ``table.fixed`` atoms; required
+            when the table has fixed atoms.
+        elements: optional ``N`` element symbols (``"X"`` for dummies).
+        labels: optional ``N`` atom labels (names such as ``"CA"``).
+        real: optional ``(N,)`` boolean mask of the rows that are atoms of the
+            molecule; all rows by default.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable, a value is complex or
+            boolean, or ``elements``/``labels`` is a single string.
+        ValueError: values whose last dimension is not ``N`` or that do not
+            broadcast, a missing, superfluous or misshaped ``fixed_xyz``, or
+            ``elements``/``labels``/``real`` of the wrong length.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> from batched_nerf._zmatrix import ZMatrix
+        >>> table = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+        >>> water = ZMatrix(table, [0.0, 0.96, 0.96], [0.0, 0.0, 1.824], [0.0, 0.0, 0.0],
+        ...                 elements=["O", "H", "H"])
+        >>> water
+        ZMatrix(n_atoms=3, batch_shape=(), dtype=torch.float64, elements='H2O')
+        >>> water.to_cartesian().shape
+        torch.Size([3, 3])
+    """
+
+    def __init__(
+        self,
+        table: ConstructionTable,
+        bonds: Any,
+        angles: Any,
+        dihedrals: Any,
+        fixed_xyz: Any = None,
+        elements: Sequence[str] | None = None,
+        labels: Sequence[str] | None = None,
+        *,
+        real: Any = None,
+    ) -> None:
+        if not isinstance(table, ConstructionTable):
+            raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+        n = table.n_atoms
+        first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
+        values = [
+            _as_values(v, name, first)
+            for v, name in ((bonds, "bonds"), (angles, "angles"), (dihedrals, "dihedrals"))
+        ]
+        for v, name in zip(values, ("bonds", "angles", "dihedrals")):
+            if v.ndim == 0 or v.shape[-1] != n:
+                raise ValueError(f"{name} must have shape (..., N) with N = {n}, got {tuple(v.shape)}")
+        dtype = torch.promote_types(torch.promote_types(values[0].dtype, values[1].dtype), values[2].dtype)
+        try:
+            b, a, d = torch.broadcast_tensors(*(v.to(dtype) for v in values))
+        except RuntimeError:
+            shapes = ", ".join(str(tuple(v.shape)) for v in values)
+            raise ValueError(f"bonds, angles and dihedrals do not broadcast: shapes {shapes}") from None
+        fixed: Tensor | None = None
+        if table.n_fixed == 0:
+            if fixed_xyz is not None:
+                raise ValueError("fixed_xyz was given but the table has no fixed atoms")
+        else:
+            if fixed_xyz is None:
+                raise ValueError(
+                    f"the table has {table.n_fixed} fixed atoms: pass fixed_xyz of shape "
+                    f"(..., {table.n_fixed}, 3)"
+                )
+            fixed = _as_values(fixed_xyz, "fixed_xyz", b).to(device=b.device, dtype=dtype)
+            if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (table.n_fixed, 3):
+                raise ValueError(
+                    f"fixed_xyz must have shape (..., {table.n_fixed}, 3), got {tuple(fixed.shape)}"
+                )
+            try:
+                torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
+            except RuntimeError:
+                raise ValueError(
+                    f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with values of shape "
+                    f"{tuple(b.shape)}"
+                ) from None
+        if real is None:
+            mask = torch.ones(n, dtype=torch.bool)
+        else:
+            mask = torch.as_tensor(real).detach().cpu()
+            if mask.dtype != torch.bool or mask.shape != (n,):
+                raise ValueError(
+                    f"real must be a boolean mask of shape ({n},), got {mask.dtype} {tuple(mask.shape)}"
+                )
+            mask = mask.clone()
+        self._table = table
+        self._bonds, self._angles, self._dihedrals = b, a, d
+        self._fixed_xyz = fixed
+        self._elements = _as_names(elements, n, "elements")
+        self._labels = _as_names(labels, n, "labels")
+        self._real = mask
+
+    # ------------------------------------------------------------- properties
+    @property
+    def table(self) -> ConstructionTable:
+        """The :class:`~batched_nerf.ConstructionTable` of all rows (dummies included)."""
+        return self._table
+
+    @property
+    def bonds(self) -> Tensor:
+        """``(..., N)`` bond lengths."""
+        return self._bonds
+
+    @property
+    def angles(self) -> Tensor:
+        """``(..., N)`` bond angles in radians."""
+        return self._angles
+
+    @property
+    def dihedrals(self) -> Tensor:
+        """``(..., N)`` IUPAC dihedrals in radians."""
+        return self._dihedrals
+
+    @property
+    def fixed_xyz(self) -> Tensor | None:
+        """``(..., F, 3)`` positions of the fixed atoms, or ``None`` without fixed atoms."""
+        return self._fixed_xyz
+
+    @property
+    def elements(self) -> list[str] | None:
+        """``N`` element symbols of all rows, or ``None``."""
+        return None if self._elements is None else list(self._elements)
+
+    @property
+    def labels(self) -> list[str] | None:
+        """``N`` labels of all rows, or ``None``."""
+        return None if self._labels is None else list(self._labels)
+
+    @property
+    def real(self) -> Tensor:
+        """``(N,)`` boolean mask of the rows that are atoms of the molecule (not dummies)."""
+        return self._real.clone()
+
+    @property
+    def real_elements(self) -> list[str] | None:
+        """Element symbols of the real atoms (matching :meth:`to_cartesian`), or ``None``."""
+        if self._elements is None:
+            return None
+        return [e for e, keep in zip(self._elements, self._real.tolist()) if keep]
+
+    @property
+    def real_labels(self) -> list[str] | None:
+        """Labels of the real atoms (matching :meth:`to_cartesian`), or ``None``."""
+        if self._labels is None:
+            return None
+        return [e for e, keep in zip(self._labels, self._real.tolist()) if keep]
+
+    @property
+    def n_atoms(self) -> int:
+        """Number of real atoms (the rows :meth:`to_cartesian` returns)."""
+        return int(self._real.sum())
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows ``N`` of the table, dummies included."""
+        return self._table.n_atoms
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        """The broadcast leading shape of the values and ``fixed_xyz``."""
+        shape = self._bonds.shape[:-1]
+        if self._fixed_xyz is not None:
+            shape = torch.broadcast_shapes(shape, self._fixed_xyz.shape[:-2])
+        return shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Floating dtype of the values."""
+        return self._bonds.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the values."""
+        return self._bonds.device
+
+    def __len__(self) -> int:
+        shape = self.batch_shape
+        if not shape:
+            raise TypeError("len() of an unbatched ZMatrix")
+        return shape[0]
+
+    def __repr__(self) -> str:
+        parts = [f"n_atoms={self.n_atoms}"]
+        if self.n_rows != self.n_atoms:
+            parts.append(f"n_dummies={self.n_rows - self.n_atoms}")
+        parts += [f"batch_shape={tuple(self.batch_shape)}", f"dtype={self.dtype}"]
+        if self.device.type != "cpu":
+            parts.append(f"device={self.device}")
+        if self._elements is not None:
+            parts.append(f"elements={formula(self.real_elements or [])!r}")
+        return f"ZMatrix({', '.join(parts)})"
+
+    # ---------------------------------------------------------------- methods
+    def _replace(self, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor | None) -> ZMatrix:
+        return ZMatrix(
+            self._table, bonds, angles, dihedrals, fixed, self._elements, self._labels, real=self._real
+        )
+
+    def to_cartesian(self, method: Method = "auto", *, dummies: bool = False) -> Tensor:
+        """Cartesian coordinates of the real atoms, in row order.
+
+        Args:
+            method: the engine, see :func:`~batched_nerf.to_cartesian`.
+            dummies: also return the dummy rows (all ``N`` rows).
+
+        Returns:
+            ``(..., n_atoms, 3)`` (``(..., N, 3)`` with ``dummies=True``), dtype
+            and device of the values; differentiable.
+
+        Example:
+            >>> import torch, batched_nerf as bn
+            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> z = ZMatrix(bn.ConstructionTable.chain(4), torch.ones(5, 4), torch.full((5, 4), 2.0),
+            ...             torch.linspace(-3, 3, 5)[:, None].expand(5, 4))
+            >>> z.to_cartesian().shape
+            torch.Size([5, 4, 3])
+        """
+        xyz = to_cartesian(
+            self._bonds, self._angles, self._dihedrals, self._table, fixed_xyz=self._fixed_xyz, method=method
+        )
+        if dummies or bool(self._real.all()):
+            return xyz
+        return xyz[..., self._real.to(xyz.device), :]
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> ZMatrix:
+        """A copy with the values (and ``fixed_xyz``) on ``device`` and/or in ``dtype``.
+
+        Args:
+            device: target device (unchanged if ``None``).
+            dtype: target floating dtype (unchanged if ``None``).
+
+        Returns:
+            A new :class:`ZMatrix` sharing the table, elements and labels.
+
+        Raises:
+            TypeError: for a non-floating ``dtype``.
+
+        Example:
+            >>> import torch, batched_nerf as bn
+            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> z = ZMatrix(bn.ConstructionTable.chain(3), [0.0, 1.0, 1.0], [0.0, 0.0, 2.0], [0.0] * 3)
+            >>> z.to(dtype=torch.float32).dtype
+            torch.float32
+        """
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device=device, dtype=dtype)
+
+        b, a, d = (move(t) for t in (self._bonds, self._angles, self._dihedrals))
+        assert b is not None and a is not None and d is not None
+        return self._replace(b, a, d, move(self._fixed_xyz))
+
+    def __getitem__(self, index: Any) -> ZMatrix:
+        """Index the batch dimensions: ``z[3]``, ``z[:10]``, ``z[mask]``.
+
+        Raises:
+            IndexError: for an unbatched ZMatrix or an out-of-range index.
+
+        Example:
+            >>> import torch, batched_nerf as bn
+            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> ones = torch.ones(8, 4)
+            >>> z = ZMatrix(bn.ConstructionTable.chain(4), ones, ones, 0 * ones)
+            >>> z[2:5].batch_shape, z[0].batch_shape
+            (torch.Size([3]), torch.Size([]))
+        """
+        shape = self.batch_shape
+        if not shape:
+            raise IndexError("cannot index an unbatched ZMatrix (batch_shape is ())")
+        n = self.n_rows
+        b, a, d = (t.expand(*shape, n)[index] for t in (self._bonds, self._angles, self._dihedrals))
+        fixed = None
+        if self._fixed_xyz is not None:
+            fixed = self._fixed_xyz.expand(*shape, *self._fixed_xyz.shape[-2:])[index]
+        if b.ndim == 0 or b.shape[-1] != n:
+            raise IndexError("a ZMatrix index may only select along the batch dimensions")
+        return self._replace(b, a, d, fixed)
+
+    @classmethod
+    def from_cartesian(
+        cls,
+        xyz: Any,
+        table: ConstructionTable,
+        elements: Sequence[str] | None = None,
+        labels: Sequence[str] | None = None,
+    ) -> ZMatrix:
+        """The Z-matrix of Cartesian coordinates for a given construction table.
+
+        Args:
+            xyz: ``(..., N, 3)`` coordinates of the ``N`` rows of ``table``; the
+                positions of fixed atoms become ``fixed_xyz``.
+            table: the :class:`~batched_nerf.ConstructionTable`.
+            elements: optional ``N`` element symbols.
+            labels: optional ``N`` labels.
+
+        Returns:
+            A :class:`ZMatrix` (all rows real) whose :meth:`to_cartesian`
+            reproduces ``xyz`` up to the rigid motion fixed by the seed atoms
+            (exactly, for tables whose components are all anchored by fixed atoms).
+
+        Raises:
+            TypeError: ``table`` is not a ConstructionTable.
+            ValueError: ``xyz`` is not ``(..., N, 3)``, or bad ``elements``/``labels``.
+
+        Example:
+            >>> import torch, batched_nerf as bn
+            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+            >>> z = ZMatrix.from_cartesian(xyz, bn.ConstructionTable.chain(4))
+            >>> torch.allclose(z.to_cartesian(), xyz)
+            True
+        """
+        if not isinstance(table, ConstructionTable):
+            raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+        x = xyz if isinstance(xyz, Tensor) else torch.as_tensor(xyz, dtype=torch.float64)
+        ic = to_internal(x, table)
+        fixed = None
+        if table.n_fixed:
+            fixed = x.index_select(-2, table.fixed.to(x.device))
+        return cls(table, ic.bonds, ic.angles, ic.dihedrals, fixed, elements, labels)
+
+
+def formula(elements: Sequence[str]) -> str:
+    """Hill formula (C, H, then alphabetical; alphabetical without C): ``['O', 'H', 'H'] -> 'H2O'``."""
+    counts: dict[str, int] = {}
+    for e in elements:
+        counts[e] = counts.get(e, 0) + 1
+    first = ["C", "H"] if "C" in counts else []
+    order = [e for e in first if e in counts] + sorted(e for e in counts if e not in first)
+    return "".join(f"{e}{counts[e] if counts[e] > 1 else ''}" for e in order)

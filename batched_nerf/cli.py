@@ -1,0 +1,646 @@
+"""The ``batched-nerf`` command line (also ``python -m batched_nerf``).
+
+Subcommands:
+
+* ``info [MOLECULE]``: the construction table, atoms and a summary of a shipped
+  molecule (:func:`batched_nerf.data.available`) or of a ``.zmat``/``.xyz`` file;
+  without an argument, the list of shipped molecules.
+* ``sample MOLECULE -o OUT.xyz``: many conformers from one batched conversion,
+  drawing the rotatable torsions (Gaussian perturbations or uniformly),
+  written as a multi-frame XYZ file.
+* ``convert IN OUT``: between XYZ, Gaussian-style Z-matrices and chemcoord's
+  Z-matrix files, choosing a construction table automatically when needed.
+* ``bench``: the benchmark suite.
+
+Exit status: 0 on success, 1 for bad input (the message names the file, line
+and reason), 2 for usage errors.
+
+Example:
+    >>> from batched_nerf.cli import main
+    >>> main(["info", "chain_20"])  # doctest: +ELLIPSIS
+    chain_20: ...
+    0
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from ._table import ConstructionTable
+from ._version import __version__
+from ._zmatrix import ZMatrix, formula
+
+__all__ = ["main"]
+
+PROG = "batched-nerf"
+_EXTENSIONS = {".xyz": "xyz", ".zmat": "gzmat", ".gzmat": "gzmat", ".gzm": "gzmat"}
+_FORMATS = ("xyz", "gzmat", "chemcoord")
+
+
+class CliError(Exception):
+    """An error reported as ``batched-nerf: error: ...`` with exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Source:
+    """A molecule to work on: its Z-matrix and bond graph (pairs of row indices)."""
+
+    name: str
+    zmatrix: ZMatrix
+    graph: np.ndarray
+    description: str = ""
+
+
+# --------------------------------------------------------------------------- input
+def _format_of(path: str, explicit: str | None) -> str:
+    if explicit is not None:
+        return explicit
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in _EXTENSIONS:
+        known = ", ".join(sorted(_EXTENSIONS))
+        raise CliError(
+            f"cannot tell the format of {path!r} from its extension (known: {known}); "
+            "pass --format-in/--format-out (xyz, gzmat or chemcoord)",
+            code=2,
+        )
+    return _EXTENSIONS[ext]
+
+
+def _bad_input(path: str, exc: Exception) -> CliError:
+    return CliError(f"{path}: {exc}", code=1)
+
+
+def _read_xyz(path: str) -> tuple[list[str], np.ndarray, list[str]]:
+    from .formats.xyz import read_xyz
+
+    try:
+        return read_xyz(path)
+    except OSError as exc:
+        raise CliError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise _bad_input(path, exc) from None
+
+
+def _read_gzmat(path: str) -> ZMatrix:
+    from .formats.gaussian import read_zmat
+
+    try:
+        return read_zmat(path)
+    except OSError as exc:
+        raise CliError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise _bad_input(path, exc) from None
+
+
+def _import_chemcoord() -> Any:
+    try:
+        import chemcoord
+    except ImportError:
+        raise CliError(
+            "the chemcoord format needs the optional package chemcoord: pip install chemcoord", code=1
+        ) from None
+    return chemcoord
+
+
+def _read_chemcoord(path: str) -> ZMatrix:
+    from .formats.chemcoord import from_chemcoord
+
+    cc = _import_chemcoord()
+    if not os.path.exists(path):
+        raise CliError(f"cannot read {path!r}: No such file or directory")
+    try:
+        zmat = cc.Zmat.read_zmat(path)
+        return from_chemcoord(zmat)
+    except Exception as exc:  # chemcoord raises many kinds of errors
+        raise _bad_input(path, exc) from None
+
+
+def _table_from(spec: str, xyz: np.ndarray, elements: list[str]) -> ConstructionTable:
+    """``auto`` (bond perception on ``xyz``) or a ``.npy``/text file of ``(N, 3)`` refs."""
+    from ._autotable import table_from_xyz
+
+    if spec == "auto":
+        try:
+            return table_from_xyz(xyz, elements)
+        except ValueError as exc:
+            raise CliError(f"cannot choose a construction table automatically: {exc}") from None
+    try:
+        refs = np.load(spec) if spec.endswith(".npy") else np.loadtxt(spec, dtype=np.int64, ndmin=2)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot read the construction table {spec!r}: {exc}") from None
+    try:
+        table = ConstructionTable(refs)
+    except ValueError as exc:
+        raise CliError(f"{spec}: {exc}") from None
+    if table.n_atoms != len(elements):
+        raise CliError(f"{spec}: the table has {table.n_atoms} rows but the molecule {len(elements)} atoms")
+    return table
+
+
+def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
+    """Bonds perceived from the built coordinates of the real atoms, as row pairs."""
+    from ._autotable import perceive_bonds
+
+    elements = zmatrix.real_elements
+    if elements is None:
+        return np.zeros((0, 2), dtype=np.int64)
+    rows = torch.nonzero(zmatrix.real).reshape(-1).numpy()
+    xyz = zmatrix.to_cartesian().detach().reshape(-1, len(rows), 3)[0].double().numpy()
+    try:
+        pairs = perceive_bonds(xyz, elements)
+    except ValueError:
+        return np.zeros((0, 2), dtype=np.int64)
+    return rows[pairs]
+
+
+def load_source(spec: str, table_from: str = "auto") -> Source:
+    """A shipped molecule by name, or a ``.zmat``/``.gzmat``/``.xyz`` file (first frame).
+
+    Raises:
+        CliError: unknown names, unreadable files or unknown extensions.
+    """
+    from . import data
+
+    if spec in data.available():
+        mol = data.load(spec)
+        z = ZMatrix(
+            mol.table(), mol.bonds, mol.angles, mol.dihedrals, elements=mol.elements, labels=mol.names
+        )
+        return Source(spec, z, np.asarray(mol.connectivity), mol.description)
+    ext = os.path.splitext(spec)[1].lower()
+    if ext not in _EXTENSIONS:
+        raise CliError(
+            f"{spec!r} is neither a shipped molecule ({', '.join(data.available())}) "
+            "nor a .xyz/.zmat/.gzmat file",
+            code=2 if not os.path.exists(spec) else 1,
+        )
+    name = os.path.splitext(os.path.basename(spec))[0]
+    if _EXTENSIONS[ext] == "xyz":
+        elements, frames, comments = _read_xyz(spec)
+        table = _table_from(table_from, frames[0], elements)
+        z = ZMatrix.from_cartesian(torch.from_numpy(frames[0]), table, elements=elements)
+        return Source(name, z, _graph_of(z), comments[0].strip())
+    z = _read_gzmat(spec)
+    return Source(name, z, _graph_of(z))
+
+
+# ------------------------------------------------------------------ torsions
+def _bridges(n: int, pairs: np.ndarray) -> set[frozenset[int]]:
+    """Bonds not in any ring (iterative Tarjan)."""
+    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    for k, (i, j) in enumerate(pairs.tolist()):
+        adj[i].append((j, k))
+        adj[j].append((i, k))
+    disc = [-1] * n
+    low = [0] * n
+    out: set[frozenset[int]] = set()
+    counter = 0
+    for start in range(n):
+        if disc[start] >= 0:
+            continue
+        disc[start] = low[start] = counter
+        counter += 1
+        stack: list[tuple[int, int, int]] = [(start, -1, 0)]  # node, edge to parent, next neighbour
+        while stack:
+            u, pe, k = stack[-1]
+            if k < len(adj[u]):
+                stack[-1] = (u, pe, k + 1)
+                v, e = adj[u][k]
+                if e == pe:
+                    continue
+                if disc[v] < 0:
+                    disc[v] = low[v] = counter
+                    counter += 1
+                    stack.append((v, e, 0))
+                else:
+                    low[u] = min(low[u], disc[v])
+            else:
+                stack.pop()
+                if stack:
+                    p = stack[-1][0]
+                    low[p] = min(low[p], low[u])
+                    if low[u] > disc[p]:
+                        out.add(frozenset((p, u)))
+    return out
+
+
+def rotatable_torsions(refs: np.ndarray, pairs: np.ndarray) -> list[tuple[tuple[int, int], list[int]]]:
+    """Groups of rows whose dihedral is a proper torsion about the same rotatable bond.
+
+    A bond ``b-a`` is rotatable when it is in no ring, both atoms have other
+    neighbours, and it does not join two three-connected atoms (amide C-N,
+    conjugated sp2-sp2 bonds). A row ``(b, a, d)`` drives it when ``i-b``,
+    ``b-a`` and ``a-d`` are bonds; rows referencing a sibling (``d`` bonded to
+    ``b``) follow rigidly.
+
+    Returns:
+        ``[((b, a), [rows...]), ...]`` in order of the first row.
+    """
+    n = len(refs)
+    bonded = {frozenset(p) for p in pairs.tolist()}
+    degree = np.zeros(n, dtype=np.int64)
+    for i, j in pairs.tolist():
+        degree[i] += 1
+        degree[j] += 1
+    free = {
+        bond
+        for bond in _bridges(n, pairs)
+        if all(degree[x] > 1 for x in bond) and not all(degree[x] == 3 for x in bond)
+    }
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if d < 0 or frozenset((b, a)) not in free:
+            continue
+        if frozenset((i, b)) in bonded and frozenset((a, d)) in bonded:
+            groups.setdefault((b, a), []).append(i)
+    return list(groups.items())
+
+
+# ----------------------------------------------------------------- progress
+class _Progress:
+    """tqdm when installed, else a ``\\r`` counter on stderr; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool, unit: str) -> None:
+        self.total, self.done, self.enabled, self.unit = total, 0, enabled, unit
+        self.bar: Any = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, leave=False)
+            except ImportError:
+                self.bar = None
+
+    def update(self, k: int) -> None:
+        self.done += k
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(k)
+        else:
+            sys.stderr.write(f"\r{self.done}/{self.total} {self.unit}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            sys.stderr.write("\r" + " " * (2 * len(str(self.total)) + len(self.unit) + 2) + "\r")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- commands
+def _cmd_info(args: argparse.Namespace, out: IO[str]) -> int:
+    from . import data
+
+    if args.molecule is None:
+        print("shipped molecules (batched_nerf.data):", file=out)
+        for name in data.available():
+            mol = data.load(name)
+            print(
+                f"  {name:<20} {mol.n_atoms:>4} atoms  {formula(mol.elements):<12} {mol.description}",
+                file=out,
+            )
+        print(f"\ntry: {PROG} info alanine_dipeptide", file=out)
+        return 0
+    src = load_source(args.molecule, args.table_from)
+    z = src.zmatrix
+    table = z.table
+    refs = table.refs.numpy()
+    labels = z.labels or [str(i) for i in range(z.n_rows)]
+    elements = z.elements or ["?"] * z.n_rows
+    groups = rotatable_torsions(refs, src.graph)
+    title = f"{src.name}: {src.description}" if src.description else f"{src.name}:"
+    print(title, file=out)
+    print(
+        f"{z.n_atoms} atoms ({formula(z.real_elements or [])}), {table.n_components} component(s), "
+        f"{table.n_fixed} fixed, {z.n_rows - z.n_atoms} dummies, {len(src.graph)} bonds, "
+        f"build depth {table.depth} level(s)",
+        file=out,
+    )
+    rows = sorted(r for _, group in groups for r in group)
+    print(f"rotatable torsions: {len(groups)} (driven by rows {rows})", file=out)
+    print(file=out)
+    head = f"{'row':>4} {'label':<6} {'el':<3} {'bond ref':<10} {'angle ref':<10} {'dihedral ref':<12}"
+    print(f"{head} {'bond/A':>8} {'angle/deg':>10} {'dihed/deg':>10}", file=out)
+    b, a, d = (t.detach().reshape(-1, z.n_rows)[0].double().numpy() for t in (z.bonds, z.angles, z.dihedrals))
+    fixed = set(table.fixed.tolist())
+    for i in range(z.n_rows):
+        cells = []
+        for r in refs[i].tolist():
+            cells.append(f"{r} {labels[r]}" if r >= 0 else "-")
+        n_refs = int((refs[i] >= 0).sum())
+        values = [
+            f"{b[i]:8.4f}" if n_refs >= 1 else f"{'':8}",
+            f"{math.degrees(a[i]):10.3f}" if n_refs >= 2 else f"{'':10}",
+            f"{math.degrees(d[i]):10.3f}" if n_refs >= 3 else f"{'':10}",
+        ]
+        tag = " fixed" if i in fixed else ""
+        print(
+            f"{i:>4} {labels[i]:<6.6} {elements[i]:<3} {cells[0]:<10} {cells[1]:<10} {cells[2]:<12} "
+            f"{' '.join(values)}{tag}",
+            file=out,
+        )
+    print(f"\nnext: {PROG} sample {args.molecule} --n 1000 -o {src.name}.xyz", file=out)
+    return 0
+
+
+def _cmd_sample(args: argparse.Namespace, out: IO[str]) -> int:
+    if args.n < 1:
+        raise CliError(f"--n must be positive, got {args.n}", code=2)
+    if args.sigma < 0:
+        raise CliError(f"--sigma must be non-negative, got {args.sigma}", code=2)
+    try:
+        device = torch.device(args.device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:
+        raise CliError(f"device {args.device!r} is not available: {exc}", code=2) from None
+    dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
+    src = load_source(args.molecule, args.table_from)
+    z = src.zmatrix.to(device=device, dtype=dtype)
+    if z.real_elements is None:
+        raise CliError(f"{src.name}: the molecule has no element symbols")
+    refs = z.table.refs.numpy()
+    n_rows = z.n_rows
+    if args.torsions == "all":
+        groups = [((int(r[0]), int(r[1])), [i]) for i, r in enumerate(refs.tolist()) if r[2] >= 0]
+    else:
+        groups = rotatable_torsions(refs, src.graph)
+    if not groups:
+        print(
+            f"{PROG}: warning: {src.name} has no "
+            f"{'dihedrals' if args.torsions == 'all' else 'rotatable torsions'}; "
+            "all conformers are identical (try --torsions all)",
+            file=sys.stderr,
+        )
+    incidence = torch.zeros(len(groups), n_rows, dtype=dtype, device=device)
+    for g, (_, rows) in enumerate(groups):
+        incidence[g, rows] = 1.0
+    base = z.dihedrals.reshape(-1, n_rows)[:1]
+    bonds, angles = z.bonds.reshape(-1, n_rows)[:1], z.angles.reshape(-1, n_rows)[:1]
+    fixed = None if z.fixed_xyz is None else z.fixed_xyz.reshape(-1, *z.fixed_xyz.shape[-2:])[:1]
+    real = z.real.to(device)
+    elements = z.real_elements
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    chunk = args.chunk or max(1, min(args.n, 1_000_000 // max(n_rows, 1)))
+    sigma = math.radians(args.sigma)
+    # warm-up: build plans (and compile kernels) outside the timed region
+    ZMatrix(z.table, bonds, angles, base, fixed).to_cartesian(dummies=True)
+    progress = _Progress(args.n, not args.quiet, "conformers")
+    t_convert = 0.0
+    t0 = time.perf_counter()
+    written = 0
+    try:
+        handle = open(args.output, "w", encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    from .formats.xyz import write_xyz
+
+    with handle:
+        while written < args.n:
+            m = min(chunk, args.n - written)
+            if args.uniform:
+                delta = (torch.rand(m, len(groups), generator=gen, dtype=torch.float64) * 2 - 1) * math.pi
+            else:
+                delta = torch.randn(m, len(groups), generator=gen, dtype=torch.float64) * sigma
+            delta = delta.to(device=device, dtype=dtype)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            dihedrals = base + delta @ incidence
+            xyz = ZMatrix(z.table, bonds, angles, dihedrals, fixed).to_cartesian(dummies=True)
+            xyz = xyz[:, real, :] if not bool(real.all()) else xyz
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t_convert += time.perf_counter() - t
+            comments = [f"{src.name} conformer {written + k}" for k in range(m)]
+            write_xyz(handle, elements, xyz.cpu(), comments, precision=args.precision)
+            written += m
+            progress.update(m)
+    progress.close()
+    total = time.perf_counter() - t0
+    atoms = args.n * z.n_rows
+    mode = "uniform" if args.uniform else f"Gaussian, sigma {args.sigma:g} deg"
+    print(
+        f"wrote {args.n} conformers of {src.name} ({z.n_atoms} atoms) to {args.output}; "
+        f"{len(groups)} {'dihedrals' if args.torsions == 'all' else 'torsions'} drawn ({mode})",
+        file=out,
+    )
+    rate = atoms / t_convert if t_convert > 0 else float("inf")
+    print(
+        f"to_cartesian: {t_convert:.3f} s, {rate:,.0f} atoms/s on {device} ({args.dtype}); "
+        f"total with writing {total:.2f} s",
+        file=out,
+    )
+    return 0
+
+
+def _to_zmatrix_for_output(
+    args: argparse.Namespace, elements: list[str] | None, frames: np.ndarray | None, zin: ZMatrix | None
+) -> ZMatrix:
+    """A ZMatrix without fixed atoms, from Cartesian input or (re-tabled) Z-matrix input."""
+    if zin is not None and zin.table.n_fixed == 0 and args.table_from is None:
+        return zin
+    if zin is not None:
+        elements = zin.real_elements
+        if elements is None:
+            raise CliError("the input Z-matrix has no element symbols")
+        frames = zin.to_cartesian().detach().reshape(-1, zin.n_atoms, 3).double().numpy()
+    assert elements is not None and frames is not None
+    if not 0 <= args.frame < len(frames) and not -len(frames) <= args.frame < 0:
+        raise CliError(f"--frame {args.frame} out of range: the input has {len(frames)} frame(s)", code=2)
+    xyz = frames[args.frame]
+    table = _table_from(args.table_from or "auto", xyz, elements)
+    return ZMatrix.from_cartesian(torch.from_numpy(xyz), table, elements=elements)
+
+
+def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
+    fin = _format_of(args.input, args.format_in)
+    fout = _format_of(args.output, args.format_out)
+    elements: list[str] | None = None
+    frames: np.ndarray | None = None
+    comments: list[str] = []
+    zin: ZMatrix | None = None
+    if fin == "xyz":
+        elements, frames, comments = _read_xyz(args.input)
+    elif fin == "gzmat":
+        zin = _read_gzmat(args.input)
+    else:
+        zin = _read_chemcoord(args.input)
+    if fout == "chemcoord":
+        _import_chemcoord()
+    try:
+        if fout == "xyz":
+            from .formats.xyz import write_xyz
+
+            if zin is not None:
+                if zin.real_elements is None:
+                    raise CliError("the input Z-matrix has no element symbols")
+                elements = zin.real_elements
+                frames = zin.to_cartesian().detach().reshape(-1, zin.n_atoms, 3).double().numpy()
+                comments = [f"converted from {os.path.basename(args.input)} by {PROG}"] * len(frames)
+            assert elements is not None and frames is not None
+            write_xyz(args.output, elements, frames, comments, precision=args.precision)
+            what = f"{len(frames)} frame(s) of {len(elements)} atoms"
+        else:
+            z = _to_zmatrix_for_output(args, elements, frames, zin)
+            if fout == "gzmat":
+                from .formats.gaussian import write_zmat
+
+                write_zmat(args.output, z, precision=args.precision)
+            else:
+                from .formats.chemcoord import to_chemcoord
+
+                to_chemcoord(z).to_zmat(args.output, float_format=f"{{:.{args.precision}f}}".format)
+            what = f"a Z-matrix of {z.n_atoms} atoms"
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"cannot write {args.output!r} as {fout}: {exc}") from None
+    print(f"wrote {what} to {args.output} ({fin} -> {fout})", file=out)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
+    try:
+        from . import _bench  # type: ignore[attr-defined]
+    except ImportError:
+        raise CliError(
+            "the benchmark suite is not available in this installation (batched_nerf._bench is missing); "
+            "run benchmarks/ from a source checkout instead"
+        ) from None
+    table = _bench.run_benchmarks(quick=args.quick, out_dir=args.out, nerfax=args.nerfax)
+    print(table, file=out)
+    return 0
+
+
+# ------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``batched-nerf`` (all subcommands)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Batched, differentiable Z-matrix <-> Cartesian conversion: files, samples, benchmarks.",
+        epilog=f"Start with: {PROG} info   (then: {PROG} sample alanine_dipeptide --n 1000 -o ala.xyz)",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "info",
+        help="show a molecule's construction table and summary",
+        description="Show the construction table, atoms and a summary of a shipped molecule or a "
+        ".zmat/.xyz file; without MOLECULE, list the shipped molecules.",
+    )
+    p.add_argument("molecule", nargs="?", metavar="MOLECULE", help="shipped molecule name or .zmat/.xyz file")
+    p.add_argument(
+        "--table-from", default="auto", metavar="auto|FILE", help="table for .xyz input (default auto)"
+    )
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "sample",
+        help="write many conformers of a molecule to a multi-frame XYZ file",
+        description="Draw the rotatable torsions of a molecule (Gaussian perturbations around the "
+        "reference, or uniformly with --uniform), build all conformers with batched to_cartesian calls, "
+        "and write them as a multi-frame XYZ file.",
+    )
+    p.add_argument("molecule", metavar="MOLECULE", help="shipped molecule name or .zmat/.xyz file")
+    p.add_argument("--n", type=int, default=1000, help="number of conformers (default 1000)")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.xyz", help="output XYZ file")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument(
+        "--sigma", type=float, default=20.0, help="std. dev. of the torsion perturbations in degrees"
+    )
+    p.add_argument("--uniform", action="store_true", help="draw the torsions uniformly in (-180, 180]")
+    p.add_argument(
+        "--torsions",
+        choices=("rotatable", "all"),
+        default="rotatable",
+        help="rotatable: one draw per rotatable bond (default); all: every dihedral independently",
+    )
+    p.add_argument(
+        "--table-from", default="auto", metavar="auto|FILE", help="table for .xyz input (default auto)"
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    p.add_argument("--chunk", type=int, default=0, help="conformers per batched call (default: automatic)")
+    p.add_argument("--precision", type=int, default=5, help="decimals written per coordinate (default 5)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_sample)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert between XYZ, Gaussian Z-matrix and chemcoord Z-matrix files",
+        description="Convert IN to OUT. Formats come from the extensions (.xyz; .zmat/.gzmat/.gzm: "
+        "Gaussian-style Z-matrix) or --format-in/--format-out (xyz, gzmat, chemcoord). A construction "
+        "table is chosen automatically from the bonds when a Z-matrix is written from Cartesian input.",
+    )
+    p.add_argument("input", metavar="IN")
+    p.add_argument("output", metavar="OUT")
+    p.add_argument("--format-in", choices=_FORMATS, help="format of IN (default: from the extension)")
+    p.add_argument("--format-out", choices=_FORMATS, help="format of OUT (default: from the extension)")
+    p.add_argument(
+        "--table-from",
+        default=None,
+        metavar="auto|FILE",
+        help="construction table of the written Z-matrix: auto (bond perception) or a .npy/text file of "
+        "(N, 3) integer references; default auto for XYZ input, the input's own table for Z-matrix input",
+    )
+    p.add_argument("--frame", type=int, default=0, help="frame of a multi-frame XYZ written as a Z-matrix")
+    p.add_argument("--precision", type=int, default=6, help="decimals written per value (default 6)")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "bench",
+        help="run the benchmark suite",
+        description="Run the benchmark suite and print a markdown table.",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes only (about a minute)")
+    p.add_argument("--out", metavar="DIR", help="directory for the raw results")
+    p.add_argument("--nerfax", metavar="PATH", help="path to a NeRFax checkout to compare against")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 1 for bad input, 2 for usage errors
+        (argparse's ``--help`` and ``--version`` return 0).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return int(args.func(args, sys.stdout))
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Adapter for `RDKit <https://www.rdkit.org>`_ molecules (an optional dependency).
+
+RDKit is imported only when these functions are called. The bond graph of a
+``Mol`` gives a chemically sensible construction table (see
+:func:`batched_nerf._autotable.table_from_bonds`), and its conformers give
+coordinates, so any molecule RDKit can read (SMILES, SDF, MOL2, PDB) can be
+converted::
+
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+    from batched_nerf.formats import table_from_rdkit, xyz_from_rdkit
+
+    mol = Chem.AddHs(Chem.MolFromSmiles("CC(=O)NC(C)C(=O)NC"))
+    AllChem.EmbedMolecule(mol, randomSeed=0)
+    table = table_from_rdkit(mol)
+    elements, xyz = xyz_from_rdkit(mol)          # (F, N, 3), one frame per conformer
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .._table import ConstructionTable
+
+__all__ = ["table_from_rdkit", "xyz_from_rdkit"]
+
+
+def _check_mol(mol: Any) -> None:
+    try:
+        from rdkit import Chem
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "this function needs RDKit, an optional dependency: pip install rdkit "
+            "(or pip install 'batched-nerf[interop]')"
+        ) from exc
+    if not isinstance(mol, Chem.Mol):
+        raise TypeError(f"expected an rdkit.Chem.Mol, got {type(mol).__name__}")
+
+
+def table_from_rdkit(mol: Any, *, conf_id: int | None = -1, root: int | None = None) -> ConstructionTable:
+    """Construction table from the bond graph of an RDKit molecule.
+
+    Atom ``i`` of the table is RDKit atom ``i`` (hydrogens only if they are
+    explicit atoms: use ``Chem.AddHs`` first). With a conformer, near-linear
+    reference triples are avoided, as in
+    :func:`~batched_nerf._autotable.table_from_xyz`.
+
+    Args:
+        mol: an ``rdkit.Chem.Mol``.
+        conf_id: the conformer whose coordinates guide the choice of references
+            (``-1``: the default conformer); ``None``, or a molecule without
+            conformers, uses the bond graph only.
+        root: optional atom placed at the origin.
+
+    Returns:
+        A :class:`~batched_nerf.ConstructionTable` with ``mol.GetNumAtoms()`` rows.
+
+    Raises:
+        ImportError: RDKit is not installed.
+        TypeError: ``mol`` is not a ``Mol``.
+        ValueError: ``root`` out of range or an unknown ``conf_id``.
+    """
+    from .._autotable import table_from_bonds
+
+    _check_mol(mol)
+    bonds = np.array(
+        [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()], dtype=np.int64
+    ).reshape(-1, 2)
+    xyz = None
+    if conf_id is not None and mol.GetNumConformers():
+        try:
+            xyz = np.asarray(mol.GetConformer(conf_id).GetPositions(), dtype=np.float64)
+        except ValueError as exc:
+            raise ValueError(f"conformer {conf_id}: {exc}") from None
+    return table_from_bonds(bonds, mol.GetNumAtoms(), xyz=xyz, root=root)
+
+
+def xyz_from_rdkit(mol: Any) -> tuple[list[str], np.ndarray]:
+    """Element symbols and the coordinates of all conformers of an RDKit molecule.
+
+    Args:
+        mol: an ``rdkit.Chem.Mol`` with at least one conformer.
+
+    Returns:
+        ``(elements, xyz)``: ``N`` element symbols and ``(F, N, 3)`` ``float64``
+        coordinates, one frame per conformer (in Angstrom, as RDKit stores them).
+
+    Raises:
+        ImportError: RDKit is not installed.
+        TypeError: ``mol`` is not a ``Mol``.
+        ValueError: the molecule has no conformers.
+    """
+    _check_mol(mol)
+    if not mol.GetNumConformers():
+        raise ValueError("the molecule has no conformers (embed one, e.g. AllChem.EmbedMolecule(mol))")
+    elements = [atom.GetSymbol() for atom in mol.GetAtoms()]
+    xyz = np.stack([np.asarray(c.GetPositions(), dtype=np.float64) for c in mol.GetConformers()])
+    return elements, xyz.reshape(len(xyz), len(elements), 3)

@@ -1,0 +1,197 @@
+"""Global pose: apply_pose / extract_pose round trips, shapes, gradients, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import batched_nerf as bn
+from batched_nerf._pose import (
+    apply_pose,
+    extract_pose,
+    pose_components,
+    rotation_angles,
+    rotation_from_angles,
+)
+
+F64 = torch.float64
+
+
+def _random_rotation(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(*shape, 3, dtype=F64, generator=gen)
+    u = u * torch.tensor([2 * math.pi, 2.0, 2 * math.pi], dtype=F64) - torch.tensor(
+        [math.pi, 1.0, math.pi], dtype=F64
+    )
+    return rotation_from_angles(u)
+
+
+def _roundtrip(table: bn.ConstructionTable, xyz: torch.Tensor, fixed_xyz: torch.Tensor | None = None) -> None:
+    ic = bn.to_internal(xyz, table)
+    pose = extract_pose(xyz, table)
+    rebuilt = apply_pose(
+        bn.to_cartesian(*ic, table, fixed_xyz=fixed_xyz),
+        table,
+        rotation=pose.rotation,
+        translation=pose.translation,
+    )
+    torch.testing.assert_close(rebuilt, xyz, rtol=0, atol=1e-10)
+
+
+def test_single_component_roundtrip_and_shapes() -> None:
+    table = bn.ConstructionTable.chain(7)
+    xyz = torch.randn(4, 2, 7, 3, dtype=F64, generator=torch.Generator().manual_seed(0))
+    pose = extract_pose(xyz, table)
+    assert pose.rotation.shape == (4, 2, 3, 3) and pose.translation.shape == (4, 2, 3)
+    eye = torch.eye(3, dtype=F64).expand(4, 2, 3, 3)
+    torch.testing.assert_close(pose.rotation.transpose(-1, -2) @ pose.rotation, eye)
+    torch.testing.assert_close(torch.linalg.det(pose.rotation), torch.ones(4, 2, dtype=F64))
+    _roundtrip(table, xyz)
+
+
+def test_canonical_frame_has_identity_pose() -> None:
+    table = bn.ConstructionTable.chain(5)
+    gen = torch.Generator().manual_seed(1)
+    xyz = bn.to_cartesian(
+        1 + torch.rand(5, dtype=F64, generator=gen),
+        1 + torch.rand(5, dtype=F64, generator=gen),
+        torch.randn(5, dtype=F64, generator=gen),
+        table,
+    )
+    pose = extract_pose(xyz, table)
+    torch.testing.assert_close(pose.rotation, torch.eye(3, dtype=F64))
+    torch.testing.assert_close(pose.translation, torch.zeros(3, dtype=F64))
+
+
+def test_apply_then_extract_recovers_pose() -> None:
+    table = bn.ConstructionTable.chain(5)
+    gen = torch.Generator().manual_seed(2)
+    y = bn.to_cartesian(
+        1 + torch.rand(3, 5, dtype=F64, generator=gen),
+        1 + torch.rand(3, 5, dtype=F64, generator=gen),
+        torch.randn(3, 5, dtype=F64, generator=gen),
+        table,
+    )
+    rot = _random_rotation((3,), seed=3)
+    t = torch.randn(3, 3, dtype=F64, generator=gen)
+    pose = extract_pose(apply_pose(y, table, rotation=rot, translation=t), table)
+    torch.testing.assert_close(pose.rotation, rot)
+    torch.testing.assert_close(pose.translation, t)
+
+
+def test_multi_component_per_component_poses() -> None:
+    # components of 4, 3, 2 and 1 atoms
+    table = bn.ConstructionTable(
+        [
+            [-1, -1, -1],
+            [0, -1, -1],
+            [1, 0, -1],
+            [2, 1, 0],
+            [-1, -1, -1],
+            [4, -1, -1],
+            [4, 5, -1],
+            [-1, -1, -1],
+            [7, -1, -1],
+            [-1, -1, -1],
+        ]
+    )
+    assert pose_components(table) == 4
+    xyz = torch.randn(5, 10, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
+    pose = extract_pose(xyz, table)
+    assert pose.rotation.shape == (5, 4, 3, 3) and pose.translation.shape == (5, 4, 3)
+    _roundtrip(table, xyz)
+    # the single atom gets the identity
+    torch.testing.assert_close(pose.rotation[:, 3], torch.eye(3, dtype=F64).expand(5, 3, 3))
+
+
+def test_anchored_components_untouched() -> None:
+    table = bn.ConstructionTable(
+        [
+            [-1, -1, -1],
+            [-1, -1, -1],
+            [-1, -1, -1],
+            [0, 1, 2],
+            [-1, -1, -1],
+            [4, -1, -1],
+            [5, 4, -1],
+            [6, 5, 4],
+        ],
+        fixed=[0, 1, 2],
+    )
+    assert pose_components(table) == 1
+    xyz = torch.randn(2, 8, 3, dtype=F64, generator=torch.Generator().manual_seed(5))
+    _roundtrip(table, xyz, fixed_xyz=xyz[:, :3])
+    moved = apply_pose(xyz, table, rotation=_random_rotation((), 6), translation=torch.ones(3, dtype=F64))
+    torch.testing.assert_close(moved[:, :4], xyz[:, :4])
+    assert not torch.allclose(moved[:, 4:], xyz[:, 4:])
+
+
+def test_rotation_chart_roundtrip() -> None:
+    gen = torch.Generator().manual_seed(7)
+    u = torch.rand(50, 3, dtype=F64, generator=gen) * torch.tensor([6.0, 1.9, 6.0], dtype=F64) - torch.tensor(
+        [3.0, 0.95, 3.0], dtype=F64
+    )
+    rot = rotation_from_angles(u)
+    torch.testing.assert_close(rot @ rot.transpose(-1, -2), torch.eye(3, dtype=F64).expand(50, 3, 3))
+    torch.testing.assert_close(rotation_angles(rot), u)
+
+
+def test_gradient_safe_at_degenerate_seeds() -> None:
+    table = bn.ConstructionTable.chain(4)
+    # coincident first two atoms and collinear third
+    xyz = torch.tensor([[0.0, 0, 0], [0.0, 0, 0], [2.0, 0, 0], [2.0, 1, 0]], dtype=F64, requires_grad=True)
+    pose = extract_pose(xyz, table)
+    (g,) = torch.autograd.grad(pose.rotation.sum() + pose.translation.sum(), xyz)
+    assert torch.isfinite(pose.rotation).all() and torch.isfinite(g).all()
+    # second-order too
+    (g2,) = torch.autograd.grad(
+        torch.autograd.grad(extract_pose(xyz, table).rotation.square().sum(), xyz, create_graph=True)[
+            0
+        ].sum(),
+        xyz,
+    )
+    assert torch.isfinite(g2).all()
+
+
+def test_torch_func_compatible() -> None:
+    table = bn.ConstructionTable.chain(5)
+    xyz = torch.randn(3, 5, 3, dtype=F64, generator=torch.Generator().manual_seed(8))
+    vm = torch.func.vmap(lambda x: extract_pose(x, table).rotation)(xyz)
+    torch.testing.assert_close(vm, extract_pose(xyz, table).rotation)
+    jac = torch.func.jacrev(lambda x: extract_pose(x, table).rotation)(xyz[0])
+    assert jac.shape == (3, 3, 5, 3) and torch.isfinite(jac).all()
+
+
+def test_errors() -> None:
+    table = bn.ConstructionTable.chain(4)
+    xyz = torch.zeros(4, 3)
+    with pytest.raises(ValueError, match=r"xyz must have shape \(\.\.\., N, 3\) with N = 4"):
+        extract_pose(torch.zeros(3, 3), table)
+    with pytest.raises(TypeError, match="table must be a ConstructionTable"):
+        apply_pose(xyz, None, rotation=torch.eye(3))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="table must be a ConstructionTable"):
+        pose_components(None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"rotation must have shape \(\.\.\., 3, 3\)"):
+        apply_pose(xyz, table, rotation=torch.eye(2))
+    with pytest.raises(ValueError, match=r"translation must have shape \(\.\.\., 3\)"):
+        apply_pose(xyz, table, translation=torch.zeros(2))
+    two = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [-1, -1, -1], [2, -1, -1]])
+    with pytest.raises(ValueError, match=r"rotation must have shape \(\.\.\., 2, 3, 3\)"):
+        apply_pose(torch.zeros(4, 3), two, rotation=torch.eye(3))
+    with pytest.raises(ValueError, match=r"translation must have shape \(\.\.\., 2, 3\)"):
+        apply_pose(torch.zeros(4, 3), two, translation=torch.zeros(3))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        apply_pose(torch.zeros(2, 4, 3), table, rotation=torch.eye(3).expand(3, 3, 3))
+    anchored = bn.ConstructionTable([[-1, -1, -1], [-1, -1, -1], [-1, -1, -1], [0, 1, 2]], fixed=[0, 1, 2])
+    with pytest.raises(ValueError, match="no seeded component"):
+        extract_pose(xyz, anchored)
+    with pytest.raises(ValueError, match="no seeded component"):
+        apply_pose(xyz, anchored, translation=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"angles must have shape \(\.\.\., 3\)"):
+        rotation_from_angles(torch.zeros(2))
+    with pytest.raises(ValueError, match=r"rotation must have shape \(\.\.\., 3, 3\)"):
+        rotation_angles(torch.zeros(3))
+    # no pose at all: unchanged
+    assert apply_pose(xyz, table) is not None
