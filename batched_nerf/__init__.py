@@ -21,16 +21,21 @@ from ._pack import pack_tables, split_atoms
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
 from ._version import __version__
+from ._zmatrix import ZMatrix
 
 _LAZY_SUBMODULES = ("data", "formats", "testing")
+# Adapters live in `formats` (which the core never imports): loaded on first use.
+_LAZY_NAMES = {"from_chemcoord": "formats.chemcoord", "to_chemcoord": "formats.chemcoord"}
 
 
 def __getattr__(name: str) -> object:
-    """``bn.data``, ``bn.formats`` and ``bn.testing`` import on first use."""
-    if name in _LAZY_SUBMODULES:
-        import importlib
+    """``bn.data``, ``bn.formats``, ``bn.testing`` and the adapters import on first use."""
+    import importlib
 
+    if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY_NAMES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -41,14 +46,17 @@ __all__ = [
     "InternalCoordinateTransform",
     "InternalCoordinates",
     "Pose",
+    "ZMatrix",
     "__version__",
     "apply_pose",
     "extract_pose",
+    "from_chemcoord",
     "log_det_jacobian",
     "losses",
     "pack_tables",
     "pose_log_det",
     "split_atoms",
     "to_cartesian",
+    "to_chemcoord",
     "to_internal",
 ]

@@ -210,11 +210,14 @@ def _third_seed(
         if b in (root, second) and picker.ok(v, b, root + second - b):
             refs[v] = [b, root + second - b, -1]
             return v
-    # last resort (e.g. the root ends a linear group): the least collinear atom nearby
+    # every bonded candidate is near-linear (e.g. the root ends a linear group):
+    # a non-linear atom nearby if there is one; else the least linear bonded
+    # candidate (all of them when none is bonded)
     dist = _bfs(adj, root)
-    _, _, v, b = min(
-        (picker.badness(v, b, root + second - b), dist[v], v, b) for v in rest for b in (second, root)
-    )
+    every = [(v, b) for v in rest for b in (second, root)]
+    bonded = [(v, parent[v]) for v in rest if parent[v] in (root, second)]
+    candidates = [(v, b) for v, b in every if picker.ok(v, b, root + second - b)] or bonded or every
+    _, _, v, b = min((picker.badness(v, b, root + second - b), dist[v], v, b) for v, b in candidates)
     refs[v] = [b, root + second - b, -1]
     return v
 

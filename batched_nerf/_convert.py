@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -20,11 +21,16 @@ _METHODS = ("auto", "scan", "levels")
 _DEG = math.pi / 180.0
 
 
-def _as_float(value: Any, name: str, like: Tensor | None = None) -> Tensor:
+def _as_float(
+    value: Any, name: str, like: Tensor | None = None, default_dtype: torch.dtype | None = None
+) -> Tensor:
+    """A real floating tensor from ``value`` (dtype and device of ``like`` for non-tensors)."""
     if not isinstance(value, Tensor):
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            value = value.copy()
         value = torch.as_tensor(
             value,
-            dtype=like.dtype if like is not None else None,
+            dtype=like.dtype if like is not None else default_dtype,
             device=like.device if like is not None else None,
         )
     if value.is_complex() or value.dtype == torch.bool:

@@ -56,9 +56,7 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
 
 
-def split_atoms(
-    values: Tensor, tables: Sequence[ConstructionTable | int], dim: int = -2
-) -> list[Tensor]:
+def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: int = -2) -> list[Tensor]:
     """Split packed per-atom values back into one tensor per molecule.
 
     Args:

@@ -201,9 +201,7 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
             bindex[("atom", j)] = n_roots + k
         row_in_step = {j: k for step in steps_nodes for k, j in enumerate(step)}
 
-        step_parent = [
-            _long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]
-        ]
+        step_parent = [_long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]]
         band_parent = np.zeros(n_roots + len(boundary), dtype=np.int64)
         node_root = np.zeros(n_roots + len(order), dtype=np.int64)
         node_root[1:n_roots] = np.arange(n_roots - 1)

@@ -88,11 +88,7 @@ class ConstructionTable:
         if arr.ndim != 2 or arr.shape[1] != 3:
             raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
         n = arr.shape[0]
-        fixed_arr = (
-            np.zeros(0, dtype=np.int64)
-            if fixed is None
-            else _as_index_array(fixed, "fixed")
-        )
+        fixed_arr = np.zeros(0, dtype=np.int64) if fixed is None else _as_index_array(fixed, "fixed")
         if fixed_arr.ndim != 1:
             raise ValueError(f"fixed must be a 1-D sequence of atom indices, got shape {fixed_arr.shape}")
         self._refs_np = arr
@@ -308,6 +304,58 @@ class ConstructionTable:
         idx = np.arange(n)[:, None] - np.arange(1, 4)[None, :]
         return cls(np.where(idx >= 0, idx, -1))
 
+    @classmethod
+    def from_bonds(
+        cls,
+        bonds: Any,
+        n_atoms: int,
+        *,
+        xyz: Any = None,
+        root: int | None = None,
+    ) -> ConstructionTable:
+        """Table from a bond graph: bonded references, proper torsions, sibling branches.
+
+        See :func:`batched_nerf._autotable.table_from_bonds` for the rules (rings,
+        fragments, avoiding near-linear reference triples when ``xyz`` is given).
+
+        Args:
+            bonds: ``(B, 2)`` pairs of bonded atom indices.
+            n_atoms: ``N``.
+            xyz: optional ``(N, 3)`` coordinates used to avoid near-linear triples.
+            root: atom to start from (default: chosen automatically).
+
+        Raises:
+            ValueError: an out-of-range bond index or bad shapes.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> bn.ConstructionTable.from_bonds([(0, 1), (1, 2), (2, 3)], 4).n_atoms
+            4
+        """
+        from ._autotable import table_from_bonds
+
+        return table_from_bonds(bonds, n_atoms, xyz=xyz, root=root)
+
+    @classmethod
+    def from_xyz(cls, xyz: Any, elements: Sequence[str], *, scale: float = 1.2) -> ConstructionTable:
+        """Table from ``(N, 3)`` coordinates (Angstrom), perceiving bonds from covalent radii.
+
+        Atoms ``i, j`` are bonded when ``d_ij < scale * (r_i + r_j)``; then as
+        :meth:`from_bonds`, avoiding near-linear references in these coordinates.
+
+        Raises:
+            ValueError: an unknown element or a shape mismatch.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> mol = bn.data.load("alanine_dipeptide")
+            >>> bn.ConstructionTable.from_xyz(mol.xyz, mol.elements).n_atoms
+            22
+        """
+        from ._autotable import table_from_xyz
+
+        return table_from_xyz(xyz, elements, scale=scale)
+
     # ------------------------------------------------------------------ plans
     def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:
         """Build plan of an engine (``"levels"``, ``"scan"`` or ``"inverse"``), cached per device.
@@ -339,9 +387,7 @@ class ConstructionTable:
         self._plans[key] = cached
         return cached
 
-    def prepare(
-        self, device: torch.device | str | None = None, *, levels: bool = True
-    ) -> ConstructionTable:
+    def prepare(self, device: torch.device | str | None = None, *, levels: bool = True) -> ConstructionTable:
         """Build every engine's plan for ``device`` now; returns the table itself.
 
         Needed only before ``torch.compile`` on a non-CPU device (or for the

@@ -5,30 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ._convert import Method, to_cartesian, to_internal
+from ._convert import Method, _as_float, to_cartesian, to_internal
 from ._table import ConstructionTable
 
 __all__ = ["ZMatrix"]
 
 
 def _as_values(value: Any, name: str, like: Tensor | None) -> Tensor:
-    if isinstance(value, np.ndarray) and not value.flags.writeable:
-        value = value.copy()
-    if not isinstance(value, Tensor):
-        value = torch.as_tensor(
-            value,
-            dtype=like.dtype if like is not None else torch.float64,
-            device=like.device if like is not None else None,
-        )
-    if value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
-    if not value.is_floating_point():
-        value = value.to(torch.get_default_dtype())
-    return value
+    return _as_float(value, name, like, default_dtype=torch.float64)
 
 
 def _as_names(values: Sequence[str] | None, n: int, what: str) -> list[str] | None:

@@ -523,7 +523,21 @@ def _cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
             "the benchmark suite is not available in this installation (batched_nerf._bench is missing); "
             "run benchmarks/ from a source checkout instead"
         ) from None
-    table = _bench.run_benchmarks(quick=args.quick, out_dir=args.out, nerfax=args.nerfax)
+    import inspect
+
+    kwargs: dict[str, Any] = {"quick": args.quick, "out_dir": args.out, "nerfax": args.nerfax}
+    optional = {"device": args.device, "compile": False if args.no_compile else None}
+    if args.no_peers:
+        optional["peers"] = False
+    accepted = inspect.signature(_bench.run_benchmarks).parameters
+    for key, value in optional.items():
+        if key in accepted:
+            kwargs[key] = value
+        elif value not in (None, False, "cpu"):
+            raise CliError(
+                f"this version of the benchmark suite does not support the option for {key!r}", code=2
+            )
+    table = _bench.run_benchmarks(**kwargs)
     print(table, file=out)
     return 0
 
@@ -613,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes only (about a minute)")
     p.add_argument("--out", metavar="DIR", help="directory for the raw results")
     p.add_argument("--nerfax", metavar="PATH", help="path to a NeRFax checkout to compare against")
+    p.add_argument("--device", default="cpu", help="torch device to benchmark on (default cpu)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    p.add_argument("--no-peers", action="store_true", help="skip the other packages (peers)")
     p.set_defaults(func=_cmd_bench)
     return parser
 
@@ -640,6 +657,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `batched-nerf info | head`: the reader left; not an error
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
+            pass
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -74,3 +74,17 @@ def topological_order(refs: np.ndarray) -> np.ndarray:
         stuck = sorted(set(range(n)) - set(order))
         raise ValueError(f"the references contain a cycle (atoms {stuck[:8]} can never be placed)")
     return np.asarray(order, dtype=np.int64)
+
+
+def optional_import(module: str, package: str | None = None) -> Any:
+    """Import an optional dependency, or raise ImportError saying how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        name = package or module
+        raise ImportError(
+            f"this function needs {name}, an optional dependency: pip install {name} "
+            "(or pip install 'batched-nerf[interop]')"
+        ) from exc

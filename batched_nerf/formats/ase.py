@@ -22,20 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ._common import as_numpy
+from ._common import as_numpy, optional_import
 
 __all__ = ["from_ase", "to_ase"]
 
 
 def _import_ase() -> Any:
-    try:
-        import ase
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "this function needs ASE, an optional dependency: pip install ase "
-            "(or pip install 'batched-nerf[interop]')"
-        ) from exc
-    return ase
+    return optional_import("ase", "ase")
 
 
 def from_ase(atoms: Any) -> tuple[list[str], np.ndarray]:

@@ -45,7 +45,7 @@ import torch
 
 from .._table import ConstructionTable
 from .._zmatrix import ZMatrix
-from ._common import topological_order
+from ._common import optional_import, topological_order
 
 __all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "to_chemcoord"]
 
@@ -68,14 +68,7 @@ _COLUMNS = ["atom", "b", "bond", "a", "angle", "d", "dihedral"]
 
 
 def _import_chemcoord() -> Any:
-    try:
-        import chemcoord
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "this function needs chemcoord, an optional dependency: pip install chemcoord "
-            "(or pip install 'batched-nerf[chemcoord]')"
-        ) from exc
-    return chemcoord
+    return optional_import("chemcoord", "chemcoord")
 
 
 def _absolute_name(ref: Any) -> str | None:

@@ -214,8 +214,10 @@ def write_zmat(
             taken from it and must not be passed).
         refs: a :class:`~batched_nerf.ConstructionTable` (without fixed atoms) or
             an ``(N, 3)`` integer array, ``-1`` for no reference.
-        bonds, angles, dihedrals: ``(N,)`` values of one conformation (numpy,
-            lists or torch tensors); entries unused by an atom are ignored.
+        bonds: ``(N,)`` bond lengths of one conformation (numpy, lists or
+            torch tensors); entries unused by an atom are ignored.
+        angles: ``(N,)`` bond angles, like ``bonds``.
+        dihedrals: ``(N,)`` IUPAC dihedrals, like ``bonds``.
         degrees: whether ``angles``/``dihedrals`` are in degrees (default radians).
         variables: write symbolic ``R<k>``/``A<k>``/``D<k>`` names and a variable block.
         precision: decimals written per value.

@@ -25,17 +25,13 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from .._table import ConstructionTable
 
+from ._common import optional_import
+
 __all__ = ["table_from_rdkit", "xyz_from_rdkit"]
 
 
 def _check_mol(mol: Any) -> None:
-    try:
-        from rdkit import Chem
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "this function needs RDKit, an optional dependency: pip install rdkit "
-            "(or pip install 'batched-nerf[interop]')"
-        ) from exc
+    Chem = optional_import("rdkit.Chem", "rdkit")
     if not isinstance(mol, Chem.Mol):
         raise TypeError(f"expected an rdkit.Chem.Mol, got {type(mol).__name__}")
 

@@ -1,0 +1,298 @@
+"""The command line: in-process calls of main() plus one `python -m batched_nerf --help`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batched_nerf.cli import main, rotatable_torsions
+from batched_nerf.data import load
+from batched_nerf.formats import read_xyz, read_zmat
+
+
+def pdist(x: np.ndarray) -> np.ndarray:
+    return np.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1)
+
+
+def test_python_m_help() -> None:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-m", "batched_nerf", "--help"], capture_output=True, text=True, env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    for command in ("info", "sample", "convert", "bench"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["sample"], ["convert"], ["bench"]])
+def test_help_everywhere(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*command, "--help"]) == 0
+    assert "usage: batched-nerf" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["sample"],
+        ["sample", "chain_20"],
+        ["sample", "chain_20", "-o", "x.xyz", "--n", "x"],
+    ],
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from batched_nerf._version import __version__
+
+    assert main(["--version"]) == 0
+    assert __version__ in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- info
+def test_info_lists_molecules(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "alanine_dipeptide" in out and "benzene" in out
+
+
+def test_info_molecule(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "alanine_dipeptide"]) == 0
+    out = capsys.readouterr().out
+    assert "22 atoms (C6H12N2O2)" in out
+    assert "rotatable torsions: 5" in out
+    # row 14 is phi: C built from CA, N, C(ACE) with dihedral -80
+    line = next(s for s in out.splitlines() if s.strip().startswith("14 "))
+    assert "8 CA" in line and "-80.000" in line
+    assert "batched-nerf sample alanine_dipeptide" in out
+
+
+def test_info_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zmat = tmp_path / "water.zmat"
+    zmat.write_text("O\nH 1 0.96\nH 1 0.96 2 104.5\n")
+    assert main(["info", str(zmat)]) == 0
+    assert "3 atoms (H2O)" in capsys.readouterr().out
+    xyz = tmp_path / "water.xyz"
+    xyz.write_text("3\nwater\nO 0 0 0\nH 0.96 0 0\nH -0.24 0.93 0\n")
+    assert main(["info", str(xyz)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("water: water") and "2 bonds" in out
+
+
+def test_info_unknown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "unobtainium"]) == 2
+    err = capsys.readouterr().err
+    assert "neither a shipped molecule" in err and "alanine_dipeptide" in err
+
+
+# -------------------------------------------------------------------- sample
+def test_rotatable_torsions_alanine_and_benzene() -> None:
+    ala = load("alanine_dipeptide")
+    groups = rotatable_torsions(ala.refs, ala.connectivity)
+    rows = sorted(r for _, g in groups for r in g)
+    # methyl rotors (0, 11, 19), phi (14) and psi (16); not the amide omegas (8, 18)
+    assert rows == [0, 11, 14, 16, 19]
+    benzene = load("benzene")
+    assert rotatable_torsions(benzene.refs, benzene.connectivity) == []
+
+
+def test_sample_alanine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ala.xyz"
+    assert main(["sample", "alanine_dipeptide", "--n", "64", "-o", str(out), "--seed", "3", "-q"]) == 0
+    report = capsys.readouterr().out
+    assert "wrote 64 conformers" in report and "atoms/s" in report
+    ala = load("alanine_dipeptide")
+    elements, xyz, comments = read_xyz(out)
+    assert elements == ala.elements and xyz.shape == (64, 22, 3)
+    assert comments[5] == "alanine_dipeptide conformer 5"
+    # bonds and bond angles (1-3 distances) are those of the molecule; phi varies
+    for i, j in ala.connectivity.tolist():
+        np.testing.assert_allclose(pdist(xyz)[:, i, j], pdist(ala.xyz)[i, j], atol=1e-4)
+    phi = ala.metadata["phi"]
+    assert np.ptp(pdist(xyz)[:, phi[0], phi[3]]) > 0.1
+    # reproducible with the seed, different with another
+    again = tmp_path / "again.xyz"
+    assert main(["sample", "alanine_dipeptide", "--n", "64", "-o", str(again), "--seed", "3", "-q"]) == 0
+    assert again.read_text() == out.read_text()
+    other = tmp_path / "other.xyz"
+    assert main(["sample", "alanine_dipeptide", "--n", "64", "-o", str(other), "--seed", "4", "-q"]) == 0
+    assert other.read_text() != out.read_text()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--uniform"], ["--torsions", "all", "--sigma", "5"], ["--dtype", "float32", "--chunk", "7"], []],
+)
+def test_sample_options(extra: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "c.xyz"
+    assert main(["sample", "chain_20", "--n", "20", "-o", str(out), *extra]) == 0
+    _, xyz, _ = read_xyz(out)
+    assert xyz.shape == (20, 20, 3)
+    np.testing.assert_allclose(np.linalg.norm(xyz[:, 1] - xyz[:, 0], axis=-1), 1.54, atol=1e-4)
+
+
+def test_sample_from_files_and_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zmat = tmp_path / "butane.zmat"
+    zmat.write_text("C\nC 1 1.54\nC 2 1.54 1 112.0\nC 3 1.54 2 112.0 1 180.0\n")
+    out = tmp_path / "b.xyz"
+    assert main(["sample", str(zmat), "--n", "10", "-o", str(out), "-q"]) == 0
+    assert "1 torsions drawn" in capsys.readouterr().out
+    assert main(["sample", str(out), "--n", "5", "-o", str(tmp_path / "c.xyz"), "-q"]) == 0
+    assert read_xyz(tmp_path / "c.xyz")[1].shape == (5, 4, 3)
+    assert main(["sample", "benzene", "--n", "2", "-o", str(tmp_path / "bz.xyz"), "-q"]) == 0
+    assert "no rotatable torsions" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--n", "0"], 2, "--n must be positive"),
+        (["--sigma", "-1"], 2, "--sigma"),
+        (["--device", "nonsense"], 2, "device"),
+    ],
+)
+def test_sample_bad_arguments(
+    argv: list[str], code: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sample", "chain_20", "-o", str(tmp_path / "x.xyz"), *argv]) == code
+    assert message in capsys.readouterr().err
+
+
+def test_sample_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sample", "chain_20", "-o", str(tmp_path / "missing" / "x.xyz"), "-q"]) == 1
+    assert "cannot write" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- convert
+def test_convert_xyz_zmat_xyz(tmp_path: Path) -> None:
+    ala = load("alanine_dipeptide")
+    xyz_in = tmp_path / "ala.xyz"
+    from batched_nerf.formats import write_xyz
+
+    write_xyz(xyz_in, ala.elements, ala.xyz, "ala", precision=10)
+    zmat = tmp_path / "ala.zmat"
+    assert main(["convert", str(xyz_in), str(zmat), "--precision", "10"]) == 0
+    z = read_zmat(zmat)
+    assert sorted(z.elements or []) == sorted(ala.elements)
+    back = tmp_path / "back.xyz"
+    assert main(["convert", str(zmat), str(back)]) == 0
+    elements, xyz, _ = read_xyz(back)
+    # the same molecule: the sorted distance spectrum per element pair matches
+    assert sorted(elements) == sorted(ala.elements)
+    np.testing.assert_allclose(np.sort(pdist(xyz[0]).ravel()), np.sort(pdist(ala.xyz).ravel()), atol=1e-6)
+    # xyz -> xyz keeps all frames
+    assert main(["convert", str(back), str(tmp_path / "copy.xyz")]) == 0
+
+
+def test_convert_with_table_file(tmp_path: Path) -> None:
+    ala = load("alanine_dipeptide")
+    from batched_nerf.formats import write_xyz
+
+    xyz_in = tmp_path / "ala.xyz"
+    write_xyz(xyz_in, ala.elements, ala.xyz, precision=10)
+    refs = tmp_path / "refs.npy"
+    np.save(refs, ala.refs)
+    out = tmp_path / "ala.gzmat"
+    assert main(["convert", str(xyz_in), str(out), "--table-from", str(refs), "--precision", "8"]) == 0
+    z = read_zmat(out)
+    np.testing.assert_allclose(np.sort(z.bonds.numpy()), np.sort(ala.bonds), atol=1e-6)
+    bad = tmp_path / "bad.npy"
+    np.save(bad, ala.refs[:5])
+    assert main(["convert", str(xyz_in), str(out), "--table-from", str(bad)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        ("3\nx\nO 0 0 0\nH 1 0 0\nH 0 x 0\n", 1, "line 5: could not parse coordinate"),
+        ("two\n", 1, "line 1: expected the atom count"),
+    ],
+)
+def test_convert_bad_xyz(
+    text: str, code: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.xyz"
+    path.write_text(text)
+    assert main(["convert", str(path), str(tmp_path / "o.zmat")]) == code
+    err = capsys.readouterr().err
+    assert str(path) in err and message in err
+
+
+def test_convert_bad_zmat_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.zmat"
+    path.write_text("C\nH 1 -1.0\n")
+    assert main(["convert", str(path), str(tmp_path / "o.xyz")]) == 1
+    assert "line 2: bond length must be positive" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "missing.xyz"), str(tmp_path / "o.zmat")]) == 1
+    assert "No such file" in capsys.readouterr().err
+    assert main(["convert", str(path), str(tmp_path / "o.pdb")]) == 2
+    assert "--format-out" in capsys.readouterr().err
+    ok = tmp_path / "ok.xyz"
+    ok.write_text("2\n\nH 0 0 0\nH 0.74 0 0\n")
+    assert main(["convert", str(ok), str(tmp_path / "o.zmat"), "--frame", "3"]) == 2
+
+
+def test_convert_chemcoord_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setitem(sys.modules, "chemcoord", None)
+    path = tmp_path / "w.zmat"
+    path.write_text("O\nH 1 0.96\nH 1 0.96 2 104.5\n")
+    assert main(["convert", str(path), str(tmp_path / "o.cc"), "--format-out", "chemcoord"]) == 1
+    assert "pip install chemcoord" in capsys.readouterr().err
+
+
+def test_convert_chemcoord_roundtrip(tmp_path: Path) -> None:
+    pytest.importorskip("chemcoord", reason="chemcoord is not installed (optional)")
+    ala = load("alanine_dipeptide")
+    from batched_nerf.formats import write_zmat
+
+    zmat = tmp_path / "ala.zmat"
+    write_zmat(zmat, ala.elements, ala.refs, ala.bonds, ala.angles, ala.dihedrals, precision=10)
+    cc_file = tmp_path / "ala.cczmat"
+    assert main(["convert", str(zmat), str(cc_file), "--format-out", "chemcoord", "--precision", "10"]) == 0
+    out = tmp_path / "ala.xyz"
+    assert main(["convert", str(cc_file), str(out), "--format-in", "chemcoord"]) == 0
+    direct = tmp_path / "direct.xyz"
+    assert main(["convert", str(zmat), str(direct)]) == 0
+    # chemcoord's frame is ours: identical coordinates, not just distances
+    np.testing.assert_allclose(read_xyz(out)[1], read_xyz(direct)[1], atol=1e-6)
+    # and chemcoord -> Gaussian goes through a new (automatic) table
+    assert main(["convert", str(cc_file), str(tmp_path / "again.zmat"), "--format-in", "chemcoord"]) == 0
+
+
+# --------------------------------------------------------------------- bench
+def test_bench_calls_suite(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[dict] = []
+
+    def run_benchmarks(quick: bool = True, out_dir: str | None = None, nerfax: str | None = None) -> str:
+        calls.append({"quick": quick, "out_dir": out_dir, "nerfax": nerfax})
+        return "| a | b |\n|---|---|"
+
+    fake = types.ModuleType("batched_nerf._bench")
+    fake.run_benchmarks = run_benchmarks  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "batched_nerf._bench", fake)
+    import batched_nerf
+
+    monkeypatch.setattr(batched_nerf, "_bench", fake, raising=False)
+    assert main(["bench", "--quick", "--out", "res"]) == 0
+    assert calls == [{"quick": True, "out_dir": "res", "nerfax": None}]
+    assert "| a | b |" in capsys.readouterr().out
+    assert main(["bench", "--device", "cuda"]) == 2
+
+
+def test_bench_missing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "batched_nerf._bench", None)
+    import batched_nerf
+
+    monkeypatch.delattr(batched_nerf, "_bench", raising=False)
+    assert main(["bench"]) == 1
+    assert "benchmark suite is not available" in capsys.readouterr().err
