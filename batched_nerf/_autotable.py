@@ -210,13 +210,15 @@ def _third_seed(
         if b in (root, second) and picker.ok(v, b, root + second - b):
             refs[v] = [b, root + second - b, -1]
             return v
-    # every bonded candidate is near-linear (e.g. the root ends a linear group):
-    # a non-linear atom nearby if there is one; else the least linear bonded
-    # candidate (all of them when none is bonded)
+    # every bonded candidate is near-linear (e.g. the root ends a linear group).
+    # A straight seed angle only harms atoms whose dihedrals use the seed frame:
+    # in a 3-atom fragment keep the bond; otherwise a non-linear atom nearby if
+    # there is one, else the least linear bonded candidate (any, when none is bonded)
     dist = _bfs(adj, root)
     every = [(v, b) for v in rest for b in (second, root)]
     bonded = [(v, parent[v]) for v in rest if parent[v] in (root, second)]
-    candidates = [(v, b) for v, b in every if picker.ok(v, b, root + second - b)] or bonded or every
+    ok = [] if len(rest) == 1 else [(v, b) for v, b in every if picker.ok(v, b, root + second - b)]
+    candidates = ok or bonded or every
     _, _, v, b = min((picker.badness(v, b, root + second - b), dist[v], v, b) for v, b in candidates)
     refs[v] = [b, root + second - b, -1]
     return v
@@ -321,8 +323,9 @@ def table_from_bonds(
     bonded choices would all be near-linear) fall back to other, earlier placed
     atoms of the same fragment, nearest along bonds first. Only when no atom
     bonded to the first two seeds can be the third one without being collinear
-    with them (e.g. ``root`` at the N of a nitrile) does the third seed take a
-    non-bonded bond reference; every other bond reference is a real bond.
+    with them (e.g. ``root`` at the N of a nitrile), in a fragment of more than
+    three atoms, does the third seed take a non-bonded bond reference; every
+    other bond reference is a real bond.
 
     Args:
         bonds: ``(B, 2)`` integer pairs ``(i, j)`` (any order, duplicates allowed).

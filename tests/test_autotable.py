@@ -54,7 +54,11 @@ def pdist(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_table(
-    table: ConstructionTable, bonds: np.ndarray | list[tuple[int, int]], n: int, *, real_bonds: bool = True
+    table: ConstructionTable,
+    bonds: np.ndarray | list[tuple[int, int]],
+    n: int,
+    *,
+    real_bonds: bool | str = True,
 ) -> None:
     """Every atom covered, bond refs are bonds (``real_bonds``), refs stay in their fragment."""
     refs = table.refs.numpy()
@@ -62,7 +66,10 @@ def check_table(
     adj = _adjacency(bonds, n)
     comp = _components(adj)
     for i, (b, a, d) in enumerate(refs.tolist()):
-        if b >= 0 and real_bonds:
+        # the third seed row may leave the bond graph when every bonded choice is
+        # near-linear in the coordinates (documented in table_from_bonds);
+        # with real_bonds="full", only fully referenced rows must use real bonds
+        if b >= 0 and real_bonds and (real_bonds is True or d >= 0):
             assert b in adj[i], f"atom {i}: bond ref {b} is not bonded"
         for r in (a, d):
             if r >= 0:
@@ -158,7 +165,7 @@ def test_random_graphs_with_coordinates(graph: tuple[int, list[tuple[int, int]]]
     n, bonds = graph
     xyz = np.random.default_rng(seed).normal(size=(n, 3)) * 2.0
     table = table_from_bonds(bonds, n, xyz=xyz)
-    check_table(table, bonds, n)
+    check_table(table, bonds, n, real_bonds="full")
     # round trip through the core: the table really determines the geometry
     x = torch.as_tensor(xyz)
     ic = to_internal(x, table)
