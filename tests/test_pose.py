@@ -195,3 +195,20 @@ def test_errors() -> None:
         rotation_angles(torch.zeros(3))
     # no pose at all: unchanged
     assert apply_pose(xyz, table) is not None
+
+
+def test_public_keywords_round_trip(method: str) -> None:
+    """`to_internal(..., return_pose=True)` and `to_cartesian(..., rotation=, translation=)` invert."""
+    mol = bn.data.load("alanine_dipeptide")
+    table = mol.table()
+    xyz = torch.as_tensor(mol.xyz) @ _random_rotation((), 11).T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    ic, pose = bn.to_internal(xyz, table, return_pose=True)
+    rebuilt = bn.to_cartesian(*ic, table, method=method, rotation=pose.rotation, translation=pose.translation)
+    torch.testing.assert_close(rebuilt, xyz, rtol=0, atol=1e-10)
+    # degrees and pose together
+    ic_deg, pose_deg = bn.to_internal(xyz, table, degrees=True, return_pose=True)
+    torch.testing.assert_close(pose_deg.rotation, pose.rotation)
+    back = bn.to_cartesian(
+        *ic_deg, table, degrees=True, rotation=pose_deg.rotation, translation=pose_deg.translation
+    )
+    torch.testing.assert_close(back, xyz, rtol=0, atol=1e-10)
