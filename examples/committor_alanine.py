@@ -124,7 +124,7 @@ def main(quick: bool = False, out_dir: str | Path | None = None) -> dict[str, fl
     masses = torch.tensor([MASSES[e] for e in mol.elements])
     net = Committor(table, mol.metadata["phi_row"], mol.metadata["psi_row"])
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-    steps, batch = (15, 64) if quick else (500, 256)
+    steps, batch = (15, 64) if quick else (400, 128)
     start = time.perf_counter()
     loss = torch.tensor(float("nan"))
     for _ in range(steps):
