@@ -360,27 +360,26 @@ def _qnormalize(q: Tensor) -> Tensor:
     return q / torch.sqrt((q * q).sum(0))
 
 
-def local_rotation(theta: Tensor, phi: Tensor) -> Tensor:
-    """Quaternion ``(4, ...)`` of the frame step ``L(theta, phi) = R_x(phi) R_z(pi - theta)``.
+def local_transform(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tensor]:
+    """Rigid step from the frame that places an atom to the frame of its children.
 
-    ``L`` maps the frame that places an atom onto the frame its primary children
-    are placed from: its first column is the bond direction
-    ``u = (-cos theta, sin theta cos phi, sin theta sin phi)``. For
+    Rotation ``L(theta, phi) = R_x(phi) R_z(pi - theta)`` as a quaternion
+    ``(4, ...)``: its first column is the bond direction
+    ``u = (-cos theta, sin theta cos phi, sin theta sin phi)``; for
     ``sin theta < 0`` a half turn about ``x`` follows, so that the frame matches
-    the position-based placement for any angle.
+    the position-based placement for any angle. Translation ``r u`` ``(3, ...)``.
+    Everything comes from the four half-angle sines and cosines.
     """
-    a = 0.5 * phi
-    b = 0.5 * (torch.pi - theta)
-    ca, sa, cb, sb = torch.cos(a), torch.sin(a), torch.cos(b), torch.sin(b)
+    half_p = 0.5 * phi
+    half_t = 0.5 * (torch.pi - theta)
+    ca, sa, cb, sb = torch.cos(half_p), torch.sin(half_p), torch.cos(half_t), torch.sin(half_t)
     q = torch.stack((ca * cb, sa * cb, -sa * sb, ca * sb))
+    sin_t = 2.0 * sb * cb
     flipped = torch.stack((-q[1], q[0], q[3], -q[2]))
-    return torch.where(torch.sin(theta) < 0, flipped, q)
-
-
-def local_translation(r: Tensor, theta: Tensor, phi: Tensor) -> Tensor:
-    """``r u`` ``(3, ...)``: the atom's offset from its bond reference, in the frame."""
-    rs = r * torch.sin(theta)
-    return torch.stack((-r * torch.cos(theta), rs * torch.cos(phi), rs * torch.sin(phi)))
+    q = torch.where(sin_t < 0, flipped, q)
+    rs = r * sin_t
+    tau = torch.stack((r * (cb * cb - sb * sb), rs * (ca * ca - sa * sa), rs * (2.0 * sa * ca)))
+    return q, tau
 
 
 def _frames_from_positions(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
@@ -477,8 +476,9 @@ def build_scan(
             frame = _frames_from_positions(a, b, c)
             idx = rp.irregular_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
-            origins.append(c + _matvec3(frame, local_translation(r, t, p).movedim(0, -1)))
-            local = _rotation_matrix(local_rotation(t, p))
+            q_local, tau = local_transform(r, t, p)
+            origins.append(c + _matvec3(frame, tau.movedim(0, -1)))
+            local = _rotation_matrix(q_local)
             frames.append((frame.unsqueeze(-1) * local.unsqueeze(-3)).sum(-2))
         n_roots = 1 + rp.n_anchor + rp.irregular_atoms.numel()
         frame = torch.cat(frames, dim=-3) if len(frames) > 1 else frames[0]
@@ -487,7 +487,7 @@ def build_scan(
             idx = rp.scan_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
             p = torch.where(rp.scan_phi_zero, torch.zeros_like(p), p)
-            rot_b, trans = _compose_bands(rp, local_rotation(t, p), local_translation(r, t, p))
+            rot_b, trans = _compose_bands(rp, *local_transform(r, t, p))
             ident = torch.tensor((1.0, 0.0, 0.0, 0.0), dtype=dtype, device=bonds.device)
             ident = ident.reshape(4, *([1] * (len(batch) + 1))).expand(4, *batch, n_roots)
             rot_tree = torch.cat((ident, rot_b), dim=-1)
