@@ -50,5 +50,6 @@ def choose_method(table: ConstructionTable, batch_shape: torch.Size, device: tor
     work = table.n_atoms * max(samples, 1)
     levels = depth * LEVEL_STEP_S + work * LEVEL_ELEMENT_S
     steps = math.ceil(math.log2(depth)) / (scan_block(table.n_atoms, samples) ** 0.5)
-    scan = SCAN_CALL_S + work * SCAN_ELEMENT_S * (1.0 + steps)
+    rounds = len(table.plan("scan").rounds)  # irregular rows re-root the scan once per round
+    scan = SCAN_CALL_S * rounds + work * SCAN_ELEMENT_S * (1.0 + steps)
     return "levels" if levels <= scan else "scan"

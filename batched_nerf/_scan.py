@@ -153,21 +153,17 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
 
     for t in sorted(third):
         assign(("anchor", t), [t] + [j for j, pk in parent.items() if pk == ("anchor", t) and j != t], 0)
-    irregular = [j for j in full if j not in parent]
-    pending = set(irregular)
-    while pending:
-        progressed = False
-        for j in sorted(pending):
-            deps = [int(r) for r in eff[j]]
-            if all(r in block0 or round_of[r] >= 0 for r in deps):
-                # third seeds are in block 0 as positions: readable in round 0
-                rnd = max([0] + [int(round_of[r]) + 1 for r in deps if r not in block0])
-                assign(("irregular", j), [j], rnd)
-                pending.discard(j)
-                progressed = True
-        if not progressed:  # pragma: no cover - the table's cycle check prevents this
-            raise RuntimeError("scan plan: unresolved irregular atoms")
+    # in dependency-level order every reference is assigned before it is read:
+    # a scanned reference's root is a frame-tree ancestor, of lower level
+    level = table._levels
+    for j in sorted((j for j in full if j not in parent), key=lambda j: (level[j], j)):
+        # third seeds are in block 0 as positions: readable in round 0
+        rnd = max([0] + [int(round_of[r]) + 1 for r in eff[j].tolist() if r not in block0])
+        assign(("irregular", j), [j], rnd)
     n_rounds = int(round_of.max()) + 1 if (round_of >= 0).any() else 0
+    by_round: list[list[int]] = [[] for _ in range(n_rounds)]
+    for j in np.flatnonzero(round_of >= 0).tolist():
+        by_round[round_of[j]].append(j)
 
     # position blocks: 0 = seed block; r + 1 = atoms placed in round r
     block_of = np.full(n, -1, dtype=np.int64)
@@ -179,10 +175,11 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     rounds: list[RoundPlan] = []
     max_depth = 0
     for rnd in range(n_rounds):
-        members = [j for j in range(n) if round_of[j] == rnd]
+        members = by_round[rnd]
         anchors = sorted(t for t in third if round_of[t] == rnd)
         irr = sorted(j for j in members if root_of[j] == ("irregular", j))
-        scanned = [j for j in members if j not in irr]
+        irr_set = set(irr)
+        scanned = [j for j in members if j not in irr_set]
         # depth below the round's roots; bands of `block` depths
         depth = _depths(scanned, parent)
         round_depth = max(depth.values(), default=0)
