@@ -70,6 +70,11 @@ def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: 
 
     Raises:
         ValueError: the sizes do not add up to ``values.shape[dim]``.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> [x.shape for x in bn.split_atoms(torch.zeros(8, 7, 3), [3, 4])]
+        [torch.Size([8, 3, 3]), torch.Size([8, 4, 3])]
     """
     sizes = [t if isinstance(t, int) else t.n_atoms for t in tables]
     if sum(sizes) != values.shape[dim]:

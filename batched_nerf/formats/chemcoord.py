@@ -100,6 +100,11 @@ def from_chemcoord(zmat: Any) -> ZMatrix:
         TypeError: ``zmat`` is not a ``chemcoord.Zmat``.
         ValueError: a reference to an atom that is not in the ``Zmat``,
             non-numeric values, or references that do not form a valid table.
+
+    Example (needs chemcoord; run on the adapter's docs page):
+        >>> import batched_nerf as bn  # doctest: +SKIP
+        >>> z = bn.from_chemcoord(zmat)  # doctest: +SKIP
+        >>> xyz = z.to_cartesian()  # equals zmat.get_cartesian() row for row  # doctest: +SKIP
     """
     cc = _import_chemcoord()
     if not isinstance(zmat, cc.Zmat):
@@ -181,6 +186,10 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
         TypeError: ``zmatrix`` is not a ZMatrix.
         ValueError: no elements, more than one conformation, or a fixed atom
             that is not at one of the absolute references.
+
+    Example (needs chemcoord; run on the adapter's docs page):
+        >>> import batched_nerf as bn  # doctest: +SKIP
+        >>> zmat = bn.to_chemcoord(z)  # z: a bn.ZMatrix with elements  # doctest: +SKIP
     """
     cc = _import_chemcoord()
     import pandas as pd
