@@ -365,6 +365,8 @@ class ConstructionTable:
         time with :meth:`prepare`.
         """
         device = torch.device("cpu" if device is None else device)
+        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
+            device = torch.device("cuda", torch.cuda.current_device())
         key = (kind, block, device)
         cached = self._plans.get(key)
         if cached is not None:

@@ -180,3 +180,9 @@ def test_plans_are_cached() -> None:
     with pytest.raises(ValueError, match="unknown plan kind"):
         table.plan("fft")
     assert np.array_equal(table.prepare().refs.numpy(), table.refs.numpy())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_and_cuda0_share_plans() -> None:
+    table = bn.ConstructionTable.chain(10).prepare("cuda")
+    assert table.plan("scan", "cuda") is table.plan("scan", f"cuda:{torch.cuda.current_device()}")
