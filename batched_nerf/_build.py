@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._geometry import place
+from ._geometry import place_local
 from ._plan import LevelPlan, SeedPlan
 
 
@@ -62,13 +62,17 @@ def build_levels(
     """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs."""
     blocks = [seed_block(plan.seeds, bonds, angles, fixed_xyz)]
     if plan.level_sizes:
-        r_all = bonds.index_select(-1, plan.full_atoms).split(plan.level_sizes, dim=-1)
-        t_all = angles.index_select(-1, plan.full_atoms).split(plan.level_sizes, dim=-1)
-        p_all = dihedrals.index_select(-1, plan.full_atoms).split(plan.level_sizes, dim=-1)
-        for src, gather, r, t, p in zip(plan.sources, plan.gathers, r_all, t_all, p_all):
+        # local offsets of every fully referenced atom at once (contiguous, vectorised
+        # trigonometry), then split by level
+        r = bonds.index_select(-1, plan.full_atoms)
+        t = angles.index_select(-1, plan.full_atoms)
+        p = dihedrals.index_select(-1, plan.full_atoms)
+        rs = r * torch.sin(t)
+        local = torch.stack((-r * torch.cos(t), rs * torch.cos(p), rs * torch.sin(p)), dim=-1)
+        for src, gather, loc in zip(plan.sources, plan.gathers, local.split(plan.level_sizes, dim=-2)):
             pool = blocks[src[0]] if len(src) == 1 else torch.cat([blocks[s] for s in src], dim=-2)
             refs = pool.index_select(-2, gather).unflatten(-2, (-1, 3))
             a, b, c = refs.unbind(-2)
-            blocks.append(place(a, b, c, r, t, p))
+            blocks.append(place_local(a, b, c, loc))
     xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     return xyz.index_select(-2, plan.inverse)

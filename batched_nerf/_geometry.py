@@ -133,11 +133,21 @@ def place(a: Tensor, b: Tensor, c: Tensor, bond: Tensor, angle_: Tensor, torsion
         ``(..., 3)``. Finite, with finite derivatives, when ``a, b, c`` are
         collinear (the torsion is then undefined and ``e3`` collapses).
     """
-    e1 = safe_normalize(c - b)
-    e3 = safe_normalize(cross(b - a, e1))
-    e2 = cross(e3, e1)
     sin_t = torch.sin(angle_)
     d1 = -bond * torch.cos(angle_)
     d2 = bond * sin_t * torch.cos(torsion)
     d3 = bond * sin_t * torch.sin(torsion)
+    return place_local(a, b, c, torch.stack((d1, d2, d3), dim=-1))
+
+
+def place_local(a: Tensor, b: Tensor, c: Tensor, local: Tensor) -> Tensor:
+    """``c + [e1, e2, e3] local``: NeRF placement from a precomputed local offset.
+
+    ``local = bond * (-cos(angle), sin(angle) cos(torsion), sin(angle) sin(torsion))``
+    ``(..., 3)``; the frame ``e1, e2, e3`` is that of :func:`place`.
+    """
+    e1 = safe_normalize(c - b)
+    e3 = safe_normalize(cross(b - a, e1))
+    e2 = cross(e3, e1)
+    d1, d2, d3 = local.unbind(-1)
     return c + d1.unsqueeze(-1) * e1 + d2.unsqueeze(-1) * e2 + d3.unsqueeze(-1) * e3

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._convert import Method, _as_float, to_cartesian, to_internal
+from ._convert import Method, _as_float, _broadcast_fixed, to_cartesian, to_internal
 from ._table import ConstructionTable
 
 __all__ = ["ZMatrix"]
@@ -101,28 +101,9 @@ class ZMatrix:
         except RuntimeError:
             shapes = ", ".join(str(tuple(v.shape)) for v in values)
             raise ValueError(f"bonds, angles and dihedrals do not broadcast: shapes {shapes}") from None
-        fixed: Tensor | None = None
-        if table.n_fixed == 0:
-            if fixed_xyz is not None:
-                raise ValueError("fixed_xyz was given but the table has no fixed atoms")
-        else:
-            if fixed_xyz is None:
-                raise ValueError(
-                    f"the table has {table.n_fixed} fixed atoms: pass fixed_xyz of shape "
-                    f"(..., {table.n_fixed}, 3)"
-                )
-            fixed = _as_values(fixed_xyz, "fixed_xyz", b).to(device=b.device, dtype=dtype)
-            if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (table.n_fixed, 3):
-                raise ValueError(
-                    f"fixed_xyz must have shape (..., {table.n_fixed}, 3), got {tuple(fixed.shape)}"
-                )
-            try:
-                torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
-            except RuntimeError:
-                raise ValueError(
-                    f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with values of shape "
-                    f"{tuple(b.shape)}"
-                ) from None
+        fixed = _broadcast_fixed(fixed_xyz, table, b)
+        if fixed is not None:
+            fixed = fixed.to(device=b.device)
         if real is None:
             mask = torch.ones(n, dtype=torch.bool)
         else:
