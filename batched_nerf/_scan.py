@@ -87,6 +87,7 @@ class ScanPlan(_Movable):
 
     seeds: SeedPlan
     phi_paths: Tensor  # (N, L) dihedral indices summed into the effective dihedral (N = zero)
+    flip_paths: Tensor | None  # (N, L') atoms whose negative angle adds pi to that sum (N = none)
     rounds: tuple[RoundPlan, ...]
     inverse: Tensor  # (N,) row of cat(position blocks) holding each atom
     depth: int  # longest scanned path (for dispatch and reports)
@@ -272,9 +273,22 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     phi_paths = np.full((n, width), n, dtype=np.int64)
     for j, p in enumerate(paths):
         phi_paths[j, : len(p)] = p
+    # a sibling placed with sin(angle) < 0 sits on the far side of the axis: its
+    # frame is turned by pi, so the offset gains pi (third seeds included)
+    flips = [
+        p[1:] + ([int(eff[j, 2])] if parent.get(j) == ("anchor", int(eff[j, 2])) else [])
+        for j, p in enumerate(paths)
+    ]
+    flip_width = max(len(f) for f in flips) if flips else 0
+    flip_paths = None
+    if flip_width:
+        flip_paths = np.full((n, flip_width), n, dtype=np.int64)
+        for j, f in enumerate(flips):
+            flip_paths[j, : len(f)] = f
     return ScanPlan(
         seeds=seeds,
         phi_paths=_long(phi_paths),
+        flip_paths=None if flip_paths is None else _long(flip_paths),
         rounds=tuple(rounds),
         inverse=_long(inverse),
         depth=max_depth,
@@ -462,6 +476,11 @@ def build_scan(
     else:
         phi_eff = padded.index_select(-1, plan.phi_paths.reshape(-1)).unflatten(-1, plan.phi_paths.shape)
         phi_eff = phi_eff.sum(-1)
+    if plan.flip_paths is not None:
+        flipped = torch.where(torch.sin(angles) < 0, torch.pi, 0.0).to(dtype)
+        flipped = torch.cat((flipped, flipped.new_zeros((*batch, 1))), dim=-1)
+        flips = flipped.index_select(-1, plan.flip_paths.reshape(-1)).unflatten(-1, plan.flip_paths.shape)
+        phi_eff = phi_eff + flips.sum(-1)
     for rp in plan.rounds:
         pool = blocks[0] if rp.pool_blocks == 1 else torch.cat(blocks[: rp.pool_blocks], dim=-2)
         frames, origins = [], []

@@ -186,3 +186,23 @@ def test_plans_are_cached() -> None:
 def test_cuda_and_cuda0_share_plans() -> None:
     table = bn.ConstructionTable.chain(10).prepare("cuda")
     assert table.plan("scan", "cuda") is table.plan("scan", f"cuda:{torch.cuda.current_device()}")
+
+
+def test_angles_outside_zero_pi_agree() -> None:
+    """A sibling or third seed placed with sin(angle) < 0 turns the shared frame by pi."""
+    g = torch.Generator().manual_seed(7)
+    for refs in (
+        IRREGULAR,
+        [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [0, 1, 2], [0, 1, 3], [1, 0, 2], [5, 1, 0]],
+    ):
+        table = bn.ConstructionTable(refs)
+        n = table.n_atoms
+        b = 1 + torch.rand(4, n, generator=g, dtype=torch.float64)
+        # angles in (-pi, 2 pi) away from the singular multiples of pi
+        a = (0.2 + 2.7 * torch.rand(4, n, generator=g, dtype=torch.float64)) * torch.where(
+            torch.rand(4, n, generator=g) < 0.5, -1.0, 1.0
+        ).double()
+        d = 6 * torch.rand(4, n, generator=g, dtype=torch.float64) - 3
+        ref, outs = _build_all(table, b, a, d)
+        for x in outs.values():
+            torch.testing.assert_close(x, ref, atol=1e-9, rtol=0)
