@@ -477,7 +477,7 @@ def build_scan(
         phi_eff = padded.index_select(-1, plan.phi_paths.reshape(-1)).unflatten(-1, plan.phi_paths.shape)
         phi_eff = phi_eff.sum(-1)
     if plan.flip_paths is not None:
-        flipped = torch.where(torch.sin(angles) < 0, torch.pi, 0.0).to(dtype)
+        flipped = (torch.sin(angles) < 0).to(dtype) * torch.pi  # pi in the inputs' dtype
         flipped = torch.cat((flipped, flipped.new_zeros((*batch, 1))), dim=-1)
         flips = flipped.index_select(-1, plan.flip_paths.reshape(-1)).unflatten(-1, plan.flip_paths.shape)
         phi_eff = phi_eff + flips.sum(-1)
