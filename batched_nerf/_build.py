@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._geometry import place_local
+from ._geometry import place0
 from ._plan import LevelPlan, SeedPlan
 
 
@@ -60,19 +60,19 @@ def build_levels(
     fixed_xyz: Tensor | None,
 ) -> Tensor:
     """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs."""
-    blocks = [seed_block(plan.seeds, bonds, angles, fixed_xyz)]
+    # component-major blocks (3, ..., n_k): every elementwise op runs on contiguous data
+    blocks = [seed_block(plan.seeds, bonds, angles, fixed_xyz).movedim(-1, 0)]
     if plan.level_sizes:
-        # local offsets of every fully referenced atom at once (contiguous, vectorised
-        # trigonometry), then split by level
+        # local offsets of every fully referenced atom at once, then split by level
         r = bonds.index_select(-1, plan.full_atoms)
         t = angles.index_select(-1, plan.full_atoms)
         p = dihedrals.index_select(-1, plan.full_atoms)
         rs = r * torch.sin(t)
-        local = torch.stack((-r * torch.cos(t), rs * torch.cos(p), rs * torch.sin(p)), dim=-1)
-        for src, gather, loc in zip(plan.sources, plan.gathers, local.split(plan.level_sizes, dim=-2)):
-            pool = blocks[src[0]] if len(src) == 1 else torch.cat([blocks[s] for s in src], dim=-2)
-            refs = pool.index_select(-2, gather).unflatten(-2, (-1, 3))
-            a, b, c = refs.unbind(-2)
-            blocks.append(place_local(a, b, c, loc))
-    xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
-    return xyz.index_select(-2, plan.inverse)
+        local = (-r * torch.cos(t), rs * torch.cos(p), rs * torch.sin(p))
+        locals_ = zip(*(x.split(plan.level_sizes, dim=-1) for x in local))
+        for src, gather, size, loc in zip(plan.sources, plan.gathers, plan.level_sizes, locals_):
+            pool = blocks[src[0]] if len(src) == 1 else torch.cat([blocks[s] for s in src], dim=-1)
+            a, b, c = pool.index_select(-1, gather).unflatten(-1, (3, size)).unbind(-2)
+            blocks.append(place0(a, b, c, loc))
+    xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+    return xyz.index_select(-1, plan.inverse).movedim(0, -1)

@@ -21,11 +21,11 @@ import torch
 from ._table import ConstructionTable
 
 #: Seconds per dependency level (level engine) and per atom-sample.
-LEVEL_STEP_S = 5e-4
-LEVEL_ELEMENT_S = 3.6e-7
+LEVEL_STEP_S = 4.5e-4
+LEVEL_ELEMENT_S = 1.2e-7
 #: Fixed seconds per call and per atom-sample per doubling step (scan engine).
 SCAN_CALL_S = 2e-3
-SCAN_ELEMENT_S = 2.2e-7
+SCAN_ELEMENT_S = 1.5e-7
 #: Scan band sizes by atom-samples per call: few -> pure pointer jumping.
 BLOCK_SMALL, BLOCK_LARGE = 8, 32
 BLOCK_THRESHOLDS = (2_048, 262_144)

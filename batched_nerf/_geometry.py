@@ -151,3 +151,31 @@ def place_local(a: Tensor, b: Tensor, c: Tensor, local: Tensor) -> Tensor:
     e2 = cross(e3, e1)
     d1, d2, d3 = local.unbind(-1)
     return c + d1.unsqueeze(-1) * e1 + d2.unsqueeze(-1) * e2 + d3.unsqueeze(-1) * e3
+
+
+# Component-major variants: vectors as ``(3, ...)``, so that each component is a
+# contiguous array (the engines' hot loops work on these).
+
+
+def cross0(u: Tensor, v: Tensor) -> Tensor:
+    """Cross product of component-major vectors ``(3, ...)``."""
+    u0, u1, u2 = u.unbind(0)
+    v0, v1, v2 = v.unbind(0)
+    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0))
+
+
+def safe_normalize0(v: Tensor, eps: float = EPS) -> Tensor:
+    """:func:`safe_normalize` for component-major vectors ``(3, ...)``."""
+    sq = (v * v).sum(0)
+    positive = sq > 0
+    norm = torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), 0.0)
+    return v / norm.clamp_min(eps)
+
+
+def place0(a: Tensor, b: Tensor, c: Tensor, local: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    """:func:`place_local` for component-major positions ``(3, ...)``."""
+    e1 = safe_normalize0(c - b)
+    e3 = safe_normalize0(cross0(b - a, e1))
+    e2 = cross0(e3, e1)
+    d1, d2, d3 = local
+    return c + d1 * e1 + d2 * e2 + d3 * e3

@@ -65,7 +65,7 @@ class LevelPlan(_Movable):
     full_atoms: Tensor  # (M,) fully referenced atoms in build order
     level_sizes: tuple[int, ...]  # atoms per level, summing to M
     sources: tuple[tuple[int, ...], ...]  # per level: blocks (0 = seeds, k = level k) gathered
-    gathers: tuple[Tensor, ...]  # per level: (n_k * 3,) rows of cat(sources) for (d, a, b)
+    gathers: tuple[Tensor, ...]  # per level: (3 * n_k,) columns of cat(sources): all d, all a, all b
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
 
 
@@ -130,7 +130,7 @@ def level_plan(table: ConstructionTable) -> LevelPlan:
         start += size
         block[atoms] = k
         slot[atoms] = np.arange(size)
-        need = refs[atoms][:, ::-1]  # (d, a, b) per atom
+        need = refs[atoms][:, ::-1].T  # rows: all d, all a, all b refs
         src = tuple(sorted(set(block[need].ravel().tolist())))
         offsets = {}
         offset = 0
