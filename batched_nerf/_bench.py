@@ -302,6 +302,27 @@ def forward_backward_step(
     return step
 
 
+def make_step(
+    build: Callable[..., torch.Tensor],
+    ic: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    pass_: str,
+    w: torch.Tensor,
+    q: Callable[[torch.Tensor], torch.Tensor],
+) -> Step:
+    """One timed step of ``pass_`` ("forward", "forward_backward" or "committor") on fresh leaves."""
+    leaves = [t.clone().requires_grad_(pass_ != "forward") for t in ic]
+    if pass_ == "forward_backward":
+        return forward_backward_step(build, leaves, w)
+    if pass_ != "forward":
+        return committor_step(build, leaves, q)
+
+    def step() -> object:
+        with torch.no_grad():
+            return build(*leaves)
+
+    return step
+
+
 def _weights(batch: int, n: int, dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
     rng = np.random.default_rng(seed + 12345)
     return torch.from_numpy(rng.standard_normal((batch, n, 3))).to(dtype=dtype, device=device)
@@ -547,17 +568,7 @@ def _time_ours(
                 rec.status = reason
             else:
                 try:
-                    leaves = [t.clone().requires_grad_(pass_ != "forward") for t in (b, a, d)]
-                    if pass_ == "forward":
-
-                        def step(fn=fn, leaves=leaves) -> object:
-                            with torch.no_grad():
-                                return fn(*leaves)
-
-                    elif pass_ == "forward_backward":
-                        step = forward_backward_step(fn, leaves, w)
-                    else:
-                        step = committor_step(fn, leaves, q)
+                    step = make_step(fn, (b, a, d), pass_, w, q)
                     if compiled:  # first call compiles; report it separately
                         t0 = time.perf_counter()
                         step()
@@ -701,17 +712,7 @@ def _time_torch_loop_general(
             rec.status = reason
         else:
             try:
-                leaves = [t.clone().requires_grad_(pass_ != "forward") for t in (b, a, d)]
-                if pass_ == "forward":
-
-                    def step(leaves=leaves) -> object:
-                        with torch.no_grad():
-                            return build(*leaves)
-
-                elif pass_ == "forward_backward":
-                    step = forward_backward_step(build, leaves, w)
-                else:
-                    step = committor_step(build, leaves, q)
+                step = make_step(build, (b, a, d), pass_, w, q)
                 rec.median_s, rec.runs = measure(step, state.repeats, state.budget_s, dev)
             except Exception as exc:
                 rec.status = _short_error(exc)

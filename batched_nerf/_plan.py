@@ -96,8 +96,9 @@ def seed_arrays(table: ConstructionTable) -> dict[str, np.ndarray]:
     }
 
 
-def seed_plan(table: ConstructionTable) -> SeedPlan:
-    arrays = seed_arrays(table)
+def seed_plan(table: ConstructionTable, arrays: dict[str, np.ndarray] | None = None) -> SeedPlan:
+    """Tensors of the block-0 layout (``arrays``: :func:`seed_arrays`, if already made)."""
+    arrays = seed_arrays(table) if arrays is None else arrays
     return SeedPlan(
         n_fixed=int(arrays["fixed"].size),
         n_roots=int(arrays["roots"].size),
@@ -110,13 +111,14 @@ def seed_plan(table: ConstructionTable) -> SeedPlan:
 
 
 def level_plan(table: ConstructionTable) -> LevelPlan:
-    seeds = seed_plan(table)
+    seed_np = seed_arrays(table)
+    seeds = seed_plan(table, seed_np)
     refs = table._refs_np
     level = table._levels
     n_refs = (refs >= 0).sum(1)
     block = np.full(len(refs), -1, dtype=np.int64)
     slot = np.full(len(refs), -1, dtype=np.int64)
-    block0 = seed_arrays(table)["atoms"]
+    block0 = seed_np["atoms"]
     block[block0] = 0
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)

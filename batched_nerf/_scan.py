@@ -115,8 +115,8 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     refs = table._refs_np
     n = len(refs)
     n_refs = (refs >= 0).sum(1)
-    seeds = seed_plan(table)
     seed_np = seed_arrays(table)
+    seeds = seed_plan(table, seed_np)
     eff, paths = _effective_refs(refs, n_refs)
 
     third = set(np.flatnonzero(n_refs == THIRD).tolist())

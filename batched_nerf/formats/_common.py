@@ -88,3 +88,16 @@ def optional_import(module: str, package: str | None = None) -> Any:
             f"this function needs {name}, an optional dependency: pip install {name} "
             "(or pip install 'batched-nerf[interop]')"
         ) from exc
+
+
+def require_one_conformation(zmatrix: Any, what: str) -> None:
+    """Raise ValueError unless ``zmatrix`` has element symbols and one conformation.
+
+    ``what`` names the target format in the messages, e.g. ``"a chemcoord Zmat"``.
+    """
+    if zmatrix.elements is None:
+        raise ValueError(f"the ZMatrix has no elements; {what} needs element symbols")
+    if zmatrix.batch_shape.numel() != 1:
+        raise ValueError(
+            f"{what} holds one conformation; the ZMatrix has batch shape {tuple(zmatrix.batch_shape)}"
+        )

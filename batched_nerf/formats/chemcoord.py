@@ -45,7 +45,7 @@ import torch
 
 from .._table import ConstructionTable
 from .._zmatrix import ZMatrix
-from ._common import optional_import, topological_order
+from ._common import optional_import, require_one_conformation, topological_order
 
 __all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "to_chemcoord"]
 
@@ -196,13 +196,7 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
 
     if not isinstance(zmatrix, ZMatrix):
         raise TypeError(f"expected a batched_nerf.ZMatrix, got {type(zmatrix).__name__}")
-    if zmatrix.elements is None:
-        raise ValueError("the ZMatrix has no elements; a chemcoord Zmat needs element symbols")
-    if zmatrix.batch_shape.numel() != 1:
-        raise ValueError(
-            "a chemcoord Zmat holds one conformation; the ZMatrix has batch shape "
-            f"{tuple(zmatrix.batch_shape)}"
-        )
+    require_one_conformation(zmatrix, "a chemcoord Zmat")
     table = zmatrix.table
     n = table.n_atoms
     refs = table.refs.numpy()

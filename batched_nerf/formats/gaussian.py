@@ -37,7 +37,7 @@ import torch
 
 from .._autotable import COVALENT_RADII
 from .._zmatrix import ZMatrix
-from ._common import PathOrFile, as_numpy, open_text, refs_of, topological_order
+from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation, topological_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from .._table import ConstructionTable
@@ -253,13 +253,7 @@ def write_zmat(
         if degrees:
             raise ValueError("a ZMatrix holds radians; do not pass degrees=True with it")
         z = elements
-        if z.elements is None:
-            raise ValueError("the ZMatrix has no elements; a Gaussian Z-matrix needs element symbols")
-        if z.batch_shape.numel() != 1:
-            raise ValueError(
-                "a Gaussian Z-matrix holds one conformation; the ZMatrix has batch shape "
-                f"{tuple(z.batch_shape)}"
-            )
+        require_one_conformation(z, "a Gaussian Z-matrix")
         elements, refs = z.elements, z.table
         bonds, angles, dihedrals = (v.reshape(-1) for v in (z.bonds, z.angles, z.dihedrals))
     elif any(v is None for v in (refs, bonds, angles, dihedrals)):
