@@ -12,14 +12,14 @@ private.
 """
 
 from . import losses
-from ._convert import to_cartesian, to_internal
+from ._convert import InternalCoordinates, to_cartesian, to_internal
 from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
-from ._inverse import InternalCoordinates
 from ._logdet import log_det_jacobian, pose_log_det
 from ._pack import pack_tables, split_atoms
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
+from ._topology import Topology
 from ._version import __version__
 from ._zmatrix import ZMatrix
 
@@ -46,6 +46,7 @@ __all__ = [
     "InternalCoordinateTransform",
     "InternalCoordinates",
     "Pose",
+    "Topology",
     "ZMatrix",
     "__version__",
     "apply_pose",

@@ -5,74 +5,20 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ._build import build_levels
-from ._dispatch import choose_method, scan_block
-from ._inverse import InternalCoordinates, internal_from_xyz
+from . import engines
+from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._pose import Pose, apply_pose, extract_pose
-from ._scan import build_scan
 from ._table import ConstructionTable
+from .engines.dispatch import choose_method, scan_block
+from .engines.inverse import InternalCoordinates
 
-Method = Literal["auto", "scan", "levels"]
-_METHODS = ("auto", "scan", "levels")
-_DEG = math.pi / 180.0
+__all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
 
-
-def _as_float(
-    value: Any, name: str, like: Tensor | None = None, default_dtype: torch.dtype | None = None
-) -> Tensor:
-    """A real floating tensor from ``value`` (dtype and device of ``like`` for non-tensors)."""
-    if not isinstance(value, Tensor):
-        if isinstance(value, np.ndarray) and not value.flags.writeable:
-            value = value.copy()
-        value = torch.as_tensor(
-            value,
-            dtype=like.dtype if like is not None else default_dtype,
-            device=like.device if like is not None else None,
-        )
-    if value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
-    if not value.is_floating_point():
-        value = value.to(torch.get_default_dtype())
-    return value
-
-
-def _check_table(table: Any) -> ConstructionTable:
-    if not isinstance(table, ConstructionTable):
-        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
-    return table
-
-
-def broadcast_internal(
-    bonds: Any, angles: Any, dihedrals: Any, table: ConstructionTable, degrees: bool = False
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Check, promote and broadcast internal coordinates to one ``(..., N)`` shape."""
-    first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
-    tensors = [
-        _as_float(v, name, first)
-        for v, name in ((bonds, "bonds"), (angles, "angles"), (dihedrals, "dihedrals"))
-    ]
-    n = table.n_atoms
-    for t, name in zip(tensors, ("bonds", "angles", "dihedrals")):
-        if t.ndim == 0 or t.shape[-1] != n:
-            raise ValueError(
-                f"{name} must have shape (..., N) with N = {n} atoms of the table, " f"got {tuple(t.shape)}"
-            )
-    dtype = torch.promote_types(torch.promote_types(tensors[0].dtype, tensors[1].dtype), tensors[2].dtype)
-    try:
-        b, a, d = torch.broadcast_tensors(*(t.to(dtype) for t in tensors))
-    except RuntimeError:
-        raise ValueError(
-            "bonds, angles and dihedrals do not broadcast: shapes "
-            f"{tuple(tensors[0].shape)}, {tuple(tensors[1].shape)}, {tuple(tensors[2].shape)}"
-        ) from None
-    if degrees:
-        a = a * _DEG
-        d = d * _DEG
-    return b, a, d
+Method = Literal["auto", "levels", "scan"]
+_METHODS = ("auto", *engines.METHODS)
 
 
 def to_cartesian(
@@ -159,11 +105,12 @@ def to_cartesian(
         >>> bn.to_internal(xyz, table, degrees=True).dihedrals[:, 3]
         tensor([ 60.0000, -60.0000])
     """
-    table = _check_table(table)
+    table = check_table(table)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     b, a, d = broadcast_internal(bonds, angles, dihedrals, table, degrees)
-    fixed = _broadcast_fixed(fixed_xyz, table, b)
+    check_device({"rotation": rotation, "translation": translation}, b.device)
+    fixed = broadcast_fixed(fixed_xyz, table, b)
     if fixed is not None:
         batch = torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
         b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
@@ -174,37 +121,17 @@ def to_cartesian(
             raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
+    samples = math.prod(b.shape[:-1])
     if method == "auto":
-        method = choose_method(table, b.shape[:-1], b.device)
-    if method == "levels":
-        xyz = build_levels(table.plan("levels", b.device), b, a, d, fixed)
-    else:
-        block = scan_block(table.n_atoms, math.prod(b.shape[:-1]))
-        xyz = build_scan(table.plan("scan", b.device, block), b, a, d, fixed)
+        topo = table.topology
+        rounds = len(table.plan("scan").rounds)
+        method = choose_method(topo.n_atoms, topo.depth, rounds, samples, b.device.type)
+    variant = scan_block(table.n_atoms, samples) if method == "scan" else 1
+    engine = engines.get(method)
+    xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)
     if rotation is not None or translation is not None:
         xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)
     return xyz.to(out_dtype)
-
-
-def _broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> Tensor | None:
-    f = table.n_fixed
-    if f == 0:
-        if fixed_xyz is not None:
-            raise ValueError("fixed_xyz was given but the table has no fixed atoms")
-        return None
-    if fixed_xyz is None:
-        raise ValueError(f"the table has {f} fixed atoms: pass fixed_xyz of shape (..., {f}, 3)")
-    fixed = _as_float(fixed_xyz, "fixed_xyz", like)
-    if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (f, 3):
-        raise ValueError(f"fixed_xyz must have shape (..., {f}, 3), got {tuple(fixed.shape)}")
-    try:
-        torch.broadcast_shapes(like.shape[:-1], fixed.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with internal "
-            f"coordinates of shape {tuple(like.shape)}"
-        ) from None
-    return fixed.to(like.dtype)
 
 
 def to_internal(
@@ -246,14 +173,10 @@ def to_internal(
         >>> ic.angles.tolist(), ic.dihedrals[3].item()
         ([0.0, 0.0, 90.0, 90.0], 90.0)
     """
-    table = _check_table(table)
-    x = _as_float(xyz, "xyz")
-    n = table.n_atoms
-    if x.ndim < 2 or x.shape[-1] != 3 or x.shape[-2] != n:
-        raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
-    ic = internal_from_xyz(table.plan("inverse", x.device), x)
+    x = check_xyz(xyz, check_table(table))
+    ic = engines.get("inverse").build(table.plan("inverse", x.device), x)
     if degrees:
-        ic = InternalCoordinates(ic.bonds, ic.angles / _DEG, ic.dihedrals / _DEG)
+        ic = InternalCoordinates(ic.bonds, ic.angles / DEG, ic.dihedrals / DEG)
     if return_pose:
         return ic, extract_pose(x, table)
     return ic

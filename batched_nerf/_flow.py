@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._convert import _check_table, to_cartesian, to_internal
+from ._checks import check_table
+from ._convert import to_cartesian, to_internal
 from ._logdet import _masks, log_det_jacobian
 from ._pose import apply_pose, extract_pose, pose_info
 from ._table import ConstructionTable
@@ -114,8 +115,8 @@ class InternalCoordinateTransform(nn.Module):
         method: str = "auto",
     ) -> None:
         super().__init__()
-        self.table = _check_table(table)
-        refs = table._refs_np
+        self.table = check_table(table)
+        refs = table.topology.refs
         if pose and pose_info(table).n_seeded == 0:
             raise ValueError(
                 "pose=True needs a seeded component, but every component is anchored by fixed atoms"

@@ -19,6 +19,7 @@ Two devices make that possible, both compatible with ``torch.func`` and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -32,36 +33,37 @@ EPS = 1e-8
 _TWO_PI = 2.0 * math.pi
 
 
-def dot(u: Tensor, v: Tensor) -> Tensor:
-    """Dot product over the last dimension: ``(..., 3), (..., 3) -> (...)``."""
-    return (u * v).sum(-1)
+def dot(u: Tensor, v: Tensor, dim: int = -1) -> Tensor:
+    """Dot product over the component dimension ``dim``: ``(..., 3), (..., 3) -> (...)``."""
+    return (u * v).sum(dim)
 
 
-def cross(u: Tensor, v: Tensor) -> Tensor:
-    """Cross product written out elementwise (``(..., 3) -> (..., 3)``).
+def cross(u: Tensor, v: Tensor, dim: int = -1) -> Tensor:
+    """Cross product over the component dimension ``dim`` (``-1``: ``(..., 3)``; ``0``: ``(3, ...)``).
 
-    Written out rather than ``torch.linalg.cross`` so that it broadcasts
-    freely and lowers to plain elementwise kernels under ``torch.compile``.
+    Written out elementwise rather than ``torch.linalg.cross`` so that it
+    broadcasts freely and lowers to plain elementwise kernels under
+    ``torch.compile``.
     """
-    u0, u1, u2 = u.unbind(-1)
-    v0, v1, v2 = v.unbind(-1)
-    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0), dim=-1)
+    u0, u1, u2 = u.unbind(dim)
+    v0, v1, v2 = v.unbind(dim)
+    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0), dim=dim)
 
 
-def safe_norm(v: Tensor) -> Tensor:
-    """Euclidean norm over the last dimension with a zero gradient at ``v = 0``.
+def safe_norm(v: Tensor, dim: int = -1) -> Tensor:
+    """Euclidean norm over ``dim`` with a zero gradient at ``v = 0``.
 
     ``(..., 3) -> (...)``. The value is exact everywhere (``0`` at ``0``).
     """
-    sq = (v * v).sum(-1)
+    sq = (v * v).sum(dim)
     positive = sq > 0
     root = torch.sqrt(torch.where(positive, sq, torch.ones_like(sq)))
     return torch.where(positive, root, torch.zeros_like(root))
 
 
-def safe_normalize(v: Tensor, eps: float = EPS) -> Tensor:
-    """``v / max(|v|, eps)`` over the last dimension (``(..., 3) -> (..., 3)``)."""
-    return v / safe_norm(v).clamp_min(eps).unsqueeze(-1)
+def safe_normalize(v: Tensor, eps: float = EPS, dim: int = -1) -> Tensor:
+    """``v / max(|v|, eps)`` over the component dimension ``dim``."""
+    return v / safe_norm(v, dim).clamp_min(eps).unsqueeze(dim)
 
 
 def safe_atan2(y: Tensor, x: Tensor) -> Tensor:
@@ -112,70 +114,50 @@ def dihedral(p0: Tensor, p1: Tensor, p2: Tensor, p3: Tensor) -> Tensor:
     return wrap_angle(safe_atan2(y, x))
 
 
-def place(a: Tensor, b: Tensor, c: Tensor, bond: Tensor, angle_: Tensor, torsion: Tensor) -> Tensor:
-    """Natural extension reference frame (NeRF) placement of one atom.
+def nerf_frame(xb: Tensor, xa: Tensor, xd: Tensor, dim: int = -1) -> tuple[Tensor, Tensor, Tensor]:
+    """The NeRF frame ``(e1, e2, e3)`` that places an atom with references ``(b, a, d)``.
 
-    Places ``x`` with ``|x - c| = bond``, angle ``x-c-b = angle_`` and IUPAC
-    dihedral ``(a, b, c, x) = torsion``::
+    Arguments in the order of a table row (bond, angle, dihedral reference);
+    vectors along ``dim`` (``-1``: ``(..., 3)``; ``0``: component-major ``(3, ...)``)::
 
-        e1 = (c - b) / |c - b|
-        e3 = ((b - a) x e1) / |(b - a) x e1|
+        e1 = (x_b - x_a) / |x_b - x_a|
+        e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
         e2 = e3 x e1
-        x  = c + bond * (-cos(angle_) e1 + sin(angle_) cos(torsion) e2
-                         + sin(angle_) sin(torsion) e3)
+
+    Finite, with finite derivatives, when the references are collinear or
+    coincident (``e3`` and ``e2`` then collapse to zero).
+    """
+    e1 = safe_normalize(xb - xa, dim=dim)
+    e3 = safe_normalize(cross(xa - xd, e1, dim), dim=dim)
+    return e1, cross(e3, e1, dim), e3
+
+
+def place(
+    xb: Tensor, xa: Tensor, xd: Tensor, local: tuple[Tensor, Tensor, Tensor] | Sequence[Tensor], dim: int = -1
+) -> Tensor:
+    """NeRF placement ``x = x_b + d1 e1 + d2 e2 + d3 e3`` in the frame of :func:`nerf_frame`.
+
+    ``local = (d1, d2, d3) = r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi))``,
+    each ``(...)``, puts the atom at distance ``r`` from ``x_b``, at the angle
+    ``x-x_b-x_a = theta`` and the IUPAC dihedral ``(x, x_b, x_a, x_d) = phi``.
 
     Args:
-        a, b, c: reference positions ``(..., 3)`` (dihedral, angle and bond
-            reference in that order).
-        bond, angle_, torsion: ``(...)`` length and radians.
+        xb, xa, xd: bond, angle and dihedral reference positions, vectors along ``dim``.
+        local: the three local offsets, each shaped like the positions without ``dim``.
+        dim: the component dimension (``-1`` or ``0``).
 
     Returns:
-        ``(..., 3)``. Finite, with finite derivatives, when ``a, b, c`` are
-        collinear (the torsion is then undefined and ``e3`` collapses).
+        The placed positions, shaped like ``xb``.
+
+    Example:
+        >>> import math, torch
+        >>> from batched_nerf._geometry import place
+        >>> xb, xa, xd = torch.tensor([1.0, 0, 0]), torch.zeros(3), torch.tensor([0.0, 1, 0])
+        >>> r, t, p = torch.tensor(1.0), torch.tensor(math.pi / 2), torch.tensor(0.0)
+        >>> local = (-r * torch.cos(t), r * torch.sin(t) * torch.cos(p), r * torch.sin(t) * torch.sin(p))
+        >>> place(xb, xa, xd, local)
+        tensor([1., 1., 0.])
     """
-    sin_t = torch.sin(angle_)
-    d1 = -bond * torch.cos(angle_)
-    d2 = bond * sin_t * torch.cos(torsion)
-    d3 = bond * sin_t * torch.sin(torsion)
-    return place_local(a, b, c, torch.stack((d1, d2, d3), dim=-1))
-
-
-def place_local(a: Tensor, b: Tensor, c: Tensor, local: Tensor) -> Tensor:
-    """``c + [e1, e2, e3] local``: NeRF placement from a precomputed local offset.
-
-    ``local = bond * (-cos(angle), sin(angle) cos(torsion), sin(angle) sin(torsion))``
-    ``(..., 3)``; the frame ``e1, e2, e3`` is that of :func:`place`.
-    """
-    e1 = safe_normalize(c - b)
-    e3 = safe_normalize(cross(b - a, e1))
-    e2 = cross(e3, e1)
-    d1, d2, d3 = local.unbind(-1)
-    return c + d1.unsqueeze(-1) * e1 + d2.unsqueeze(-1) * e2 + d3.unsqueeze(-1) * e3
-
-
-# Component-major variants: vectors as ``(3, ...)``, so that each component is a
-# contiguous array (the engines' hot loops work on these).
-
-
-def cross0(u: Tensor, v: Tensor) -> Tensor:
-    """Cross product of component-major vectors ``(3, ...)``."""
-    u0, u1, u2 = u.unbind(0)
-    v0, v1, v2 = v.unbind(0)
-    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0))
-
-
-def safe_normalize0(v: Tensor, eps: float = EPS) -> Tensor:
-    """:func:`safe_normalize` for component-major vectors ``(3, ...)``."""
-    sq = (v * v).sum(0)
-    positive = sq > 0
-    norm = torch.where(positive, torch.sqrt(torch.where(positive, sq, torch.ones_like(sq))), 0.0)
-    return v / norm.clamp_min(eps)
-
-
-def place0(a: Tensor, b: Tensor, c: Tensor, local: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-    """:func:`place_local` for component-major positions ``(3, ...)``."""
-    e1 = safe_normalize0(c - b)
-    e3 = safe_normalize0(cross0(b - a, e1))
-    e2 = cross0(e3, e1)
-    d1, d2, d3 = local
-    return c + d1 * e1 + d2 * e2 + d3 * e3
+    e1, e2, e3 = nerf_frame(xb, xa, xd, dim)
+    d1, d2, d3 = (d.unsqueeze(dim) for d in local)
+    return xb + d1 * e1 + d2 * e2 + d3 * e3

@@ -50,7 +50,6 @@ from degrees, i.e. ``(n_angles + n_dihedrals) * log(pi / 180)`` is added.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +57,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._convert import _check_table, broadcast_internal
+from ._checks import DEG, broadcast_internal, check_table
 from ._pose import pose_info
 from ._table import ConstructionTable
-
-_DEG = math.pi / 180.0
+from ._topology import FULL, SECOND, THIRD, Topology
 
 
 @dataclass(frozen=True)
@@ -73,22 +71,18 @@ class _Masks:
     n_angular: int  # number of informative angle + dihedral entries
 
 
-_MASKS: weakref.WeakKeyDictionary[ConstructionTable, _Masks] = weakref.WeakKeyDictionary()
+def _mask_layout(topo: Topology) -> _Masks:
+    return _Masks(
+        full=topo.kind == FULL,
+        third=topo.kind == THIRD,
+        second=topo.kind == SECOND,
+        n_angular=int((topo.refs[:, 1] >= 0).sum() + (topo.refs[:, 2] >= 0).sum()),
+    )
 
 
 def _masks(table: ConstructionTable) -> _Masks:
-    m = _MASKS.get(table)
-    if m is None:
-        refs = table._refs_np
-        n_refs = (refs >= 0).sum(1)
-        m = _Masks(
-            full=n_refs == 3,
-            third=n_refs == 2,
-            second=n_refs == 1,
-            n_angular=int((refs[:, 1] >= 0).sum() + (refs[:, 2] >= 0).sum()),
-        )
-        _MASKS[table] = m
-    return m
+    """Which rows carry which coordinates (computed once per table, cached)."""
+    return table.cached(_mask_layout, _mask_layout)
 
 
 def _log_abs(x: Tensor) -> Tensor:
@@ -147,7 +141,7 @@ def log_det_jacobian(
         >>> round(float(log_det_jacobian(b, a, torch.zeros(4), table)), 4)  # log 2 + 2 log 3
         2.8904
     """
-    table = _check_table(table)
+    table = check_table(table)
     b, a, _ = broadcast_internal(bonds, angles, dihedrals, table, degrees)
     m = _masks(table)
     dev = b.device
@@ -163,7 +157,7 @@ def log_det_jacobian(
     if pose:
         out = out + _pose_terms(b, a, table)
     if degrees:
-        out = out + m.n_angular * math.log(_DEG)
+        out = out + m.n_angular * math.log(DEG)
     return out
 
 
@@ -217,6 +211,6 @@ def pose_log_det(
         >>> round(float(pose_log_det(b, torch.full((3,), math.pi / 2), torch.zeros(3), table)), 4)
         2.4849
     """
-    table = _check_table(table)
+    table = check_table(table)
     b, a, _ = broadcast_internal(bonds, angles, dihedrals, table, degrees)
     return _pose_terms(b, a, table)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor
 
+from ._checks import check_table
 from ._table import ConstructionTable
 
 
@@ -47,11 +48,9 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
         raise ValueError("pack_tables needs at least one table")
     refs, fixed, offset = [], [], 0
     for k, table in enumerate(tables):
-        if not isinstance(table, ConstructionTable):
-            raise TypeError(f"tables[{k}] must be a ConstructionTable, got {type(table).__name__}")
-        r = table._refs_np
-        refs.append(np.where(r >= 0, r + offset, -1))
-        fixed.append(table._fixed_np + offset)
+        topo = check_table(table, f"tables[{k}]").topology
+        refs.append(np.where(topo.refs >= 0, topo.refs + offset, -1))
+        fixed.append(topo.fixed + offset)
         offset += table.n_atoms
     return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
 

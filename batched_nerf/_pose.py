@@ -30,16 +30,17 @@ chart need no extra Jacobian factor.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ._checks import check_device, check_table, check_xyz
 from ._geometry import EPS, cross, dot, safe_normalize
 from ._table import ConstructionTable
+from ._topology import Topology
 
 
 class Pose(NamedTuple):
@@ -68,47 +69,25 @@ class PoseInfo:
         return self.n_seeded == 1
 
 
-_INFO: weakref.WeakKeyDictionary[ConstructionTable, PoseInfo] = weakref.WeakKeyDictionary()
+def _pose_layout(topo: Topology) -> PoseInfo:
+    root = topo.seed_root
+    has2 = topo.seed_second >= 0
+    has3 = topo.seed_third >= 0
+    return PoseInfo(
+        n_seeded=int(root.size),
+        root=root,
+        second=np.where(has2, topo.seed_second, root),
+        third=np.where(has3, topo.seed_third, root),
+        has_second=has2,
+        has_third=has3,
+        slot=topo.seed_slot,
+        third_from_second=topo.third_from_second,
+    )
 
 
 def pose_info(table: ConstructionTable) -> PoseInfo:
     """Seeded-component layout of ``table`` (computed once per table, cached)."""
-    info = _INFO.get(table)
-    if info is not None:
-        return info
-    refs = table._refs_np
-    n = len(refs)
-    comp = table._component
-    n_refs = (refs >= 0).sum(1)
-    anchored = np.zeros(table.n_components, dtype=bool)
-    anchored[comp[table._fixed_np]] = True
-    seeded = [c for c in range(table.n_components) if not anchored[c]]
-    root, second, third, has2, has3, from2 = [], [], [], [], [], []
-    slot = np.full(n, len(seeded), dtype=np.int64)
-    for k, c in enumerate(seeded):
-        members = np.flatnonzero(comp == c)
-        slot[members] = k
-        r = int(members[n_refs[members] == 0][0])
-        s = members[n_refs[members] == 1]
-        t = members[n_refs[members] == 2]
-        root.append(r)
-        second.append(int(s[0]) if s.size else r)
-        third.append(int(t[0]) if t.size else r)
-        has2.append(bool(s.size))
-        has3.append(bool(t.size))
-        from2.append(bool(t.size) and bool(s.size) and int(refs[t[0], 0]) == int(s[0]))
-    info = PoseInfo(
-        n_seeded=len(seeded),
-        root=np.asarray(root, dtype=np.int64),
-        second=np.asarray(second, dtype=np.int64),
-        third=np.asarray(third, dtype=np.int64),
-        has_second=np.asarray(has2, dtype=bool),
-        has_third=np.asarray(has3, dtype=bool),
-        slot=slot,
-        third_from_second=np.asarray(from2, dtype=bool),
-    )
-    _INFO[table] = info
-    return info
+    return table.cached(_pose_layout, _pose_layout)
 
 
 def pose_components(table: ConstructionTable) -> int:
@@ -120,25 +99,11 @@ def pose_components(table: ConstructionTable) -> int:
         >>> pose_components(bn.ConstructionTable.chain(5))
         1
     """
-    if not isinstance(table, ConstructionTable):
-        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
-    return pose_info(table).n_seeded
+    return pose_info(check_table(table)).n_seeded
 
 
 def _long(a: np.ndarray, device: torch.device) -> Tensor:
     return torch.as_tensor(a, dtype=torch.long, device=device)
-
-
-def _check_xyz(xyz: Any, table: ConstructionTable) -> Tensor:
-    if not isinstance(table, ConstructionTable):
-        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
-    x = torch.as_tensor(xyz)
-    if not x.is_floating_point():
-        x = x.to(torch.get_default_dtype())
-    n = table.n_atoms
-    if x.ndim < 2 or x.shape[-1] != 3 or x.shape[-2] != n:
-        raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
-    return x
 
 
 def _pose_shapes(info: PoseInfo) -> tuple[str, str]:
@@ -188,7 +153,7 @@ def apply_pose(
                 [ 0.,  1.,  5.],
                 [-1.,  1.,  5.]])
     """
-    x = _check_xyz(xyz, table)
+    x = check_xyz(xyz, check_table(table))
     if rotation is None and translation is None:
         return x
     info = pose_info(table)
@@ -199,6 +164,10 @@ def apply_pose(
         )
     s = info.n_seeded
     dev = x.device
+    check_device(
+        {k: v for k, v in (("rotation", rotation), ("translation", translation)) if isinstance(v, Tensor)},
+        dev,
+    )
     if rotation is not None:
         rot = torch.as_tensor(rotation, dtype=x.dtype, device=dev)
         if info.squeeze:
@@ -299,7 +268,7 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
         >>> torch.allclose(rebuilt, xyz)
         True
     """
-    x = _check_xyz(xyz, table)
+    x = check_xyz(xyz, check_table(table))
     info = pose_info(table)
     if info.n_seeded == 0:
         raise ValueError(

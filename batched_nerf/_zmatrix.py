@@ -8,14 +8,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._convert import Method, _as_float, _broadcast_fixed, to_cartesian, to_internal
+from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table
+from ._convert import Method, to_cartesian, to_internal
 from ._table import ConstructionTable
 
 __all__ = ["ZMatrix"]
 
 
 def _as_values(value: Any, name: str, like: Tensor | None) -> Tensor:
-    return _as_float(value, name, like, default_dtype=torch.float64)
+    return as_float(value, name, like, default_dtype=torch.float64)
 
 
 def _as_names(values: Sequence[str] | None, n: int, what: str) -> list[str] | None:
@@ -84,26 +85,9 @@ class ZMatrix:
         *,
         real: Any = None,
     ) -> None:
-        if not isinstance(table, ConstructionTable):
-            raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
-        n = table.n_atoms
-        first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
-        values = [
-            _as_values(v, name, first)
-            for v, name in ((bonds, "bonds"), (angles, "angles"), (dihedrals, "dihedrals"))
-        ]
-        for v, name in zip(values, ("bonds", "angles", "dihedrals")):
-            if v.ndim == 0 or v.shape[-1] != n:
-                raise ValueError(f"{name} must have shape (..., N) with N = {n}, got {tuple(v.shape)}")
-        dtype = torch.promote_types(torch.promote_types(values[0].dtype, values[1].dtype), values[2].dtype)
-        try:
-            b, a, d = torch.broadcast_tensors(*(v.to(dtype) for v in values))
-        except RuntimeError:
-            shapes = ", ".join(str(tuple(v.shape)) for v in values)
-            raise ValueError(f"bonds, angles and dihedrals do not broadcast: shapes {shapes}") from None
-        fixed = _broadcast_fixed(fixed_xyz, table, b)
-        if fixed is not None:
-            fixed = fixed.to(device=b.device)
+        n = check_table(table).n_atoms
+        b, a, d = broadcast_internal(bonds, angles, dihedrals, table, default_dtype=torch.float64)
+        fixed = broadcast_fixed(fixed_xyz, table, b)
         if real is None:
             mask = torch.ones(n, dtype=torch.bool)
         else:
@@ -342,8 +326,7 @@ class ZMatrix:
             >>> torch.allclose(z.to_cartesian(), xyz)
             True
         """
-        if not isinstance(table, ConstructionTable):
-            raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+        check_table(table)
         x = xyz if isinstance(xyz, Tensor) else torch.as_tensor(xyz, dtype=torch.float64)
         ic = to_internal(x, table)
         fixed = None

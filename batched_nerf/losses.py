@@ -12,7 +12,6 @@ Both are plain tensor code, differentiable twice.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
@@ -21,8 +20,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._checks import check_table, check_xyz
 from ._geometry import safe_norm
 from ._table import ConstructionTable
+from ._topology import Topology
 
 __all__ = ["clash_loss", "clash_pairs", "committor_loss"]
 
@@ -147,18 +148,13 @@ class _Exclusions:
     n_pairs: int  # number of included pairs
 
 
-_EXCL: weakref.WeakKeyDictionary[ConstructionTable, dict[int, _Exclusions]] = weakref.WeakKeyDictionary()
-_DEVICE_EXCL: weakref.WeakKeyDictionary[ConstructionTable, dict[Any, tuple[Tensor, Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _graph_exclusions(table: ConstructionTable, depth: int) -> _Exclusions:
-    per = _EXCL.setdefault(table, {})
-    hit = per.get(depth)
-    if hit is not None:
-        return hit
-    refs = table._refs_np
+    """Pairs within ``depth`` bonds (computed once per table and depth, cached)."""
+    return table.cached((_graph_exclusions, depth), lambda topo: _exclusions(topo, depth))
+
+
+def _exclusions(topo: Topology, depth: int) -> _Exclusions:
+    refs = topo.refs
     n = len(refs)
     adj: list[list[int]] = [[] for _ in range(n)]
     for i, b in enumerate(refs[:, 0].tolist()):
@@ -179,9 +175,7 @@ def _graph_exclusions(table: ConstructionTable, depth: int) -> _Exclusions:
             frontier = nxt
         pairs.update((s, v) for v in seen if v > s)
     arr = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
-    ex = _Exclusions(arr[:, 0].copy(), arr[:, 1].copy(), n * (n - 1) // 2 - len(arr))
-    per[depth] = ex
-    return ex
+    return _Exclusions(arr[:, 0].copy(), arr[:, 1].copy(), n * (n - 1) // 2 - len(arr))
 
 
 def _depth(exclude_14: bool) -> int:
@@ -205,9 +199,7 @@ def clash_pairs(table: ConstructionTable, *, exclude_14: bool = False) -> Tensor
         >>> clash_pairs(bn.ConstructionTable.chain(5)).tolist()
         [[0, 3], [0, 4], [1, 4]]
     """
-    if not isinstance(table, ConstructionTable):
-        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
-    ex = _graph_exclusions(table, _depth(exclude_14))
+    ex = _graph_exclusions(check_table(table), _depth(exclude_14))
     n = table.n_atoms
     keep = np.triu(np.ones((n, n), dtype=bool), 1)
     keep[ex.i, ex.j] = False
@@ -216,14 +208,11 @@ def clash_pairs(table: ConstructionTable, *, exclude_14: bool = False) -> Tensor
 
 
 def _device_exclusions(table: ConstructionTable, depth: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    per = _DEVICE_EXCL.setdefault(table, {})
-    key = (depth, device)
-    hit = per.get(key)
-    if hit is None:
-        ex = _graph_exclusions(table, depth)
-        hit = (torch.as_tensor(ex.i, device=device), torch.as_tensor(ex.j, device=device))
-        per[key] = hit
-    return hit
+    ex = _graph_exclusions(table, depth)
+    return table.cached(
+        (_device_exclusions, depth, device),
+        lambda topo: (torch.as_tensor(ex.i, device=device), torch.as_tensor(ex.j, device=device)),
+    )
 
 
 ChunkSize = Union[int, Literal["auto"], None]
@@ -296,13 +285,8 @@ def clash_loss(
         >>> clash_loss(xyz, table, min_distance=1.0, reduction="sum")  # only pair (0, 3): (1 - 0.5)^2
         tensor(0.2500)
     """
-    if not isinstance(table, ConstructionTable):
-        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+    xyz = check_xyz(xyz, check_table(table))
     n = table.n_atoms
-    if not isinstance(xyz, Tensor):
-        xyz = torch.as_tensor(xyz, dtype=torch.get_default_dtype())
-    if xyz.ndim < 2 or xyz.shape[-1] != 3 or xyz.shape[-2] != n:
-        raise ValueError(f"xyz must have shape (..., N, 3) with N = {n}, got {tuple(xyz.shape)}")
     if (min_distance is None) == (radii is None):
         raise ValueError("give exactly one of min_distance (a scalar) and radii (shape (N,))")
     if not power >= 1.0:

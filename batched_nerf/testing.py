@@ -41,7 +41,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ._inverse import InternalCoordinates
+from ._convert import InternalCoordinates
 from ._table import ConstructionTable
 
 __all__ = [
@@ -481,8 +481,9 @@ def reference_to_cartesian(
         >>> reference_to_cartesian(*ic, table).round(decimals=12).tolist()
         [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
     """
-    refs = table._refs_np
-    fixed = table._fixed_np.tolist()
+    topo = table.topology
+    refs = topo.refs
+    fixed = topo.fixed.tolist()
     b, a, d = (
         np.asarray(t.detach().cpu().double() if isinstance(t, Tensor) else t)
         for t in (bonds, angles, dihedrals)
@@ -497,7 +498,7 @@ def reference_to_cartesian(
             -1, len(fixed), 3
         )
     b, a, d = (v.reshape(-1, n) for v in (b, a, d))
-    order = _topological_order(refs)
+    order = topo.order.tolist()
     out = np.zeros((b.shape[0], n, 3))
     for k in range(b.shape[0]):
         x = out[k]
@@ -525,18 +526,3 @@ def reference_to_cartesian(
                     -np.cos(t) * e1 + np.sin(t) * np.cos(p) * e2 + np.sin(t) * np.sin(p) * e3
                 )
     return torch.from_numpy(out.reshape(*lead, n, 3))
-
-
-def _topological_order(refs: np.ndarray) -> list[int]:
-    order: list[int] = []
-    placed = np.zeros(len(refs), dtype=bool)
-    while len(order) < len(refs):
-        progress = False
-        for i, row in enumerate(refs.tolist()):
-            if not placed[i] and all(r < 0 or placed[r] for r in row):
-                placed[i] = True
-                order.append(i)
-                progress = True
-        if not progress:
-            raise ValueError("reference cycle")
-    return order

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf._build import build_levels
-from batched_nerf._dispatch import choose_method, scan_block
-from batched_nerf._scan import build_scan
+from batched_nerf.engines.levels import build_levels
+from batched_nerf.engines.dispatch import choose_method, scan_block
+from batched_nerf.engines.scan import build_scan
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
 
 # Tables whose rows reference atoms freely (not only the primary / sibling
@@ -99,12 +99,15 @@ def test_vmap_blocked_scan() -> None:
     torch.testing.assert_close(out, build_scan(plan, b, a, d, None))
 
 
+def _choose(table: bn.ConstructionTable, samples: int) -> str:
+    topo = table.topology
+    return choose_method(topo.n_atoms, topo.depth, len(table.plan("scan").rounds), samples, "cpu")
+
+
 def test_dispatch_rules() -> None:
-    chain = bn.ConstructionTable.chain(4096)
-    assert choose_method(chain, torch.Size([1]), torch.device("cpu")) == "scan"
-    assert choose_method(bn.ConstructionTable.chain(3), torch.Size([1]), torch.device("cpu")) == "levels"
-    benzene = data.load("benzene").table()
-    assert choose_method(benzene, torch.Size([4096]), torch.device("cpu")) == "levels"
+    assert _choose(bn.ConstructionTable.chain(4096), 1) == "scan"
+    assert _choose(bn.ConstructionTable.chain(3), 1) == "levels"
+    assert _choose(data.load("benzene").table(), 4096) == "levels"
     assert scan_block(512, 1) == 1 and scan_block(4096, 256) == 32
 
 

@@ -1,7 +1,8 @@
 """``method="auto"``: pick an engine from the table's shape, batch size and device.
 
-A pure function of static information (table structure, shapes, device type),
-so it adds no data-dependent control flow and is stable under ``torch.compile``.
+A pure function of plain Python values (the table's counts are fixed when it is
+made), so it adds no data-dependent control flow and is stable under
+``torch.compile``.
 
 Cost model (constants measured on a 2-core CPU, float32, single thread; see
 ``docs/benchmarks.md``): the level engine pays a fixed price per dependency
@@ -16,9 +17,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from ._table import ConstructionTable
+__all__ = ["choose_method", "scan_block"]
 
 #: Seconds per dependency level (level engine) and per atom-sample.
 LEVEL_STEP_S = 4.5e-4
@@ -39,17 +38,21 @@ def scan_block(n_atoms: int, n_samples: int) -> int:
     return BLOCK_SMALL if work < BLOCK_THRESHOLDS[1] else BLOCK_LARGE
 
 
-def choose_method(table: ConstructionTable, batch_shape: torch.Size, device: torch.device) -> str:
-    """``"levels"`` or ``"scan"`` for one call."""
-    depth = table.depth
+def choose_method(n_atoms: int, depth: int, scan_rounds: int, n_samples: int, device_type: str) -> str:
+    """``"levels"`` or ``"scan"`` for one call.
+
+    Args:
+        n_atoms, depth: the table's size and number of dependency levels.
+        scan_rounds: rounds of the scan plan (irregular rows re-root the scan once per round).
+        n_samples: number of builds in the batch (product of the leading shape).
+        device_type: ``"cpu"``, ``"cuda"``, ...
+    """
     if depth <= 2:
         return "levels"
-    if device.type != "cpu":
+    if device_type != "cpu":
         return "scan" if depth > 8 else "levels"
-    samples = math.prod(batch_shape)
-    work = table.n_atoms * max(samples, 1)
+    work = n_atoms * max(n_samples, 1)
     levels = depth * LEVEL_STEP_S + work * LEVEL_ELEMENT_S
-    steps = math.ceil(math.log2(depth)) / (scan_block(table.n_atoms, samples) ** 0.5)
-    rounds = len(table.plan("scan").rounds)  # irregular rows re-root the scan once per round
-    scan = SCAN_CALL_S * rounds + work * SCAN_ELEMENT_S * (1.0 + steps)
+    steps = math.ceil(math.log2(depth)) / (scan_block(n_atoms, n_samples) ** 0.5)
+    scan = SCAN_CALL_S * scan_rounds + work * SCAN_ELEMENT_S * (1.0 + steps)
     return "levels" if levels <= scan else "scan"

@@ -36,23 +36,20 @@ change results.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ._build import seed_block
-from ._geometry import cross, safe_normalize
-from ._plan import SeedPlan, _long, _Movable, seed_arrays, seed_plan
-from ._table import FULL, THIRD
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._table import ConstructionTable
+from .._geometry import cross, nerf_frame
+from .._topology import FULL, THIRD, Topology
+from .base import Engine, Movable, as_long
+from .dispatch import BLOCK_LARGE, BLOCK_SMALL
+from .seeds import SeedPlan, seed_atoms, seed_block, seed_plan
 
 
 @dataclass(frozen=True)
-class RoundPlan(_Movable):
+class RoundPlan(Movable):
     """One round: irregular roots and anchors, then pointer jumping over their subtrees.
 
     Node order: ``[sentinel, anchors, irregular roots, scanned atoms]``. Scanned
@@ -82,7 +79,7 @@ class RoundPlan(_Movable):
 
 
 @dataclass(frozen=True)
-class ScanPlan(_Movable):
+class ScanPlan(Movable):
     """Everything :func:`build_scan` needs."""
 
     seeds: SeedPlan
@@ -111,12 +108,13 @@ def _effective_refs(refs: np.ndarray, n_refs: np.ndarray) -> tuple[np.ndarray, l
     return eff, paths
 
 
-def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
-    refs = table._refs_np
+def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
+    """Scan plan of ``topo`` with bands of ``block`` depths (1: plain pointer jumping)."""
+    refs = topo.refs
     n = len(refs)
-    n_refs = (refs >= 0).sum(1)
-    seed_np = seed_arrays(table)
-    seeds = seed_plan(table, seed_np)
+    n_refs = topo.kind
+    seeds = seed_plan(topo)
+    second_atoms = set(seeds.second.tolist())
     eff, paths = _effective_refs(refs, n_refs)
 
     third = set(np.flatnonzero(n_refs == THIRD).tolist())
@@ -137,7 +135,7 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     # rounds: anchors and seed-fed irregulars are round 0; an irregular atom is
     # one round after the latest scanned atom it reads.
     round_of = np.full(n, -1, dtype=np.int64)
-    block0 = set(seed_np["atoms"].tolist())
+    block0 = set(seed_atoms(topo).tolist())
     children: dict[int, list[int]] = {}
     for j, (kind, p) in parent.items():
         if kind == "atom":
@@ -156,7 +154,7 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
         assign(("anchor", t), [t] + [j for j, pk in parent.items() if pk == ("anchor", t) and j != t], 0)
     # in dependency-level order every reference is assigned before it is read:
     # a scanned reference's root is a frame-tree ancestor, of lower level
-    level = table._levels
+    level = topo.level
     for j in sorted((j for j in full if j not in parent), key=lambda j: (level[j], j)):
         # third seeds are in block 0 as positions: readable in round 0
         rnd = max([0] + [int(round_of[r]) + 1 for r in eff[j].tolist() if r not in block0])
@@ -169,10 +167,10 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
     # position blocks: 0 = seed block; r + 1 = atoms placed in round r
     block_of = np.full(n, -1, dtype=np.int64)
     slot_of = np.full(n, -1, dtype=np.int64)
-    seed_atoms = seed_np["atoms"]
-    block_of[seed_atoms] = 0
-    slot_of[seed_atoms] = np.arange(seed_atoms.size)
-    block_sizes = [seed_atoms.size]
+    seed_rows = seed_atoms(topo)
+    block_of[seed_rows] = 0
+    slot_of[seed_rows] = np.arange(seed_rows.size)
+    block_sizes = [seed_rows.size]
     rounds: list[RoundPlan] = []
     max_depth = 0
     for rnd in range(n_rounds):
@@ -199,7 +197,7 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
             bindex[("atom", j)] = n_roots + k
         row_in_step = {j: k for step in steps_nodes for k, j in enumerate(step)}
 
-        step_parent = [_long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]]
+        step_parent = [as_long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]]
         band_parent = np.zeros(n_roots + len(boundary), dtype=np.int64)
         node_root = np.zeros(n_roots + len(order), dtype=np.int64)
         node_root[1:n_roots] = np.arange(n_roots - 1)
@@ -221,7 +219,7 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
         jumps = []
         cur = band_parent
         for _ in range(steps):
-            jumps.append(_long(cur))
+            jumps.append(as_long(cur))
             cur = cur[cur]
         node_index = {("anchor", t): 1 + k for k, t in enumerate(anchors)}
         for k, j in enumerate(irr):
@@ -235,27 +233,27 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
         anchor_origin = [int(pool_row[refs[t, 0]]) for t in anchors]
         anchor_rot = []
         for t in anchors:
-            sign = 1.0 if refs[t, 0] in seed_np["second"] else -1.0
+            sign = 1.0 if refs[t, 0] in second_atoms else -1.0
             # columns e1 = sign * e_x, e2 = e_y, e3 = e1 x e2 = sign * e_z
             anchor_rot.append([[sign, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, sign]])
         irr_refs = [int(pool_row[r]) for j in irr for r in eff[j][::-1]]
         rounds.append(
             RoundPlan(
                 n_anchor=len(anchors),
-                anchor_origin=_long(anchor_origin),
+                anchor_origin=as_long(anchor_origin),
                 anchor_rot=torch.tensor(anchor_rot, dtype=torch.float64).reshape(-1, 3, 3),
-                irregular_atoms=_long(irr),
-                irregular_refs=_long(irr_refs),
-                scan_atoms=_long(order),
+                irregular_atoms=as_long(irr),
+                irregular_refs=as_long(irr_refs),
+                scan_atoms=as_long(order),
                 scan_phi_zero=torch.as_tensor(np.array([j in third for j in order], dtype=bool)),
                 step_sizes=tuple(len(step) for step in steps_nodes),
                 step_parent=tuple(step_parent),
                 n_boundary=len(boundary),
-                band_parent=_long(band_parent),
+                band_parent=as_long(band_parent),
                 jumps=tuple(jumps),
                 rot_steps=rot_steps,
-                scan_band_root=_long([top_of[j] for j in order]),
-                node_root=_long(node_root),
+                scan_band_root=as_long([top_of[j] for j in order]),
+                node_root=as_long(node_root),
                 pool_blocks=len(block_sizes),
             )
         )
@@ -287,10 +285,10 @@ def scan_plan(table: ConstructionTable, block: int = 1) -> ScanPlan:
             flip_paths[j, : len(f)] = f
     return ScanPlan(
         seeds=seeds,
-        phi_paths=_long(phi_paths),
-        flip_paths=None if flip_paths is None else _long(flip_paths),
+        phi_paths=as_long(phi_paths),
+        flip_paths=None if flip_paths is None else as_long(flip_paths),
         rounds=tuple(rounds),
-        inverse=_long(inverse),
+        inverse=as_long(inverse),
         depth=max_depth,
     )
 
@@ -328,22 +326,10 @@ def _depths(scanned: list[int], parent: dict[int, tuple[str, int]]) -> dict[int,
     return depth
 
 
-def make_plan(kind: str, table: ConstructionTable, block: int = 1) -> ScanPlan:
-    if kind == "scan":
-        return scan_plan(table, block)
-    raise ValueError(f"unknown plan kind {kind!r}")
-
-
 # ---------------------------------------------------------------- compute path
 # Quaternions and vectors are component-major here: ``(4, ..., n)`` and
 # ``(3, ..., n)``, so that every elementwise operation runs on contiguous memory
 # and every gather is a single ``index_select`` on the last dimension.
-
-
-def _cross(u: Tensor, v: Tensor) -> Tensor:
-    u0, u1, u2 = u.unbind(0)
-    v0, v1, v2 = v.unbind(0)
-    return torch.stack((u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0))
 
 
 def _qmul(p: Tensor, q: Tensor) -> Tensor:
@@ -363,8 +349,8 @@ def _qmul(p: Tensor, q: Tensor) -> Tensor:
 def _qrotate(q: Tensor, v: Tensor) -> Tensor:
     """Rotate ``v`` ``(3, ...)`` by the unit quaternion ``q`` ``(4, ...)``."""
     w, u = q[0], q[1:]
-    t = 2.0 * _cross(u, v)
-    return v + w * t + _cross(u, t)
+    t = 2.0 * cross(u, v, 0)
+    return v + w * t + cross(u, t, 0)
 
 
 def _qnormalize(q: Tensor) -> Tensor:
@@ -391,14 +377,6 @@ def local_transform(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tens
     rs = r * sin_t
     tau = torch.stack((r * (cb * cb - sb * sb), rs * (ca * ca - sa * sa), rs * (2.0 * sa * ca)))
     return q, tau
-
-
-def _frames_from_positions(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
-    """Frame ``[e1, e2, e3]`` (columns, ``(..., 3, 3)``) of the NeRF placement from ``(a, b, c)``."""
-    e1 = safe_normalize(c - b)
-    e3 = safe_normalize(cross(b - a, e1))
-    e2 = cross(e3, e1)
-    return torch.stack((e1, e2, e3), dim=-1)
 
 
 def _matvec3(a: Tensor, v: Tensor) -> Tensor:
@@ -489,7 +467,7 @@ def build_scan(
             origins.append(pool.index_select(-2, rp.anchor_origin))
         if rp.irregular_atoms.numel():
             a, b, c = pool.index_select(-2, rp.irregular_refs).unflatten(-2, (-1, 3)).unbind(-2)
-            frame = _frames_from_positions(a, b, c)
+            frame = torch.stack(nerf_frame(c, b, a), dim=-1)  # columns e1, e2, e3
             idx = rp.irregular_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
             q_local, tau = local_transform(r, t, p)
@@ -523,3 +501,6 @@ def build_scan(
         blocks.append(x)
     xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
     return xyz.index_select(-2, plan.inverse)
+
+
+SCAN = Engine("scan", scan_plan, build_scan, variants=(1, BLOCK_SMALL, BLOCK_LARGE))

@@ -1,0 +1,179 @@
+"""Input checks shared by every public entry point: each check and its message exists once.
+
+* :func:`check_table`: the ``table`` argument is a :class:`ConstructionTable`;
+* :func:`as_float`: a real floating tensor from array-likes;
+* :func:`broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
+* :func:`broadcast_fixed`: ``fixed_xyz`` ``(..., F, 3)`` for a table's fixed atoms;
+* :func:`check_xyz`: ``xyz`` ``(..., N, 3)``;
+* :func:`check_device`: tensors that must share a device do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._table import ConstructionTable
+
+__all__ = [
+    "DEG",
+    "as_float",
+    "broadcast_fixed",
+    "broadcast_internal",
+    "check_device",
+    "check_table",
+    "check_xyz",
+]
+
+#: Radians per degree.
+DEG = math.pi / 180.0
+
+
+def check_table(table: Any, name: str = "table") -> ConstructionTable:
+    """``table`` itself, after checking that it is a :class:`ConstructionTable`.
+
+    Raises:
+        TypeError: naming the argument and the type it got.
+    """
+    if not isinstance(table, ConstructionTable):
+        raise TypeError(f"{name} must be a ConstructionTable, got {type(table).__name__}")
+    return table
+
+
+def as_float(
+    value: Any, name: str, like: Tensor | None = None, default_dtype: torch.dtype | None = None
+) -> Tensor:
+    """A real floating tensor from ``value`` (dtype and device of ``like`` for non-tensors).
+
+    Integer tensors become the default floating dtype.
+
+    Raises:
+        TypeError: a complex or boolean value.
+    """
+    if not isinstance(value, Tensor):
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            value = value.copy()
+        value = torch.as_tensor(
+            value,
+            dtype=like.dtype if like is not None else default_dtype,
+            device=like.device if like is not None else None,
+        )
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
+    if not value.is_floating_point():
+        value = value.to(torch.get_default_dtype())
+    return value
+
+
+def check_device(named: dict[str, Any], expected: torch.device | None = None) -> None:
+    """All given tensors live on one device (``expected`` if given); non-tensors are skipped.
+
+    Raises:
+        ValueError: naming both arguments and both devices.
+    """
+    first: tuple[str, torch.device] | None = None
+    for name, t in named.items():
+        if not isinstance(t, Tensor):
+            continue
+        if first is None:
+            first = (name, t.device if expected is None else expected)
+            if expected is None:
+                continue
+        if t.device != first[1]:
+            what = first[0] if expected is None else "the inputs"
+            raise ValueError(
+                f"{name} is on device {t.device} but {what} {'is' if expected is None else 'are'} on "
+                f"{first[1]}; move them to one device (e.g. {name}.to({str(first[1])!r}))"
+            )
+
+
+def broadcast_internal(
+    bonds: Any,
+    angles: Any,
+    dihedrals: Any,
+    table: ConstructionTable,
+    degrees: bool = False,
+    default_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Check, promote and broadcast internal coordinates to one ``(..., N)`` shape.
+
+    Angles and dihedrals in degrees (``degrees=True``) come back in radians.
+    Array-likes take the dtype and device of the first tensor among the three,
+    else ``default_dtype``.
+
+    Raises:
+        TypeError: a complex or boolean value.
+        ValueError: a last dimension other than ``N``, shapes that do not
+            broadcast, or values on different devices.
+    """
+    first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
+    names = ("bonds", "angles", "dihedrals")
+    tensors = [as_float(v, name, first, default_dtype) for v, name in zip((bonds, angles, dihedrals), names)]
+    check_device(dict(zip(names, tensors)))
+    n = table.n_atoms
+    for t, name in zip(tensors, names):
+        if t.ndim == 0 or t.shape[-1] != n:
+            raise ValueError(
+                f"{name} must have shape (..., N) with N = {n} atoms of the table, got {tuple(t.shape)}"
+            )
+    dtype = torch.promote_types(torch.promote_types(tensors[0].dtype, tensors[1].dtype), tensors[2].dtype)
+    try:
+        b, a, d = torch.broadcast_tensors(*(t.to(dtype) for t in tensors))
+    except RuntimeError:
+        raise ValueError(
+            "bonds, angles and dihedrals do not broadcast: shapes "
+            f"{tuple(tensors[0].shape)}, {tuple(tensors[1].shape)}, {tuple(tensors[2].shape)}"
+        ) from None
+    if degrees:
+        a = a * DEG
+        d = d * DEG
+    return b, a, d
+
+
+def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> Tensor | None:
+    """``fixed_xyz`` checked against the table's fixed atoms, in the dtype of ``like``.
+
+    Returns None for a table without fixed atoms.
+
+    Raises:
+        ValueError: missing or superfluous ``fixed_xyz``, a shape other than
+            ``(..., F, 3)``, a batch shape that does not broadcast with
+            ``like`` ``(..., N)``, or another device than ``like``.
+    """
+    f = table.n_fixed
+    if f == 0:
+        if fixed_xyz is not None:
+            raise ValueError("fixed_xyz was given but the table has no fixed atoms")
+        return None
+    if fixed_xyz is None:
+        raise ValueError(f"the table has {f} fixed atoms: pass fixed_xyz of shape (..., {f}, 3)")
+    fixed = as_float(fixed_xyz, "fixed_xyz", like)
+    check_device({"fixed_xyz": fixed}, like.device)
+    if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (f, 3):
+        raise ValueError(f"fixed_xyz must have shape (..., {f}, 3), got {tuple(fixed.shape)}")
+    try:
+        torch.broadcast_shapes(like.shape[:-1], fixed.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with internal "
+            f"coordinates of shape {tuple(like.shape)}"
+        ) from None
+    return fixed.to(like.dtype)
+
+
+def check_xyz(xyz: Any, table: ConstructionTable, name: str = "xyz") -> Tensor:
+    """``xyz`` as a real floating tensor of shape ``(..., N, 3)`` for ``table``.
+
+    Raises:
+        TypeError: a complex or boolean value.
+        ValueError: another shape.
+    """
+    x = as_float(xyz, name)
+    n = table.n_atoms
+    if x.ndim < 2 or x.shape[-1] != 3 or x.shape[-2] != n:
+        raise ValueError(f"{name} must have shape (..., N, 3) with N = {n}, got {tuple(x.shape)}")
+    return x

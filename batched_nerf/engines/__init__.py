@@ -1,0 +1,46 @@
+"""Engines: a registry of planners and builders, one file per engine.
+
+Each engine (:class:`~.base.Engine`) is a *planner*, run once per table on its
+:class:`~batched_nerf._topology.Topology` (numpy work; the table caches the
+result per device), and a *builder*, the compute path. ``to_cartesian``
+engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
+``to_internal``. :mod:`.dispatch` chooses between them for ``method="auto"``.
+
+Layout: :mod:`.base` (plan mixin, engine record), :mod:`.seeds` (block 0,
+shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.inverse`,
+:mod:`.dispatch`. Nothing here imports the table or the public API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._topology import Topology
+from .base import Engine
+from .inverse import INVERSE
+from .levels import LEVELS
+from .scan import SCAN
+
+__all__ = ["ENGINES", "METHODS", "Engine", "get", "make_plan"]
+
+#: Every engine by name.
+ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, INVERSE)}
+#: Engines that ``to_cartesian(method=...)`` accepts (besides ``"auto"``).
+METHODS: tuple[str, ...] = (SCAN.name, LEVELS.name)
+
+
+def get(name: str) -> Engine:
+    """The engine called ``name``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; expected one of {tuple(ENGINES)}") from None
+
+
+def make_plan(name: str, topo: Topology, variant: int = 1) -> Any:
+    """Plan of engine ``name`` (variant: e.g. the scan band size) for ``topo``, on the CPU."""
+    return get(name).plan(topo, variant)
