@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf.engines.levels import build_levels
 from batched_nerf.engines.dispatch import choose_method, scan_block
+from batched_nerf.engines.levels import build_levels
 from batched_nerf.engines.scan import build_scan
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
 
