@@ -17,7 +17,7 @@ from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
 from ._logdet import log_det_jacobian, pose_log_det
 from ._pack import pack_tables, split_atoms
-from ._pose import Pose, apply_pose, extract_pose
+from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
 from ._table import ConstructionTable
 from ._topology import Topology
 from ._version import __version__
@@ -55,7 +55,10 @@ __all__ = [
     "log_det_jacobian",
     "losses",
     "pack_tables",
+    "pose_components",
     "pose_log_det",
+    "rotation_angles",
+    "rotation_from_angles",
     "split_atoms",
     "to_cartesian",
     "to_chemcoord",

@@ -90,7 +90,7 @@ class InternalCoordinateTransform(nn.Module):
 
     Example:
         >>> import torch, batched_nerf as bn
-        >>> from batched_nerf._flow import InternalCoordinateTransform
+        >>> from batched_nerf import InternalCoordinateTransform
         >>> flow = InternalCoordinateTransform(bn.ConstructionTable.chain(5), pose=True)
         >>> xyz = torch.randn(8, 5, 3, dtype=torch.float64)
         >>> z = flow(xyz)

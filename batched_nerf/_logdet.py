@@ -134,7 +134,7 @@ def log_det_jacobian(
 
     Example:
         >>> import math, torch, batched_nerf as bn
-        >>> from batched_nerf._logdet import log_det_jacobian
+        >>> from batched_nerf import log_det_jacobian
         >>> table = bn.ConstructionTable.chain(4)
         >>> b = torch.tensor([0.0, 1.0, 2.0, 3.0])
         >>> a = torch.full((4,), math.pi / 2)
@@ -205,7 +205,7 @@ def pose_log_det(
 
     Example:
         >>> import math, torch, batched_nerf as bn
-        >>> from batched_nerf._logdet import pose_log_det
+        >>> from batched_nerf import pose_log_det
         >>> table = bn.ConstructionTable.chain(3)
         >>> b = torch.tensor([0.0, 2.0, 3.0])
         >>> round(float(pose_log_det(b, torch.full((3,), math.pi / 2), torch.zeros(3), table)), 4)

@@ -95,7 +95,7 @@ def pose_components(table: ConstructionTable) -> int:
 
     Example:
         >>> import batched_nerf as bn
-        >>> from batched_nerf._pose import pose_components
+        >>> from batched_nerf import pose_components
         >>> pose_components(bn.ConstructionTable.chain(5))
         1
     """
@@ -144,7 +144,7 @@ def apply_pose(
 
     Example:
         >>> import math, torch, batched_nerf as bn
-        >>> from batched_nerf._pose import apply_pose
+        >>> from batched_nerf import apply_pose
         >>> table = bn.ConstructionTable.chain(3)
         >>> xyz = bn.to_cartesian(torch.ones(3), torch.full((3,), math.pi / 2), torch.zeros(3), table)
         >>> rz = torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
@@ -256,7 +256,7 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
 
     Example:
         >>> import torch, batched_nerf as bn
-        >>> from batched_nerf._pose import apply_pose, extract_pose
+        >>> from batched_nerf import apply_pose, extract_pose
         >>> table = bn.ConstructionTable.chain(5)
         >>> xyz = torch.randn(2, 5, 3, dtype=torch.float64)
         >>> ic = bn.to_internal(xyz, table)
@@ -306,7 +306,7 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from batched_nerf._pose import rotation_angles, rotation_from_angles
+        >>> from batched_nerf import rotation_angles, rotation_from_angles
         >>> u = torch.tensor([0.3, -0.4, 2.0], dtype=torch.float64)
         >>> torch.allclose(rotation_angles(rotation_from_angles(u)), u)
         True
@@ -336,7 +336,7 @@ def rotation_angles(rotation: Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from batched_nerf._pose import rotation_angles
+        >>> from batched_nerf import rotation_angles
         >>> rotation_angles(torch.eye(3))
         tensor([0., -0., 0.])
     """

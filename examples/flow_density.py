@@ -3,7 +3,7 @@
 The simplest normalising flow: a base density over the internal coordinates of
 a molecule (independent Gaussians on bonds and angles, von Mises on
 dihedrals, uniform on the rotation, Gaussian on the translation) pushed to
-Cartesian space through :class:`~batched_nerf._flow.InternalCoordinateTransform`
+Cartesian space through :class:`~batched_nerf.InternalCoordinateTransform`
 with ``pose=True``::
 
     log p_x(x) = log p_z(z(x)) + log|det dz/dx|
@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 import batched_nerf as bn
-from batched_nerf._flow import InternalCoordinateTransform
-from batched_nerf._pose import rotation_angles, rotation_from_angles
+from batched_nerf import InternalCoordinateTransform, rotation_angles, rotation_from_angles
 
 F64 = torch.float64
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "examples" / "img"

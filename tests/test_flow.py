@@ -8,8 +8,7 @@ import pytest
 import torch
 
 import batched_nerf as bn
-from batched_nerf._flow import InternalCoordinateTransform
-from batched_nerf._pose import rotation_angles, rotation_from_angles
+from batched_nerf import InternalCoordinateTransform, rotation_angles, rotation_from_angles
 
 F64 = torch.float64
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import batched_nerf as bn
-from batched_nerf._logdet import log_det_jacobian, pose_log_det
-from batched_nerf._pose import apply_pose, pose_info, rotation_from_angles
+from batched_nerf import apply_pose, log_det_jacobian, pose_log_det, rotation_from_angles
 
 F64 = torch.float64
 
@@ -57,8 +56,9 @@ def _square_map(table, b, a, d, fixed_xyz=None, pose=False):
     refs = table.refs.numpy()
     idx = [torch.as_tensor(np.flatnonzero(refs[:, k] >= 0)) for k in range(3)]
     sizes = [len(i) for i in idx]
-    info = pose_info(table)
-    s = info.n_seeded
+    topo = table.topology
+    s = topo.seeded.size
+    has_third = topo.seed_third >= 0
     fixed = set(table.fixed.tolist())
     nonfixed = torch.as_tensor([i for i in range(len(refs)) if i not in fixed])
     n_refs = (refs >= 0).sum(1)
@@ -72,7 +72,7 @@ def _square_map(table, b, a, d, fixed_xyz=None, pose=False):
             free_cols.append(c)
     free_rows_t, free_cols_t = torch.as_tensor(free_rows), torch.as_tensor(free_cols)
     # two-atom seeded components have no roll
-    has3 = torch.as_tensor(info.has_third)
+    has3 = torch.as_tensor(has_third)
 
     def f(q):
         parts = list(q[: sum(sizes)].split(sizes))
@@ -95,7 +95,7 @@ def _square_map(table, b, a, d, fixed_xyz=None, pose=False):
                 us.append(torch.stack((u_flat[k], u_flat[k + 1], u_flat.new_zeros(()))))
                 k += 2
         rot = rotation_from_angles(torch.stack(us))
-        if info.squeeze:
+        if s == 1:
             rot, t = rot[0], t[0]
         x = apply_pose(x, table, rotation=rot, translation=t)
         return x[nonfixed].reshape(-1)
@@ -103,7 +103,7 @@ def _square_map(table, b, a, d, fixed_xyz=None, pose=False):
     q = torch.cat([b[idx[0]], a[idx[1]], d[idx[2]]])
     if pose:
         gen = torch.Generator().manual_seed(11)
-        n_rot = int(sum(3 if h else 2 for h in info.has_third.tolist()))
+        n_rot = int(sum(3 if h else 2 for h in has_third.tolist()))
         u = (torch.rand(n_rot, dtype=F64, generator=gen) - 0.5) * 1.6
         q = torch.cat([q, torch.randn(3 * s, dtype=F64, generator=gen), u])
     f(q)  # build plans outside the transform

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import batched_nerf as bn
-from batched_nerf._pose import (
+from batched_nerf import (
     apply_pose,
     extract_pose,
     pose_components,
