@@ -145,19 +145,22 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     comp_slot[seeded] = np.arange(seeded.size)
     if n:
         slot = comp_slot[component]
+    arrays = {
+        "refs": arr,
+        "fixed": fixed_arr,
+        "kind": kind,
+        "component": component,
+        "level": level,
+        "order": order,
+        "seeded": seeded,
+        "seed_root": root,
+        "seed_second": second,
+        "seed_third": third,
+        "third_from_second": from_second,
+        "seed_slot": slot,
+    }
     return Topology(
-        refs=_readonly(arr),
-        fixed=_readonly(fixed_arr),
-        kind=_readonly(kind),
-        component=_readonly(component),
-        level=_readonly(level),
-        order=_readonly(order),
-        seeded=_readonly(seeded),
-        seed_root=_readonly(root),
-        seed_second=_readonly(second),
-        seed_third=_readonly(third),
-        third_from_second=_readonly(from_second),
-        seed_slot=_readonly(slot),
+        **{name: _readonly(value) for name, value in arrays.items()},
         n_atoms=int(n),
         n_fixed=int(fixed_arr.size),
         n_components=int(component.max()) + 1 if n else 0,
