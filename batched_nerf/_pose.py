@@ -103,7 +103,7 @@ def pose_components(table: ConstructionTable) -> int:
 
 
 def _long(a: np.ndarray, device: torch.device) -> Tensor:
-    return torch.as_tensor(a, dtype=torch.long, device=device)
+    return torch.tensor(a, dtype=torch.long, device=device)  # a copy: topology arrays are read-only
 
 
 def _pose_shapes(info: PoseInfo) -> tuple[str, str]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table
 from ._convert import Method, to_cartesian, to_internal
 from ._table import ConstructionTable
+from ._topology import as_index_array
 
 __all__ = ["ZMatrix"]
 
@@ -31,7 +33,11 @@ def _as_names(values: Sequence[str] | None, n: int, what: str) -> list[str] | No
 
 
 class ZMatrix:
-    """A Z-matrix: construction table, internal coordinates, atoms and labels.
+    """A Z-matrix: construction table, internal coordinates, atoms, labels and bond graph.
+
+    The one container of the package for a molecule in internal coordinates:
+    the file readers return it, shipped molecules load as one
+    (:func:`batched_nerf.data.load`), and the command line works on it.
 
     The values are tensors ``(..., N)`` over the ``N`` rows of ``table``
     (bond lengths in any length unit, angles and IUPAC dihedrals in
@@ -53,13 +59,19 @@ class ZMatrix:
         labels: optional ``N`` atom labels (names such as ``"CA"``).
         real: optional ``(N,)`` boolean mask of the rows that are atoms of the
             molecule; all rows by default.
+        connectivity: optional ``(E, 2)`` integer pairs of bonded rows: the
+            chemical bond graph (ring closures included), which the table's
+            references need not follow.
+        name: optional name of the molecule.
+        metadata: optional dictionary of extras (provenance, named rows, ...).
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable, a value is complex or
             boolean, or ``elements``/``labels`` is a single string.
         ValueError: values whose last dimension is not ``N`` or that do not
             broadcast, a missing, superfluous or misshaped ``fixed_xyz``, or
-            ``elements``/``labels``/``real`` of the wrong length.
+            ``elements``/``labels``/``real`` of the wrong length, or a
+            ``connectivity`` that is not ``(E, 2)`` row pairs.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -84,6 +96,9 @@ class ZMatrix:
         labels: Sequence[str] | None = None,
         *,
         real: Any = None,
+        connectivity: Any = None,
+        name: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         n = check_table(table).n_atoms
         b, a, d = broadcast_internal(bonds, angles, dihedrals, table, default_dtype=torch.float64)
@@ -103,6 +118,9 @@ class ZMatrix:
         self._elements = _as_names(elements, n, "elements")
         self._labels = _as_names(labels, n, "labels")
         self._real = mask
+        self._connectivity = None if connectivity is None else _as_connectivity(connectivity, n)
+        self._name = None if name is None else str(name)
+        self._metadata = dict(metadata or {})
 
     # ------------------------------------------------------------- properties
     @property
@@ -160,14 +178,29 @@ class ZMatrix:
         return [e for e, keep in zip(self._labels, self._real.tolist()) if keep]
 
     @property
-    def n_atoms(self) -> int:
-        """Number of real atoms (the rows :meth:`to_cartesian` returns)."""
-        return int(self._real.sum())
+    def connectivity(self) -> np.ndarray | None:
+        """``(E, 2)`` ``int64`` bonded row pairs ``i < j`` (read-only), or ``None`` if unknown."""
+        return self._connectivity
 
     @property
-    def n_rows(self) -> int:
-        """Number of rows ``N`` of the table, dummies included."""
+    def name(self) -> str | None:
+        """Name of the molecule, or ``None``."""
+        return self._name
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Extras (a copy): provenance, named rows such as ``"phi_row"``, ..."""
+        return dict(self._metadata)
+
+    @property
+    def n_atoms(self) -> int:
+        """Number of rows ``N``, dummy atoms included (as ``table.n_atoms``)."""
         return self._table.n_atoms
+
+    @property
+    def n_real(self) -> int:
+        """Number of real atoms: the rows :meth:`to_cartesian` returns."""
+        return int(self._real.sum())
 
     @property
     def batch_shape(self) -> torch.Size:
@@ -194,9 +227,10 @@ class ZMatrix:
         return shape[0]
 
     def __repr__(self) -> str:
-        parts = [f"n_atoms={self.n_atoms}"]
-        if self.n_rows != self.n_atoms:
-            parts.append(f"n_dummies={self.n_rows - self.n_atoms}")
+        parts = [f"name={self._name!r}"] if self._name else []
+        parts.append(f"n_atoms={self.n_atoms}")
+        if self.n_real != self.n_atoms:
+            parts.append(f"n_dummies={self.n_atoms - self.n_real}")
         parts += [f"batch_shape={tuple(self.batch_shape)}", f"dtype={self.dtype}"]
         if self.device.type != "cpu":
             parts.append(f"device={self.device}")
@@ -207,7 +241,17 @@ class ZMatrix:
     # ---------------------------------------------------------------- methods
     def _replace(self, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor | None) -> ZMatrix:
         return ZMatrix(
-            self._table, bonds, angles, dihedrals, fixed, self._elements, self._labels, real=self._real
+            self._table,
+            bonds,
+            angles,
+            dihedrals,
+            fixed,
+            self._elements,
+            self._labels,
+            real=self._real,
+            connectivity=self._connectivity,
+            name=self._name,
+            metadata=self._metadata,
         )
 
     def to_cartesian(self, method: Method = "auto", *, dummies: bool = False) -> Tensor:
@@ -218,7 +262,7 @@ class ZMatrix:
             dummies: also return the dummy rows (all ``N`` rows).
 
         Returns:
-            ``(..., n_atoms, 3)`` (``(..., N, 3)`` with ``dummies=True``), dtype
+            ``(..., n_real, 3)`` (``(..., N, 3)`` with ``dummies=True``), dtype
             and device of the values; differentiable.
 
         Example:
@@ -283,7 +327,7 @@ class ZMatrix:
         shape = self.batch_shape
         if not shape:
             raise IndexError("cannot index an unbatched ZMatrix (batch_shape is ())")
-        n = self.n_rows
+        n = self.n_atoms
         b, a, d = (t.expand(*shape, n)[index] for t in (self._bonds, self._angles, self._dihedrals))
         fixed = None
         if self._fixed_xyz is not None:
@@ -333,6 +377,25 @@ class ZMatrix:
         if table.n_fixed:
             fixed = x.index_select(-2, table.fixed.to(x.device))
         return cls(table, ic.bonds, ic.angles, ic.dihedrals, fixed, elements, labels)
+
+
+def _as_connectivity(value: Any, n: int) -> np.ndarray:
+    pairs = as_index_array(value, "connectivity")
+    if pairs.size == 0:
+        pairs = pairs.reshape(0, 2)
+    if pairs.ndim != 2 or pairs.shape[1] != 2:
+        raise ValueError(f"connectivity must have shape (E, 2), got {tuple(pairs.shape)}")
+    bad = (pairs < 0) | (pairs >= n)
+    if bad.any():
+        k = int(np.flatnonzero(bad.any(1))[0])
+        raise ValueError(f"connectivity[{k}] = {pairs[k].tolist()}: atom index out of range [0, {n - 1}]")
+    loops = pairs[:, 0] == pairs[:, 1]
+    if loops.any():
+        k = int(np.flatnonzero(loops)[0])
+        raise ValueError(f"connectivity[{k}] = {pairs[k].tolist()} bonds an atom to itself")
+    pairs = np.unique(np.sort(pairs, axis=1), axis=0)
+    pairs.setflags(write=False)
+    return pairs
 
 
 def formula(elements: Sequence[str]) -> str:

@@ -64,7 +64,7 @@ class Committor(torch.nn.Module):
 
 def sample(mol, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """n configurations (B, 22, 3) with uniform phi/psi; also returns phi and psi."""
-    b0, a0, d0 = (torch.tensor(v, dtype=torch.float32) for v in (mol.bonds, mol.angles, mol.dihedrals))
+    b0, a0, d0 = (v.float() for v in (mol.bonds, mol.angles, mol.dihedrals))
     b = b0 + 0.02 * torch.randn(n, b0.numel(), generator=gen) * (b0 > 0)
     a = a0 + 0.03 * torch.randn(n, a0.numel(), generator=gen) * (a0 > 0)
     d = d0 + 0.10 * torch.randn(n, d0.numel(), generator=gen)
@@ -73,7 +73,7 @@ def sample(mol, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     # the rows whose dihedral *is* phi and psi (atoms referenced from them follow rigidly)
     d[:, mol.metadata["phi_row"]] = phi
     d[:, mol.metadata["psi_row"]] = psi
-    return bn.to_cartesian(b, a, d, mol.table()), phi, psi
+    return bn.to_cartesian(b, a, d, mol.table), phi, psi
 
 
 def plot(net: Committor, mol, path: Path) -> Path | None:
@@ -88,12 +88,12 @@ def plot(net: Committor, mol, path: Path) -> Path | None:
         return None
     grid = torch.linspace(-math.pi, math.pi, 73)
     phi, psi = torch.meshgrid(grid, grid, indexing="xy")
-    b0, a0, d0 = (torch.tensor(v, dtype=torch.float32) for v in (mol.bonds, mol.angles, mol.dihedrals))
+    b0, a0, d0 = (v.float() for v in (mol.bonds, mol.angles, mol.dihedrals))
     d = d0.expand(phi.numel(), -1).clone()
     d[:, mol.metadata["phi_row"]] = phi.reshape(-1)
     d[:, mol.metadata["psi_row"]] = psi.reshape(-1)
     with torch.no_grad():
-        q = net(bn.to_cartesian(b0, a0, d, mol.table())).reshape(phi.shape)
+        q = net(bn.to_cartesian(b0, a0, d, mol.table)).reshape(phi.shape)
     fig, ax = plt.subplots(figsize=(5.2, 4.4))
     cs = ax.contourf(torch.rad2deg(phi), torch.rad2deg(psi), q, levels=21, cmap="coolwarm", vmin=0, vmax=1)
     ax.contour(torch.rad2deg(phi), torch.rad2deg(psi), q, levels=[0.5], colors="k", linewidths=1.5)
@@ -120,7 +120,7 @@ def main(quick: bool = False, out_dir: str | Path | None = None) -> dict[str, fl
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
     mol = load("alanine_dipeptide")
-    table = mol.table()
+    table = mol.table
     masses = torch.tensor([MASSES[e] for e in mol.elements])
     net = Committor(table, mol.metadata["phi_row"], mol.metadata["psi_row"])
     opt = torch.optim.Adam(net.parameters(), lr=3e-3)

@@ -9,13 +9,25 @@ import numpy as np
 import pytest
 import torch
 
-from batched_nerf._convert import to_cartesian, to_internal
-from batched_nerf._table import ConstructionTable
-from batched_nerf.data import Molecule, available, load
+from batched_nerf import ConstructionTable, ZMatrix, to_cartesian, to_internal
+from batched_nerf.data import available, load
 from batched_nerf.data._generate import molecules
 from batched_nerf.data._reference import build_xyz, dihedral, internal_coordinates
 
 NAMES = available()
+
+
+def _stored(name: str) -> dict:
+    """The shipped file itself (reference coordinates, degrees)."""
+    return json.loads(resources.files("batched_nerf.data").joinpath(f"{name}.json").read_text())
+
+
+def _refs(mol: ZMatrix) -> np.ndarray:
+    return mol.table.topology.refs
+
+
+def _xyz(mol: ZMatrix) -> np.ndarray:
+    return mol.to_cartesian().numpy()
 
 
 def pdist(x: np.ndarray) -> np.ndarray:
@@ -35,32 +47,30 @@ def test_unknown_name() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_fields(name: str) -> None:
     mol = load(name)
-    assert isinstance(mol, Molecule) and mol.name == name
+    assert isinstance(mol, ZMatrix) and mol.name == name
     n = mol.n_atoms
-    assert mol.refs.shape == (n, 3) and mol.refs.dtype == np.int64
-    for arr in (mol.bonds, mol.angles, mol.dihedrals):
-        assert arr.shape == (n,) and arr.dtype == np.float64
-    assert mol.xyz.shape == (n, 3) and mol.xyz.dtype == np.float64
-    assert len(mol.elements) == len(mol.names) == n
+    assert isinstance(mol.table, ConstructionTable) and mol.table.n_atoms == n == mol.n_real
+    for t in (mol.bonds, mol.angles, mol.dihedrals):
+        assert t.shape == (n,) and t.dtype == torch.float64
+    assert len(mol.elements) == len(mol.labels) == n
     assert mol.connectivity.ndim == 2 and mol.connectivity.shape[1] == 2
     assert (mol.connectivity[:, 0] < mol.connectivity[:, 1]).all()
-    assert not mol.xyz.flags.writeable
-    assert isinstance(mol.table(), ConstructionTable)
-    assert name in repr(mol) and mol.description
+    assert not mol.connectivity.flags.writeable
+    assert name in repr(mol) and mol.metadata["description"]
     # every bond reference is a bond of the graph
     pairs = {tuple(p) for p in mol.connectivity.tolist()}
-    for i, b in enumerate(mol.refs[:, 0].tolist()):
+    for i, b in enumerate(_refs(mol)[:, 0].tolist()):
         if b >= 0:
             assert (min(i, b), max(i, b)) in pairs
     # angles within (0, pi), used entries only
-    used = mol.refs[:, 1] >= 0
+    used = torch.as_tensor(_refs(mol)[:, 1] >= 0)
     assert ((mol.angles[used] > 0) & (mol.angles[used] < np.pi)).all()
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_files_match_generator(name: str) -> None:
     """The JSON files are exactly what ``python -m batched_nerf.data._generate`` writes."""
-    shipped = json.loads(resources.files("batched_nerf.data").joinpath(f"{name}.json").read_text())
+    shipped = _stored(name)
     generated = {m["name"]: m for m in molecules()}[name]
     assert shipped == json.loads(json.dumps(generated))
 
@@ -68,20 +78,22 @@ def test_files_match_generator(name: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_stored_xyz_is_the_build_of_the_internal_coordinates(name: str) -> None:
     mol = load(name)
-    np.testing.assert_allclose(build_xyz(mol.refs, mol.bonds, mol.angles, mol.dihedrals), mol.xyz, atol=1e-12)
-    x = to_cartesian(
-        torch.tensor(mol.bonds), torch.tensor(mol.angles), torch.tensor(mol.dihedrals), mol.table()
-    )
+    stored = np.asarray(_stored(name)["xyz"]).reshape(-1, 3)
+    b, a, d = (t.numpy() for t in (mol.bonds, mol.angles, mol.dihedrals))
+    np.testing.assert_allclose(build_xyz(_refs(mol), b, a, d), stored, atol=1e-12)
+    x = to_cartesian(mol.bonds, mol.angles, mol.dihedrals, mol.table)
+    np.testing.assert_allclose(mol.to_cartesian().numpy(), x.numpy(), atol=0)
     # same geometry up to rigid motion: the same distance matrix
-    np.testing.assert_allclose(pdist(x.numpy()), pdist(mol.xyz), atol=1e-10)
+    np.testing.assert_allclose(pdist(x.numpy()), pdist(stored), atol=1e-10)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_internal_coordinates_recomputed(name: str) -> None:
     mol = load(name)
-    ic = to_internal(torch.tensor(mol.xyz), mol.table())
-    ref = internal_coordinates(mol.xyz, mol.refs)
-    for got, numpy_value, stored in zip(ic, ref, (mol.bonds, mol.angles, mol.dihedrals)):
+    xyz = np.asarray(_stored(name)["xyz"]).reshape(-1, 3)
+    ic = to_internal(torch.tensor(xyz), mol.table)
+    ref = internal_coordinates(xyz, _refs(mol))
+    for got, numpy_value, stored in zip(ic, ref, (t.numpy() for t in (mol.bonds, mol.angles, mol.dihedrals))):
         for value in (got.numpy(), numpy_value):  # dihedrals compared modulo 2 pi (180 == -180)
             np.testing.assert_allclose(np.angle(np.exp(1j * (value - stored))), 0.0, atol=1e-10)
 
@@ -89,7 +101,7 @@ def test_internal_coordinates_recomputed(name: str) -> None:
 def test_alanine_dipeptide_layout() -> None:
     mol = load("alanine_dipeptide")
     assert mol.n_atoms == 22
-    assert mol.names == [
+    assert mol.labels == [
         "H1", "CH3", "H2", "H3", "C", "O", "N", "H", "CA", "HA", "CB",
         "HB1", "HB2", "HB3", "C", "O", "N", "H", "C", "H1", "H2", "H3",
     ]  # fmt: skip
@@ -98,30 +110,30 @@ def test_alanine_dipeptide_layout() -> None:
     assert meta["phi"] == [4, 6, 8, 14] and meta["psi"] == [6, 8, 14, 16]
     # phi and psi are themselves single dihedral entries of the table
     i, j, k, m = meta["phi"]
-    assert mol.refs[meta["phi_row"]].tolist() == [k, j, i] and meta["phi_row"] == m
+    assert _refs(mol)[meta["phi_row"]].tolist() == [k, j, i] and meta["phi_row"] == m
     i, j, k, m = meta["psi"]
-    assert mol.refs[meta["psi_row"]].tolist() == [k, j, i] and meta["psi_row"] == m
+    assert _refs(mol)[meta["psi_row"]].tolist() == [k, j, i] and meta["psi_row"] == m
 
 
 def test_alanine_dipeptide_phi_psi_from_xyz() -> None:
     mol = load("alanine_dipeptide")
     meta = mol.metadata
-    phi = np.degrees(dihedral(*mol.xyz[meta["phi"]]))
-    psi = np.degrees(dihedral(*mol.xyz[meta["psi"]]))
+    xyz = _xyz(mol)
+    phi = np.degrees(dihedral(*xyz[meta["phi"]]))
+    psi = np.degrees(dihedral(*xyz[meta["psi"]]))
     assert phi == pytest.approx(meta["phi_deg"], abs=1e-9)
     assert psi == pytest.approx(meta["psi_deg"], abs=1e-9)
-    assert np.degrees(mol.dihedrals[meta["phi_row"]]) == pytest.approx(meta["phi_deg"])
-    assert np.degrees(mol.dihedrals[meta["psi_row"]]) == pytest.approx(meta["psi_deg"])
+    assert np.degrees(mol.dihedrals[meta["phi_row"]].item()) == pytest.approx(meta["phi_deg"])
+    assert np.degrees(mol.dihedrals[meta["psi_row"]].item()) == pytest.approx(meta["psi_deg"])
     # the core agrees
-    ic = to_internal(torch.tensor(mol.xyz), mol.table(), degrees=True)
+    ic = to_internal(torch.tensor(xyz), mol.table, degrees=True)
     assert ic.dihedrals[meta["phi_row"]].item() == pytest.approx(meta["phi_deg"], abs=1e-9)
     assert ic.dihedrals[meta["psi_row"]].item() == pytest.approx(meta["psi_deg"], abs=1e-9)
 
 
 def test_alanine_is_l() -> None:
     """L-alanine: seen along HA -> CA, the groups CO, R (CB), N run clockwise."""
-    mol = load("alanine_dipeptide")
-    x = mol.xyz
+    x = _xyz(load("alanine_dipeptide"))
     n, ca, ha, c, cb = x[6], x[8], x[9], x[14], x[10]
     # C -> CB -> N turns clockwise for a viewer at HA looking at CA: its normal points away
     assert np.cross(cb - c, n - c) @ (ca - ha) > 0
@@ -130,7 +142,7 @@ def test_alanine_is_l() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_no_clashes(name: str) -> None:
     mol = load(name)
-    d = pdist(mol.xyz)
+    d = pdist(_xyz(mol))
     bonded = np.zeros_like(d, dtype=bool)
     bonded[mol.connectivity[:, 0], mol.connectivity[:, 1]] = True
     bonded |= bonded.T
@@ -140,6 +152,7 @@ def test_no_clashes(name: str) -> None:
 
 def test_benzene_ring_closes() -> None:
     mol = load("benzene")
+    xyz = _xyz(mol)
     i, j = mol.metadata["ring_closure"]
-    assert np.linalg.norm(mol.xyz[i] - mol.xyz[j]) == pytest.approx(1.39, abs=1e-9)
-    assert np.abs(mol.xyz[:, 2]).max() < 1e-9
+    assert np.linalg.norm(xyz[i] - xyz[j]) == pytest.approx(1.39, abs=1e-9)
+    assert np.abs(xyz[:, 2]).max() < 1e-9

@@ -200,8 +200,8 @@ def test_errors() -> None:
 def test_public_keywords_round_trip(method: str) -> None:
     """`to_internal(..., return_pose=True)` and `to_cartesian(..., rotation=, translation=)` invert."""
     mol = bn.data.load("alanine_dipeptide")
-    table = mol.table()
-    xyz = torch.as_tensor(mol.xyz) @ _random_rotation((), 11).T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+    table = mol.table
+    xyz = mol.to_cartesian() @ _random_rotation((), 11).T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
     ic, pose = bn.to_internal(xyz, table, return_pose=True)
     rebuilt = bn.to_cartesian(*ic, table, method=method, rotation=pose.rotation, translation=pose.translation)
     torch.testing.assert_close(rebuilt, xyz, rtol=0, atol=1e-10)

@@ -107,12 +107,12 @@ def _choose(table: bn.ConstructionTable, samples: int) -> str:
 def test_dispatch_rules() -> None:
     assert _choose(bn.ConstructionTable.chain(4096), 1) == "scan"
     assert _choose(bn.ConstructionTable.chain(3), 1) == "levels"
-    assert _choose(data.load("benzene").table(), 4096) == "levels"
+    assert _choose(data.load("benzene").table, 4096) == "levels"
     assert scan_block(512, 1) == 1 and scan_block(4096, 256) == 32
 
 
 def test_auto_equals_methods(method: str) -> None:
-    table = data.load("alanine_dipeptide").table()
+    table = data.load("alanine_dipeptide").table
     g = torch.Generator().manual_seed(3)
     b = 1 + torch.rand(5, 22, generator=g, dtype=torch.float64)
     a = 0.5 + 2 * torch.rand(5, 22, generator=g, dtype=torch.float64)
@@ -141,7 +141,7 @@ def test_accumulate_dtype_improves_float32() -> None:
 
 def test_pack_and_split() -> None:
     mols = [data.load(name) for name in ("alanine_dipeptide", "benzene", "chain_20")]
-    tables = [m.table() for m in mols]
+    tables = [m.table for m in mols]
     packed = bn.pack_tables(tables)
     assert packed.n_atoms == sum(t.n_atoms for t in tables) and packed.n_components == 3
     values = [

@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 import io
+import json
+from importlib import resources
 
 import numpy as np
 import pytest
 import torch
 
-from batched_nerf._convert import to_cartesian
-from batched_nerf._table import ConstructionTable
-from batched_nerf._zmatrix import ZMatrix, formula
+from batched_nerf import ConstructionTable, ZMatrix, to_cartesian
+from batched_nerf._zmatrix import formula
 from batched_nerf.data import available, load
 from batched_nerf.formats import read_zmat
 
 
 def molecule_zmatrix(name: str) -> ZMatrix:
-    mol = load(name)
-    return ZMatrix(mol.table(), mol.bonds, mol.angles, mol.dihedrals, elements=mol.elements, labels=mol.names)
+    return load(name)
 
 
 @pytest.mark.parametrize("name", available())
 def test_to_cartesian_matches_core_and_shipped_xyz(name: str) -> None:
     z = molecule_zmatrix(name)
-    mol = load(name)
-    assert z.n_atoms == z.n_rows == mol.n_atoms and z.dtype == torch.float64 and z.batch_shape == ()
+    assert z.n_atoms == z.n_real == z.table.n_atoms and z.dtype == torch.float64 and z.batch_shape == ()
     x = z.to_cartesian()
-    np.testing.assert_allclose(x.numpy(), mol.xyz, atol=1e-10)
+    stored = json.loads(resources.files("batched_nerf.data").joinpath(f"{name}.json").read_text())["xyz"]
+    np.testing.assert_allclose(x.numpy(), np.reshape(stored, (-1, 3)), atol=1e-10)
     torch.testing.assert_close(x, to_cartesian(z.bonds, z.angles, z.dihedrals, z.table))
 
 
@@ -87,7 +87,7 @@ def test_fixed_atoms_and_dummies() -> None:
         elements=["C", "C", "O", "X", "X"],
         real=torch.tensor([True, True, True, False, False]),
     )
-    assert z.n_atoms == 3 and z.n_rows == 5 and z.real_elements == ["C", "C", "O"]
+    assert z.n_real == 3 and z.n_atoms == 5 and z.real_elements == ["C", "C", "O"]
     assert "n_dummies=2" in repr(z)
     full = z.to_cartesian(dummies=True)
     assert full.shape == (5, 3)
