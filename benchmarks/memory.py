@@ -25,7 +25,7 @@ from benchmarks.records import LOOP, State
 from benchmarks.timing import Progress
 
 #: Rows of the quick mode's memory part (full mode: every timed row).
-QUICK_ROWS = (("chain", 512, 64),)
+QUICK_ROWS = (("alanine_dipeptide", 22, 4096), ("chain", 512, 64))
 
 
 def measure_memory(

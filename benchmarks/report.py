@@ -220,13 +220,18 @@ def _memory(memory: list[dict[str, Any]]) -> list[str]:
         "| workload | N | B | method | peak | bytes per atom |",
         "|---|---:|---:|---|---:|---:|",
     ]
+    absent: dict[tuple[str, int, int, str], list[str]] = {}  # methods sharing a row and a reason: one line
     for m in memory:
-        head = f"| {m['workload']} | {m['n_atoms']} | {m['batch']} | {m['method']} | "
-        if m["status"] == "ok":
-            bound = " (lower bound)" if m.get("lower_bound") else ""
-            lines.append(head + f"{_bytes(m['peak_bytes'])}{bound} | {m['bytes_per_atom']:.0f} |")
-        else:
-            lines.append(head + f"{m['status']} | |")
+        if m["status"] != "ok":
+            absent.setdefault((m["workload"], m["n_atoms"], m["batch"], m["status"]), []).append(m["method"])
+            continue
+        bound = " (lower bound)" if m.get("lower_bound") else ""
+        lines.append(
+            f"| {m['workload']} | {m['n_atoms']} | {m['batch']} | {m['method']} | "
+            f"{_bytes(m['peak_bytes'])}{bound} | {m['bytes_per_atom']:.0f} |"
+        )
+    for (wl, n, batch, status), methods in absent.items():
+        lines.append(f"| {wl} | {n} | {batch} | {', '.join(methods)} | {status} | |")
     return [*lines, ""]
 
 

@@ -14,6 +14,9 @@ from benchmarks.records import COMPILED, ENGINES, LOOP, MEMORY_BUDGET_BYTES, Sta
 from benchmarks.timing import PASSES, Progress
 from benchmarks.workloads import Workload, chain_refs, compile_rows, default_grid
 
+#: Peers of the quick mode (NeRFax's fastest mode when ``nerfax`` is given); full mode runs them all.
+QUICK_PEERS = (LOOP, "nerfax-fully_sequential")
+
 
 def run_benchmarks(
     quick: bool = True,
@@ -52,13 +55,14 @@ def run_benchmarks(
 
     Args:
         quick: small grid (chains N 64/512/4096 and branched molecules, batch
-            1/64; the torch loop the only peer; no compile unless asked; memory
-            on one row), about 1-2 minutes on 2 CPU cores. ``False``: the whole
+            1/64; peers: the torch loop, and NeRFax's fully sequential mode when
+            ``nerfax`` is given; no compile unless asked; memory on two rows),
+            about 1-2 minutes on 2 CPU cores. ``False``: the whole
             grid, all peers, compile, memory on every row, about 30-40 minutes.
         out_dir: when given, writes ``results.md``, ``results.json`` (all raw
             numbers and machine information), ``time_vs_atoms.png`` and
             ``error_vs_atoms.png`` there; created if missing.
-        nerfax: path of a NeRFax checkout (full mode only).
+        nerfax: path of a NeRFax checkout.
         bgflow: path of a bgflow checkout (full mode only).
         peers: compare with the peers of :mod:`benchmarks.peers`.
         compile: time ``scan`` under ``torch.compile`` on a few rows (compile
@@ -188,7 +192,7 @@ def _select_peers(
 
     chosen = []
     for p in peers_mod.get_peers(nerfax_path=nerfax, bgflow_path=bgflow):
-        if quick and p.name != LOOP:
+        if quick and p.name not in QUICK_PEERS:
             continue
         if p.name.startswith("nerfax") and not nerfax:
             state.notes.append(f"{p.name}: skipped, no --nerfax PATH given")
@@ -199,7 +203,9 @@ def _select_peers(
         else:
             chosen.append(p)
     if quick:
-        state.notes.append("quick mode: torch-loop is the only peer (full mode runs them all)")
+        state.notes.append(
+            f"quick mode: the peers are {' and '.join(QUICK_PEERS)} (with --nerfax); full mode runs them all"
+        )
     if state.device != "cpu" and chosen:
         state.notes.append("peers run on the CPU even with device=cuda")
     return peers_mod, chosen
