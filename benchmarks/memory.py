@@ -77,7 +77,8 @@ def _key(entry: dict[str, Any]) -> tuple[str, int, int, str]:
 
 def _run_workers(specs: list[dict[str, Any]], deadline: float, progress: Progress) -> dict[tuple, dict]:
     """Each spec in a fresh worker process (one process measuring several rows reuses freed memory)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     results: dict[tuple, dict] = {}
     for spec in specs:
         if time.perf_counter() > deadline:

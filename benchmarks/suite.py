@@ -93,7 +93,6 @@ def run_benchmarks(
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if not engines:
         raise ValueError("engines must name at least one method of ours, e.g. ('levels', 'scan', 'auto')")
-    compile_ = (not quick) if compile is None else bool(compile)
     t_start = time.perf_counter()
     budget = time_budget_s if time_budget_s is not None else (150.0 if quick else 1800.0)
     state = State(
@@ -108,24 +107,15 @@ def run_benchmarks(
     machine = summary.machine(device)
     grid = _grid(quick, sizes, batches, workloads)
     peers_mod, peers_list = _select_peers(state, peers, quick, nerfax, bgflow)
-    rows_c = _compiled_rows(state, quick, compile_)
-    mem_rows = [("chain", grid[0].n_atoms, grid[0].batches[-1])] if sizes is not None and grid else None
+    rows_c = _compiled_rows(state, quick, (not quick) if compile is None else bool(compile))
     n_err = 0 if not errors else len(sizes) if sizes is not None else (3 if quick else 6)
     bar = Progress(_count_steps(state, grid, peers_list, rows_c) + n_err, progress)
     try:
         _time_grid(state, grid, peers_mod, peers_list, rows_c, bar)
-        err_deadline = time.perf_counter() + (60.0 if quick else 300.0)
-        err = accuracy.errors(quick, device, peers_list, err_deadline, bar, sizes) if errors else {}
-        if errors and peers_mod is not None:
-            err["reference_check"] = accuracy.reference_check(peers_mod)
-        mem: list[dict[str, Any]] = []
-        if memory:
-            refs_of = {(w.name, w.n_atoms): w.refs for w in grid}
-            with_loop = any(p.name == LOOP for p in peers_list)
-            mem = measure_memory(state, refs_of, with_loop, bar, mem_rows, 60.0 if quick else 600.0)
+        err = _errors(state, peers_mod, peers_list, bar, sizes) if errors else accuracy.not_measured()
+        mem = _memory(state, grid, peers_list, bar, sizes is not None) if memory else []
     finally:
         bar.close()
-    err = err or accuracy.not_measured()
     machine["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     machine["wall_s"] = time.perf_counter() - t_start
     summary.add_peer_versions(machine)
@@ -136,25 +126,9 @@ def run_benchmarks(
     text = report.markdown(state, machine, err, mem, speedups, headline, targets)
     if out_dir is None:
         return text
-    config = {
-        "quick": quick,
-        "device": device,
-        "repeats": state.repeats,
-        "measure_budget_s": state.budget_s,
-        "step_limit_s": state.step_limit_s,
-        "time_budget_s": budget,
-        "memory_budget_bytes": MEMORY_BUDGET_BYTES,
-        "engines": list(state.engines),
-        "compile": compile_,
-        "compile_rows": sorted(rows_c),
-        "nerfax": nerfax,
-        "bgflow": bgflow,
-        "dtype": "float32",
-        "workloads": [{"name": w.name, "n_atoms": w.n_atoms, "batches": w.batches} for w in grid],
-    }
     payload = {
         "machine": machine,
-        "config": config,
+        "config": _config(state, grid, rows_c, budget, nerfax, bgflow),
         "timings": [t.as_dict() for t in state.timings],
         "headline": headline,
         "speedups": speedups,
@@ -164,6 +138,54 @@ def run_benchmarks(
         "notes": state.notes,
     }
     return report.write(Path(out_dir), text, payload, state, err)
+
+
+def _config(
+    state: State,
+    grid: list[Workload],
+    rows_c: set[tuple[str, int, int]],
+    budget: float,
+    nerfax: str | None,
+    bgflow: str | None,
+) -> dict[str, Any]:
+    """The settings of the run, for ``results.json``."""
+    return {
+        "quick": state.quick,
+        "device": state.device,
+        "repeats": state.repeats,
+        "measure_budget_s": state.budget_s,
+        "step_limit_s": state.step_limit_s,
+        "time_budget_s": budget,
+        "memory_budget_bytes": MEMORY_BUDGET_BYTES,
+        "engines": list(state.engines),
+        "compile": bool(rows_c),
+        "compile_rows": sorted(rows_c),
+        "nerfax": nerfax,
+        "bgflow": bgflow,
+        "dtype": "float32",
+        "workloads": [{"name": w.name, "n_atoms": w.n_atoms, "batches": w.batches} for w in grid],
+    }
+
+
+def _errors(
+    state: State, peers_mod: ModuleType | None, peers_list: list[Any], bar: Progress, sizes: list[int] | None
+) -> dict[str, Any]:
+    """The float32 error part (one minute quick, five full), with the reference check against the loop."""
+    deadline = time.perf_counter() + (60.0 if state.quick else 300.0)
+    err = accuracy.errors(state.quick, state.device, peers_list, deadline, bar, sizes)
+    if peers_mod is not None:
+        err["reference_check"] = accuracy.reference_check(peers_mod)
+    return err
+
+
+def _memory(
+    state: State, grid: list[Workload], peers_list: list[Any], bar: Progress, small: bool
+) -> list[dict[str, Any]]:
+    """The memory part (one minute quick, ten full); a ``sizes=`` run measures its first row only."""
+    rows = [(grid[0].name, grid[0].n_atoms, grid[0].batches[-1])] if small and grid else None
+    refs_of = {(w.name, w.n_atoms): w.refs for w in grid}
+    with_loop = any(p.name == LOOP for p in peers_list)
+    return measure_memory(state, refs_of, with_loop, bar, rows, 60.0 if state.quick else 600.0)
 
 
 def _grid(

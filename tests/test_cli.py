@@ -278,9 +278,13 @@ def test_bench_launches_checkout_suite(
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 3)
 
+    import batched_nerf.cli
+
+    root = Path(__file__).resolve().parents[1]  # this checkout, whichever copy of the package is imported
+    monkeypatch.setattr(batched_nerf.cli, "__file__", str(root / "batched_nerf" / "cli.py"))
     monkeypatch.setattr(subprocess, "run", run)
     assert main(["bench", "--quick", "--out", "res", "--no-peers", "--device", "cuda"]) == 3  # its status
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+    script = root / "benchmarks" / "run.py"
     assert calls == [
         [sys.executable, str(script), "--device", "cuda", "--quick", "--out", "res", "--no-peers"]
     ]
