@@ -114,11 +114,12 @@ import json, sys
 spec = json.loads(sys.stdin.read())
 sys.path[:0] = spec["path"]
 import numpy as np
+import batched_nerf as bn
 from benchmarks import contenders, records, timing, workloads
 state = records.State(quick=False, device=spec["device"], repeats=spec["repeats"], budget_s=spec["budget_s"],
                       step_limit_s=float("inf"), deadline=float("inf"), isolate_compile=False, emit=True)
 wl = workloads.Workload(spec["workload"], np.asarray(spec["refs"], dtype=np.int64), [spec["batch"]])
-table = contenders.bn.ConstructionTable(wl.refs).prepare(spec["device"])
+table = bn.ConstructionTable(wl.refs).prepare(spec["device"])
 q = timing.Committor(table).to(spec["device"])
 contenders.time_passes(state, wl, spec["batch"], records.COMPILED, "ours", contenders.compiled(table), q,
                        timing.Progress(0, False), passes=tuple(spec["passes"]))
