@@ -81,19 +81,33 @@ def _header(state: State, machine: dict[str, Any]) -> list[str]:
     ]
 
 
+def _section(title: str, header: str, align: str, intro: str = "") -> list[str]:
+    """The title, the optional paragraph under it and the head of its table."""
+    return [f"## {title}", "", *([intro, ""] if intro else []), header, align]
+
+
+HEADLINE_INTRO = (
+    'ours: our fastest eager engine (its name); auto/best: `method="auto"` over it; compiled: '
+    "scan under torch.compile where timed. Ratios are the other's time over ours (> 1: ours faster; "
+    "vs NeRFax with the faster of eager and compiled, marked c when compiled). peak: forward+backward "
+    "peak memory of that engine / of the loop."
+)
+MEMORY_INTRO = (
+    "Peak resident memory above the level just before the step, during one forward+backward in a "
+    "fresh worker process per row and method (peak reset through /proc/self/clear_refs just before "
+    "the step; CUDA: torch.cuda.max_memory_allocated above the baseline). Includes the autograd graph "
+    "and allocator overhead."
+)
+
+
 def _headline(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "## Headline: ours vs the per-atom loop, NeRFax and chemcoord (same run)",
-        "",
-        'ours: our fastest eager engine (its name); auto/best: `method="auto"` over it; compiled: '
-        "scan under torch.compile where timed. Ratios are the other's time over ours (> 1: ours faster; "
-        "vs NeRFax with the faster of eager and compiled, marked c when compiled). peak: forward+backward "
-        "peak memory of that engine / of the loop.",
-        "",
+    lines = _section(
+        "Headline: ours vs the per-atom loop, NeRFax and chemcoord (same run)",
         "| workload | N | B | pass | ours (engine) | auto/best | compiled | loop | vs loop "
         "| NeRFax best (mode) | vs NeRFax | chemcoord get_X | vs chemcoord | peak ours / loop | targets |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+        HEADLINE_INTRO,
+    )
     for e in rows:
         head = f"| {e['workload']} | {e['n_atoms']} | {e['batch']} | {PASS_LABEL[e['pass']]} "
         if "ours_s" not in e:
@@ -116,12 +130,11 @@ def _headline(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _targets(targets: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "## Targets (issue 11)",
-        "",
+    lines = _section(
+        "Targets (issue 11)",
         "| target | status | rows met | missed | not measured |",
         "|---|---|---:|---|---|",
-    ]
+    )
     for t in targets:
         missed = "; ".join(t["missed"]) or "-"
         unmeasured = f"{len(t['unmeasured'])}: " + "; ".join(t["unmeasured"][:6]) if t["unmeasured"] else "-"
@@ -132,12 +145,11 @@ def _targets(targets: list[dict[str, Any]]) -> list[str]:
 
 
 def _timings(state: State) -> list[str]:
-    lines = [
-        "## Timings",
-        "",
+    lines = _section(
+        "Timings",
         "| workload | N | B | method | forward | fwd+bwd | committor | notes |",
         "|---|---:|---:|---|---:|---:|---:|---|",
-    ]
+    )
     keys = dict.fromkeys((t.workload, t.n_atoms, t.batch, t.method) for t in state.timings)
     for wl, n, batch, method in keys:
         cells, notes = [], []
@@ -158,12 +170,11 @@ def _timings(state: State) -> list[str]:
 def _speedups(speedups: list[dict[str, Any]]) -> list[str]:
     if not speedups:
         return []
-    lines = [
-        "## Speed-up of ours vs each peer (peer time / our best eager time, same run)",
-        "",
+    lines = _section(
+        "Speed-up of ours vs each peer (peer time / our best eager time, same run)",
         "| workload | N | B | pass | peer | peer time | ours (method) | speed-up |",
         "|---|---:|---:|---|---|---:|---:|---:|",
-    ]
+    )
     for s in speedups:
         lines.append(
             f"| {s['workload']} | {s['n_atoms']} | {s['batch']} | {s['pass']} | {s['peer']} | "
@@ -209,17 +220,12 @@ def _errors(errors: dict[str, Any]) -> list[str]:
 
 
 def _memory(memory: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "## Peak memory of one forward+backward",
-        "",
-        "Peak resident memory above the level just before the step, during one forward+backward in a "
-        "fresh worker process per row and method (peak reset through /proc/self/clear_refs just before "
-        "the step; CUDA: torch.cuda.max_memory_allocated above the baseline). Includes the autograd graph "
-        "and allocator overhead.",
-        "",
+    lines = _section(
+        "Peak memory of one forward+backward",
         "| workload | N | B | method | peak | bytes per atom |",
         "|---|---:|---:|---|---:|---:|",
-    ]
+        MEMORY_INTRO,
+    )
     absent: dict[tuple[str, int, int, str], list[str]] = {}  # methods sharing a row and a reason: one line
     for m in memory:
         if m["status"] != "ok":
