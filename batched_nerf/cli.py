@@ -516,30 +516,30 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
-    try:
-        from . import _bench  # type: ignore[attr-defined]
-    except ImportError:
-        raise CliError(
-            "the benchmark suite is not available in this installation (batched_nerf._bench is missing); "
-            "run benchmarks/ from a source checkout instead"
-        ) from None
-    import inspect
+    """Launch the benchmark suite of a source checkout (it is not part of the installed package).
 
-    kwargs: dict[str, Any] = {"quick": args.quick, "out_dir": args.out, "nerfax": args.nerfax}
-    optional = {"device": args.device, "compile": False if args.no_compile else None}
-    if args.no_peers:
-        optional["peers"] = False
-    accepted = inspect.signature(_bench.run_benchmarks).parameters
-    for key, value in optional.items():
-        if key in accepted:
-            kwargs[key] = value
-        elif value not in (None, False, "cpu"):
-            raise CliError(
-                f"this version of the benchmark suite does not support the option for {key!r}", code=2
-            )
-    table = _bench.run_benchmarks(**kwargs)
-    print(table, file=out)
-    return 0
+    Runs ``benchmarks/run.py`` found next to the package directory with the same
+    Python, forwarding the options; its exit status is returned.  Without a
+    checkout (an installed wheel), says how to run the suite and exits with 2.
+    """
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+    if not script.is_file():
+        raise CliError(
+            "the benchmark suite is not part of the installed package: from a source checkout of "
+            "batched_nerf run `python benchmarks/run.py --quick` (see benchmarks/README.md)",
+            code=2,
+        )
+    cmd = [sys.executable, str(script), "--device", args.device]
+    cmd += ["--quick"] if args.quick else []
+    cmd += ["--out", args.out] if args.out else []
+    cmd += ["--nerfax", args.nerfax] if args.nerfax else []
+    cmd += ["--no-compile"] if args.no_compile else []
+    cmd += ["--no-peers"] if args.no_peers else []
+    print(f"running {' '.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.run(cmd, check=False).returncode
 
 
 # ------------------------------------------------------------------- parser
@@ -621,8 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "bench",
-        help="run the benchmark suite",
-        description="Run the benchmark suite and print a markdown table.",
+        help="run the benchmark suite of a source checkout",
+        description="Run benchmarks/run.py of the source checkout this package was installed from "
+        "(same Python, options forwarded) and print its Markdown report. The suite is not part of the "
+        "installed package: without a checkout this says how to get one and exits with status 2.",
     )
     p.add_argument("--quick", action="store_true", help="small sizes only (about a minute)")
     p.add_argument("--out", metavar="DIR", help="directory for the raw results")

@@ -35,17 +35,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 
-Step = Callable[[], object]
+if __package__ in (None, ""):  # run as a script: make the `benchmarks` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.timing import Step, fmt_seconds, measure
+from benchmarks.workloads import chain_refs
+from benchmarks.workloads import make_inputs as make_internal_coords
+
 TOPOLOGIES = ("linear", "branched")
 
 
@@ -55,10 +59,8 @@ TOPOLOGIES = ("linear", "branched")
 
 
 def linear_refs(n_atoms: int) -> torch.Tensor:
-    """Refs of a linear chain: row i = (i-1, i-2, i-3), -1 where negative."""
-    i = torch.arange(n_atoms).unsqueeze(1)
-    refs = i - torch.arange(1, 4).unsqueeze(0)
-    return refs.clamp(min=-1)
+    """Refs of a linear chain (torch): row i = (i-1, i-2, i-3), -1 where negative."""
+    return torch.from_numpy(chain_refs(n_atoms))
 
 
 def branched_refs(n_atoms: int) -> torch.Tensor:
@@ -85,27 +87,6 @@ def make_refs(n_atoms: int, topology: str = "linear") -> torch.Tensor:
     if topology == "branched":
         return branched_refs(n_atoms)
     raise ValueError(f"unknown topology {topology!r}; use one of {TOPOLOGIES}")
-
-
-def make_internal_coords(
-    n_atoms: int,
-    batch: int = 1,
-    dtype: torch.dtype = torch.float32,
-    seed: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random but chemically sane (bonds, angles, dihedrals), each (B, N).
-
-    Bonds in [1.3, 1.6] (Angstrom-like), bond angles in [95, 125] degrees,
-    dihedrals uniform in [-pi, pi); angles in radians.  Values are drawn in
-    float64 and then cast, so a float32 draw is the rounded float64 draw.
-    """
-    g = torch.Generator().manual_seed(seed)
-    shape = (batch, n_atoms)
-    f64 = torch.float64
-    bonds = 1.3 + 0.3 * torch.rand(shape, generator=g, dtype=f64)
-    angles = torch.deg2rad(95.0 + 30.0 * torch.rand(shape, generator=g, dtype=f64))
-    dihedrals = math.pi * (2.0 * torch.rand(shape, generator=g, dtype=f64) - 1.0)
-    return bonds.to(dtype), angles.to(dtype), dihedrals.to(dtype)
 
 
 def dihedral(p0: torch.Tensor, p1: torch.Tensor, p2: torch.Tensor, p3: torch.Tensor) -> torch.Tensor:
@@ -780,32 +761,6 @@ def get_peers(nerfax_path: str | None = None, bgflow_path: str | None = None) ->
     return peers
 
 
-def measure(step: Step, warmup: int = 1, repeats: int = 7, budget_s: float = 10.0) -> tuple[float, int]:
-    """Median seconds of ``step`` over up to ``repeats`` runs (at least 3,
-    fewer if the budget runs out).  Returns (median, runs)."""
-    for _ in range(warmup):
-        step()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats:
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    return statistics.median(times), len(times)
-
-
-def _fmt(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds:.2f} s"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nerfax", metavar="PATH", help="NeRFax checkout (put on sys.path)")
@@ -862,7 +817,7 @@ def main(argv: list[str] | None = None) -> int:
                         single = dict(row)
                 mark = f" (= {batch} x B=1)" if scale > 1 else ""
                 extra = [
-                    f"{k} {_fmt(v * scale)}"
+                    f"{k} {fmt_seconds(v * scale)}"
                     for k, v in row.items()
                     if k not in ("forward", "forward_backward")
                 ]
@@ -870,8 +825,8 @@ def main(argv: list[str] | None = None) -> int:
                 extra += [f"{k} {v:.2f} s" for k, v in peer.info.items() if isinstance(v, float)]
                 fwd, fb = row.get("forward"), row.get("forward_backward")
                 print(
-                    f"| {peer.name} | {n} | {batch} | {_fmt(fwd and fwd * scale)}{mark} | "
-                    f"{_fmt(fb and fb * scale)}{mark if fb else ''} | {'; '.join(extra)} |",
+                    f"| {peer.name} | {n} | {batch} | {fmt_seconds(fwd and fwd * scale)}{mark} | "
+                    f"{fmt_seconds(fb and fb * scale)}{mark if fb else ''} | {'; '.join(extra)} |",
                     flush=True,
                 )
         try:

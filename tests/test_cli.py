@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -270,29 +269,35 @@ def test_convert_chemcoord_roundtrip(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------- bench
-def test_bench_calls_suite(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    calls: list[dict] = []
+def test_bench_launches_checkout_suite(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[list[str]] = []
 
-    def run_benchmarks(quick: bool = True, out_dir: str | None = None, nerfax: str | None = None) -> str:
-        calls.append({"quick": quick, "out_dir": out_dir, "nerfax": nerfax})
-        return "| a | b |\n|---|---|"
+    def run(cmd: list[str], check: bool = False) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 3)
 
-    fake = types.ModuleType("batched_nerf._bench")
-    fake.run_benchmarks = run_benchmarks  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "batched_nerf._bench", fake)
-    import batched_nerf
+    import batched_nerf.cli
 
-    monkeypatch.setattr(batched_nerf, "_bench", fake, raising=False)
-    assert main(["bench", "--quick", "--out", "res"]) == 0
-    assert calls == [{"quick": True, "out_dir": "res", "nerfax": None}]
-    assert "| a | b |" in capsys.readouterr().out
-    assert main(["bench", "--device", "cuda"]) == 2
+    root = Path(__file__).resolve().parents[1]  # this checkout, whichever copy of the package is imported
+    monkeypatch.setattr(batched_nerf.cli, "__file__", str(root / "batched_nerf" / "cli.py"))
+    monkeypatch.setattr(subprocess, "run", run)
+    assert main(["bench", "--quick", "--out", "res", "--no-peers", "--device", "cuda"]) == 3  # its status
+    script = root / "benchmarks" / "run.py"
+    assert calls == [
+        [sys.executable, str(script), "--device", "cuda", "--quick", "--out", "res", "--no-peers"]
+    ]
+    assert str(script) in capsys.readouterr().err
 
 
-def test_bench_missing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "batched_nerf._bench", None)
-    import batched_nerf
+def test_bench_without_checkout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import batched_nerf.cli
 
-    monkeypatch.delattr(batched_nerf, "_bench", raising=False)
-    assert main(["bench"]) == 1
-    assert "benchmark suite is not available" in capsys.readouterr().err
+    monkeypatch.setattr(batched_nerf.cli, "__file__", str(tmp_path / "batched_nerf" / "cli.py"))
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "not part of the installed package" in err
+    assert "python benchmarks/run.py --quick" in err
