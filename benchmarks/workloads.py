@@ -71,7 +71,6 @@ def protein_refs(n_residues: int) -> np.ndarray:
 def molecule_refs(name: str) -> np.ndarray:
     """The construction table ``(N, 3)`` of a shipped molecule (:func:`batched_nerf.data.load`)."""
     table = bn.data.load(name).table
-    table = table() if callable(table) else table  # a method on Molecule, an attribute on ZMatrix
     return np.asarray(table.refs, dtype=np.int64)
 
 
