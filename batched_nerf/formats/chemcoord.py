@@ -184,8 +184,10 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     Raises:
         ImportError: chemcoord is not installed.
         TypeError: ``zmatrix`` is not a ZMatrix.
-        ValueError: no elements, more than one conformation, or a fixed atom
-            that is not at one of the absolute references.
+        ValueError: no elements, more than one conformation, a fixed atom
+            that is not at one of the absolute references, or several seeded
+            components (their relative placement is not in the ZMatrix; link
+            them first, see :meth:`~batched_nerf.ZMatrix.from_cartesian`).
 
     Example (needs chemcoord; run on the adapter's docs page):
         >>> import batched_nerf as bn  # doctest: +SKIP
@@ -215,6 +217,16 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
                     f"its absolute references {ABSOLUTE_REFERENCES}"
                 )
             name_of[row] = name
+    comp = table.components.numpy()
+    seeded = sorted(set(comp.tolist()) - set(comp[fixed].tolist()))
+    if len(seeded) > 1:
+        roots = [int(np.flatnonzero((comp == c) & ((refs >= 0).sum(1) == 0))[0]) for c in seeded]
+        raise ValueError(
+            f"the table has {len(seeded)} separately seeded components (roots at rows {roots[:8]}), which "
+            "to_cartesian and a chemcoord Zmat both stack at the origin, so their placement relative to each "
+            "other is not in the ZMatrix; link them into one build first (ZMatrix.from_cartesian(xyz, table) "
+            "and ConstructionTable.from_xyz do by default)"
+        )
     keep = [i for i in range(n) if i not in name_of]
     elements = zmatrix.elements
     labels = zmatrix.labels

@@ -33,7 +33,8 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
         ValueError: naming the 1-based line and the reason, for an empty file, a
             bad atom count, a missing comment or atom line, an atom line with
             fewer than 4 fields, a coordinate that is not a number, or a frame
-            whose atom count or elements differ from the first frame.
+            whose atom count or elements differ from the first frame, or two
+            atoms of a frame at the same coordinates (naming both lines).
 
     Example:
         >>> import io
@@ -48,6 +49,7 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
     elements: list[str] | None = None
     frames: list[np.ndarray] = []
     comments: list[str] = []
+    starts: list[int] = []
     k = 0
     while k < len(lines):
         if not lines[k].strip():  # blank lines between or after frames
@@ -100,10 +102,32 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
                 f"the first frame {elements[bad]!r}"
             )
         frames.append(coords)
+        starts.append(k + 3)
         k += 2 + n
     if elements is None:
         raise ValueError("line 1: empty XYZ file, expected an atom count")
-    return elements, np.stack(frames), comments
+    xyz = np.stack(frames)
+    _check_distinct(xyz, starts)
+    return elements, xyz, comments
+
+
+def _check_distinct(xyz: np.ndarray, starts: list[int]) -> None:
+    """Raise for two atoms of one frame at exactly the same coordinates (``starts``: first atom lines)."""
+    n_frames, n = xyz.shape[:2]
+    if n < 2:
+        return
+    flat = xyz.reshape(-1, 3)
+    frame = np.repeat(np.arange(n_frames), n)
+    order = np.lexsort((flat[:, 2], flat[:, 1], flat[:, 0], frame))
+    same = (frame[order[1:]] == frame[order[:-1]]) & (flat[order[1:]] == flat[order[:-1]]).all(1)
+    if same.any():
+        k = int(np.flatnonzero(same)[0])
+        p, q = sorted((int(order[k]), int(order[k + 1])))
+        f, a, b = p // n, p % n, q % n
+        raise ValueError(
+            f"line {starts[f] + b}: atom {b} has the same coordinates as atom {a} (line {starts[f] + a}) "
+            f"in frame {f + 1}: coincident atoms (a duplicated line?)"
+        )
 
 
 def write_xyz(
