@@ -630,8 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert IN to OUT. Formats come from the extensions (.xyz; .zmat/.gzmat/.gzm: "
         "Gaussian-style Z-matrix; .gjf/.com: Gaussian input file) or --format-in/--format-out (xyz, gzmat, "
         "gjf, chemcoord). A construction table is chosen automatically from the bonds when a Z-matrix is "
-        "written from Cartesian input; separate molecules (dimers, salts, solvent) are linked into one build. "
-        "Z-matrix output lists the atoms in build order.",
+        "written from Cartesian input; separate molecules (dimers, salts, solvent) are linked into one "
+        "build. Z-matrix output lists the atoms in build order.",
     )
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batched_nerf._autotable import COVALENT_RADII, refs_from_connectivity, refs_from_xyz
-from batched_nerf._perceive import perceive_connectivity
 from batched_nerf._convert import to_cartesian, to_internal
+from batched_nerf._perceive import perceive_connectivity
 from batched_nerf._table import ConstructionTable
 from batched_nerf.data import available, load
 from batched_nerf.data._reference import angle
@@ -287,7 +287,10 @@ def test_scale() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: table_from_connectivity([(0, 5)], 3), r"connectivity pair 0 \(0, 5\): atom index 5 out of range \[0, 2\]"),
+        (
+            lambda: table_from_connectivity([(0, 5)], 3),
+            r"connectivity pair 0 \(0, 5\): atom index 5 out of range \[0, 2\]",
+        ),
         (lambda: table_from_connectivity([(0, -1)], 3), r"atom index -1 out of range"),
         (lambda: table_from_connectivity([(1, 1)], 3), r"cannot be bonded to itself"),
         (lambda: table_from_connectivity([(0, 1, 2)], 3), r"sequence of \(i, j\) pairs"),

@@ -91,7 +91,7 @@ def _strip(line: str) -> str:
 
 
 def _element(label: str, lineno: int) -> str:
-    """Element of a label like ``C``, ``C12``, ``Cl3``, ``CL``, ``D``, ``X1`` (case-insensitive, as Gaussian)."""
+    """Element of a label like ``C``, ``C12``, ``Cl3``, ``CL``, ``D``, ``X1`` (any case, as Gaussian)."""
     m = re.match(r"[A-Za-z]+", label)
     if m is None:
         raise ValueError(f"line {lineno}: atom label {label!r} does not start with an element symbol")
