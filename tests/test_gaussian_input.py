@@ -122,8 +122,8 @@ def test_write_full_input_round_trip(variables: bool, tmp_path: Path) -> None:
     text = path.read_text()
     assert text.endswith("\n\n")  # Gaussian needs the closing blank line
     g = read_gaussian(path)
-    assert (g.route, g.title, g.charge, g.multiplicity, g.link0) == ("#p B3LYP/6-31G(d)\nopt", "methane", 0, 1,
-                                                                      ["%chk=m.chk"])  # fmt: skip
+    header = (g.route, g.title, g.charge, g.multiplicity, g.link0)
+    assert header == ("#p B3LYP/6-31G(d)\nopt", "methane", 0, 1, ["%chk=m.chk"])
     assert g.zmatrix.elements == [z.elements[i] for i in order]  # type: ignore[index]
     torch.testing.assert_close(g.zmatrix.to_cartesian(), z.to_cartesian()[order], atol=1e-7, rtol=0)
 
