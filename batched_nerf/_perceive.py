@@ -216,7 +216,7 @@ def _warn_if_unbonded(
     lonely = np.flatnonzero(real & ~bonded)
     if lonely.size < 2 or 2 * lonely.size < int(real.sum()):
         return
-    near = close_pairs(coords, 1.5 * radii)  # pairs within 3 x the sum of radii
+    near = close_pairs(coords, 2.0 * radii)  # pairs within 4 x the sum of radii
     closest = ""
     if len(near):
         ratio = np.linalg.norm(coords[near[:, 0]] - coords[near[:, 1]], axis=1) / (

@@ -491,6 +491,7 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
     frames: np.ndarray | None = None
     comments: list[str] = []
     zin: ZMatrix | None = None
+    note = ""
     if fin == "xyz":
         elements, frames, comments = _read_xyz(args.input)
     elif fin in ("gzmat", "gjf"):
@@ -530,15 +531,18 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
                 to_chemcoord(z).to_zmat(args.output, float_format=f"{{:.{args.precision}f}}".format)
             what = f"a Z-matrix of {z.n_atoms} atoms"
             if order is not None and not np.array_equal(order, np.arange(len(order))):
-                what += (
-                    " (atoms reordered into build order; to keep the input order, pass --table-from with a "
-                    "table whose rows reference only earlier rows)"
+                note = (
+                    "note: atoms reordered into build order (a Z-matrix row may reference only earlier "
+                    "rows); to keep the input order, pass --table-from a table whose rows reference only "
+                    "earlier rows"
                 )
     except OSError as exc:
         raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CliError(f"cannot write {args.output!r} as {fout}: {exc}") from None
     print(f"wrote {what} to {args.output} ({fin} -> {fout})", file=out)
+    if note:
+        print(note, file=out)
     return 0
 
 
