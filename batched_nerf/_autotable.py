@@ -398,16 +398,23 @@ def link_components(
     placed_atoms = np.flatnonzero(anchored[comp])
     if placed_atoms.size < 3:
         placed_atoms = np.zeros(0, dtype=np.int64)
+    n_refs = (arr >= 0).sum(1)
+    picker = _Picker(coords, LINEAR_TOLERANCE_DEG)
+    line: list[int] | None = None  # the seed atoms (R0, S0) of the build while all its atoms are collinear
     if not placed_atoms.size:
         if len(seeded) < 2:
             return arr
-        start = int(comp[first]) if first is not None else max(seeded, key=lambda c: (members[c].size, -c))
+        # largest first, preferring a molecule whose atoms are not all on one line (its seed
+        # triple then spans a plane that every further link can use)
+        bent = {c: not _collinear(members[c], n_refs, picker) for c in seeded}
+        largest = max(seeded, key=lambda c: (bent[c], members[c].size, -c))
+        start = int(comp[first]) if first is not None and int(comp[first]) in seeded else largest
         seeded.remove(start)
         placed_atoms = members[start]
+        if not bent[start]:
+            line = [int(v) for v in sorted(placed_atoms.tolist(), key=lambda v: n_refs[v])[:2]]
     if not seeded:
         return arr
-    n_refs = (arr >= 0).sum(1)
-    picker = _Picker(coords, LINEAR_TOLERANCE_DEG)
     roots = np.array([int(members[c][n_refs[members[c]] == 0][0]) for c in seeded], dtype=np.int64)
     remaining = list(range(len(seeded)))
     dmin = _min_distance(coords[roots], coords[placed_atoms])
@@ -422,12 +429,60 @@ def link_components(
         atoms = members[c]
         s = atoms[n_refs[atoms] == 1]
         t = atoms[n_refs[atoms] == 2]
-        _link_seeds(arr, r, int(s[0]) if s.size else None, int(t[0]) if t.size else None, cands, picker)
+        seeds = [r, int(s[0]) if s.size else None, int(t[0]) if t.size else None]
+        _link_seeds(arr, seeds[0], seeds[1], seeds[2], cands, picker)
+        if line is not None:
+            line = _unbend(arr, line, placed, [v for v in seeds if v is not None], atoms, picker)
         placed.extend(atoms.tolist())
         if remaining:
             idx = np.array(remaining)
             dmin[idx] = np.minimum(dmin[idx], _min_distance(coords[roots[idx]], coords[atoms]))
     return arr
+
+
+def _collinear(atoms: np.ndarray, n_refs: np.ndarray, picker: _Picker) -> bool:
+    """Whether all ``atoms`` of a component lie (within the tolerance) on the line of its first two seeds."""
+    if atoms.size < 3:
+        return True
+    r0, s0 = (int(v) for v in sorted(atoms.tolist(), key=lambda v: n_refs[v])[:2])
+    return all(_on_line(int(x), r0, s0, picker) for x in atoms.tolist() if x not in (r0, s0))
+
+
+def _on_line(x: int, r0: int, s0: int, picker: _Picker) -> bool:
+    return picker.badness(x, r0, s0) >= picker.cos_tol and picker.badness(x, s0, r0) >= picker.cos_tol
+
+
+def _unbend(
+    refs: np.ndarray, line: list[int], placed: list[int], seeds: list[int], atoms: np.ndarray, picker: _Picker
+) -> list[int] | None:
+    """Keep the build's frame defined while its atoms so far lie on one line.
+
+    While every placed atom is on the line of the build's root ``R0`` and second
+    seed ``S0``, no dihedral reference frame exists among them, so the first
+    seed atom ``o`` of the new component that is off that line becomes the
+    build's third seed ``(R0 or S0, the other, -1)`` and the old, collinear third
+    seed (whose angle is straight, so its dihedral is free) takes ``o`` as its
+    dihedral reference. Returns the line's ``[R0, S0]`` while the build stays on
+    it, else ``None``.
+    """
+    build = placed + [int(v) for v in atoms.tolist()]
+    n_refs = (refs[build] >= 0).sum(1)
+    r0 = build[int(np.flatnonzero(n_refs == 0)[0])]
+    second = np.flatnonzero(n_refs == 1)
+    if not second.size:
+        return [r0]
+    s0 = build[int(second[0])]
+    third = np.flatnonzero(n_refs == 2)
+    off = [v for v in seeds if v not in (r0, s0) and not _on_line(v, r0, s0, picker)]
+    if third.size and off:
+        t0, o = build[int(third[0])], off[0]
+        if o != t0 and _on_line(t0, r0, s0, picker):
+            near, far = sorted((r0, s0), key=lambda v: picker.badness(o, v, r0 + s0 - v))
+            refs[o] = [near, far, -1]
+            refs[t0, 2] = o
+    if all(_on_line(v, r0, s0, picker) for v in build if v not in (r0, s0)):
+        return [r0, s0]
+    return None
 
 
 def _min_distance(a: np.ndarray, b: np.ndarray, chunk: int = 4096) -> np.ndarray:

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf.cli import main
@@ -580,3 +582,73 @@ def test_nonbonded_references_marks_what_is_not_chemical() -> None:
     assert not mask[:8].any()  # proper and sibling dihedrals are chemical
     assert mask[8].tolist() == [True, True, True]
     assert mask.shape == (9, 3) and mask.dtype == bool
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 30), st.integers(0, 2**31 - 1), st.floats(0.0, 1.0))
+def test_random_fragments_link_and_round_trip(n: int, seed: int, p_new: float) -> None:
+    """Random forests (many fragments, single atoms included) at random positions: one valid build."""
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > p_new]
+    xyz = rng.normal(size=(n, 3)) * 3.0
+    auto = bn._autotable.refs_from_connectivity(pairs, n, xyz=xyz)
+    table = bn.ConstructionTable(auto.refs)
+    assert table.n_components == 1
+    crossing = (auto.refs >= 0) & (fragments(np.array(pairs).reshape(-1, 2), n)[np.maximum(auto.refs, 0)]
+                                   != fragments(np.array(pairs).reshape(-1, 2), n)[:, None])  # fmt: skip
+    assert not (crossing & ~auto.nonbonded).any()
+    z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table)
+    assert worst(z.to_cartesian().numpy(), xyz) < TOL
+
+
+LINEAR_SYSTEMS = {
+    "CO2+Ar": (["O", "C", "O", "Ar"], [[-1.16, 0, 0], [0, 0, 0], [1.16, 0, 0], [0.3, 3.4, 0.2]]),
+    "Ar+CO2": (["Ar", "O", "C", "O"], [[0.3, 3.4, 0.2], [-1.16, 0, 0], [0, 0, 0], [1.16, 0, 0]]),
+    "CO2+H2O": (
+        ["O", "C", "O", "O", "H", "H"],
+        [[-1.16, 0, 0], [0, 0, 0], [1.16, 0, 0], [0.2, 3.0, 0.1], [0.9, 3.5, 0.3], [-0.6, 3.5, -0.2]],
+    ),
+    "HCN dimer par": (
+        ["H", "C", "N", "H", "C", "N"],
+        [[-1.06, 0, 0], [0, 0, 0], [1.15, 0, 0], [-1.06, 3.5, 0], [0, 3.5, 0], [1.15, 3.5, 0]],
+    ),
+    "HCN dimer lin": (
+        ["H", "C", "N", "H", "C", "N"],
+        [[-1.06, 0, 0], [0, 0, 0], [1.15, 0, 0], [3.2, 0, 0], [4.26, 0, 0], [5.41, 0, 0]],
+    ),
+    "H2+H2 T": (["H", "H", "H", "H"], [[0, 0, 0], [0.74, 0, 0], [0.37, 2.5, -0.37], [0.37, 2.5, 0.37]]),
+    "Ar+H2O axis": (["Ar", "O", "H", "H"], [[0, 0, 0], [3.5, 0, 0], [2.54, 0, 0], [3.74, 0.93, 0]]),
+    "Ar+H2O axis2": (["Ar", "O", "H", "H"], [[0, 0, 0], [3.5, 0, 0], [4.46, 0, 0], [3.26, 0.93, 0]]),
+    "Ar3 bent": (["Ar", "Ar", "Ar"], [[0, 0, 0], [3.8, 0, 0], [1.9, 3.3, 0]]),
+    "Ar4": (["Ar"] * 4, [[0, 0, 0], [3.8, 0, 0], [7.6, 0, 0], [1.9, 3.3, 0.5]]),
+    "C2H2+C2H2 T": (
+        ["C", "C", "H", "H", "C", "C", "H", "H"],
+        [
+            [-0.6, 0, 0],
+            [0.6, 0, 0],
+            [-1.66, 0, 0],
+            [1.66, 0, 0],
+            [0, 3.5, -0.6],
+            [0, 3.5, 0.6],
+            [0, 3.5, -1.66],
+            [0, 3.5, 1.66],
+        ],
+    ),
+    "Na+Cl- + H2O": (
+        ["Na", "Cl", "O", "H", "H"],
+        [[0, 0, 0], [2.4, 0, 0], [-2.3, 0.5, 0], [-2.8, 1.2, 0.4], [-2.9, -0.2, -0.3]],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINEAR_SYSTEMS))
+def test_linear_molecules_link_with_a_defined_frame(name: str) -> None:
+    """Linear molecules (CO2, HCN, C2H2, H2) and atoms give no frame on their own: the links must."""
+    elements, positions = LINEAR_SYSTEMS[name]
+    xyz = np.array(positions, dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # argon has no bonds
+        table = bn.ConstructionTable.from_xyz(xyz, elements)
+    assert table.n_components == 1
+    z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table, elements)  # raises on an undefined dihedral
+    assert worst(z.to_cartesian().numpy(), xyz) < TOL
