@@ -652,3 +652,22 @@ def test_linear_molecules_link_with_a_defined_frame(name: str) -> None:
     assert table.n_components == 1
     z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table, elements)  # raises on an undefined dihedral
     assert worst(z.to_cartesian().numpy(), xyz) < TOL
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 14), st.integers(0, 2**31 - 1), st.integers(0, 14), st.booleans())
+def test_collinear_points_always_rebuild(n: int, seed: int, on_line: int, link: bool) -> None:
+    """Grid points, some on one line: many exactly linear triples, yet every dihedral stays defined."""
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > 0.4]
+    grid = np.stack(np.meshgrid(*[np.arange(3.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 1.5
+    xyz = grid[rng.permutation(len(grid))[:n]]
+    m = min(on_line, n)
+    xyz[:m] = np.stack([5.0 + 1.2 * np.arange(m), np.zeros(m), np.zeros(m)], 1)
+    auto = bn._autotable.refs_from_connectivity(pairs, n, xyz=xyz, link_fragments=link)
+    table = bn.ConstructionTable(auto.refs)
+    z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table, link_fragments=False)
+    x = z.to_cartesian().numpy()
+    comp = table.components.numpy()
+    same = comp[:, None] == comp[None, :]
+    assert np.abs(pdist(x) - pdist(xyz))[same].max() < TOL
