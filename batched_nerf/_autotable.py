@@ -343,21 +343,26 @@ def link_components(
     """Join the seeded components of a table into one build, referencing the nearest placed atoms.
 
     The components are placed one after the other: first the one containing
-    atom ``first`` (default: the largest, so that the seed triple lies in the
-    main molecule rather than on an ion), then always the component whose
-    root atom is nearest to an atom already placed. Its (up to) three seed
-    rows get references to placed atoms, chosen nearest to its root first
-    and so that no reference triple is within :data:`LINEAR_TOLERANCE_DEG`
-    of 0 or 180 deg (the least linear choice when no other exists):
+    atom ``first`` (default: the largest whose atoms are not all on one line,
+    so that the seed triple lies in the main molecule rather than on an ion),
+    then the others in order of the distance of their root atom to that
+    first component (shell by shell, which keeps the links short and the build
+    shallow). The (up to) three seed rows of each get references to atoms
+    already placed, chosen nearest to its root first and so that no reference
+    triple is within :data:`LINEAR_TOLERANCE_DEG` of 0 or 180 deg (the least
+    linear choice when no other exists):
 
     * root ``r``: ``(p1, p2, p3)``, ``p1`` the placed atom nearest to ``r``;
     * second seed ``s = (r, -1, -1)``: ``(r, q1, q2)``;
     * third seed ``t = (b, a, -1)``: ``(b, a, q)``.
 
-    Every other row is kept. The new references are not chemical bonds (see
-    :func:`nonbonded_references`). Components anchored by ``fixed`` atoms are
-    not changed; when they hold three or more atoms the seeded components are
-    linked to them too (so the whole system keeps its absolute placement).
+    Every other row is kept. While all atoms placed so far lie on one line
+    (linear molecules, single atoms) they define no frame for a dihedral; then
+    the first seed atom off that line becomes the build's third seed instead.
+    The new references are not chemical bonds (see :func:`nonbonded_references`).
+    Components anchored by ``fixed`` atoms are not changed; when they hold
+    three or more atoms the seeded components are linked to them too (so the
+    whole system keeps its absolute placement).
 
     Args:
         refs: ``(N, 3)`` integer references of a valid table.
@@ -416,15 +421,14 @@ def link_components(
     if not seeded:
         return arr
     roots = np.array([int(members[c][n_refs[members[c]] == 0][0]) for c in seeded], dtype=np.int64)
-    remaining = list(range(len(seeded)))
+    # shell by shell outwards from the first component: the links stay short and the build shallow
     dmin = _min_distance(coords[roots], coords[placed_atoms])
     placed = list(placed_atoms.tolist())
-    while remaining:
-        k = min(remaining, key=lambda m: (dmin[m], m))
-        remaining.remove(k)
+    for k in np.lexsort((np.arange(len(seeded)), dmin)).tolist():
         c, r = seeded[k], int(roots[k])
         d = np.linalg.norm(coords[placed] - coords[r], axis=1)
-        near = np.argsort(d, kind="stable")[:_LINK_POOL]
+        near = np.argpartition(d, _LINK_POOL)[:_LINK_POOL] if len(d) > _LINK_POOL else np.arange(len(d))
+        near = near[np.lexsort((near, d[near]))]
         cands = [placed[m] for m in near.tolist()]
         atoms = members[c]
         s = atoms[n_refs[atoms] == 1]
@@ -434,9 +438,6 @@ def link_components(
         if line is not None:
             line = _unbend(arr, line, placed, [v for v in seeds if v is not None], atoms, picker)
         placed.extend(atoms.tolist())
-        if remaining:
-            idx = np.array(remaining)
-            dmin[idx] = np.minimum(dmin[idx], _min_distance(coords[roots[idx]], coords[atoms]))
     return arr
 
 
