@@ -204,3 +204,19 @@ def test_cli_gjf_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["convert", str(tmp_path / "w.xyz"), str(tmp_path / "w.inp"), "--format-out", "gjf"]) == 0
     assert read_gaussian(tmp_path / "w.inp").route == "#p sp"
     assert "error" not in capsys.readouterr().err
+
+
+def test_gaussian_isotope_spelling_round_trips() -> None:
+    z = read_zmat(io.StringIO("O\nH(Iso=2) 1 0.96\nH(Iso=3, Spin=1) 1 0.96 2 104.5\n"))
+    assert z.elements == ["O", "D", "T"]
+    out = io.StringIO()
+    write_gaussian(out, z, precision=3)
+    text = out.getvalue()
+    assert "H(Iso=2) 1 0.960\n" in text and "H(Iso=3) 1 0.960 2 104.500\n" in text
+    assert read_gaussian(io.StringIO(text)).zmatrix.elements == ["O", "D", "T"]
+    # the bare Z-matrix writer keeps D and T, which read_zmat reads too
+    bare = io.StringIO()
+    from batched_nerf.formats import write_zmat
+
+    write_zmat(bare, z)
+    assert bare.getvalue().splitlines()[1].startswith("D 1 ")

@@ -28,8 +28,9 @@ header too, :func:`write_gaussian` writes a complete input file.
 Atom lines are Z-matrix lines or Cartesian lines ``label x y z`` (also
 ``label 0 x y z`` with a freeze flag); Cartesian atoms become fixed atoms of
 the :class:`~batched_nerf.ZMatrix`, so the coordinates are kept as written.
-Labels start with an element symbol, ``D``/``T`` (hydrogen isotopes) or ``X``
-(a dummy atom: it takes part in the build but is not
+Labels start with an element symbol, ``D``/``T`` (hydrogen isotopes, also
+read as Gaussian's ``H(Iso=2)``/``H(Iso=3)``, which :func:`write_gaussian`
+writes) or ``X`` (a dummy atom: it takes part in the build but is not
 :attr:`~batched_nerf.ZMatrix.real`). Not supported: the two-angle form of a
 Z-matrix line (flag ``1``/``-1``), and Z-matrix seed lines (fewer than three
 references) together with Cartesian lines.
@@ -62,6 +63,7 @@ __all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaus
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eEdD][+-]?\d+)?$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HEADERS = ("variables", "constants")
+_ISOTOPES = {"D": "H(Iso=2)", "T": "H(Iso=3)"}
 
 
 @dataclass
@@ -87,7 +89,10 @@ class GaussianInput:
 
 
 def _strip(line: str) -> str:
-    return line.split("!", 1)[0].replace(",", " ").strip()
+    text = line.split("!", 1)[0]
+    # keep atom options such as H(Iso=2,Spin=1) in one field
+    text = re.sub(r"\([^)]*\)", lambda m: m.group(0).replace(",", ";").replace(" ", ""), text)
+    return text.replace(",", " ").strip()
 
 
 def _element(label: str, lineno: int) -> str:
@@ -96,6 +101,9 @@ def _element(label: str, lineno: int) -> str:
     if m is None:
         raise ValueError(f"line {lineno}: atom label {label!r} does not start with an element symbol")
     letters = m.group(0)
+    iso = re.search(r"\(.*\biso\s*=\s*(\d+)", label, re.IGNORECASE)
+    if letters[:1].upper() == "H" and len(letters) == 1 and iso and iso.group(1) in ("2", "3"):
+        return "D" if iso.group(1) == "2" else "T"  # Gaussian's H(Iso=2) and H(Iso=3)
     for candidate in ([letters[:2]] if len(letters) >= 2 else []) + [letters[:1]]:
         try:
             return element_symbol(candidate)
@@ -560,6 +568,13 @@ def write_gaussian(
         order = np.arange(len(elements), dtype=np.int64)
     else:
         order = write_zmat(body, zmatrix, variables=variables, precision=precision)
+    # Gaussian spells the hydrogen isotopes H(Iso=2) and H(Iso=3)
+    lines = body.getvalue().splitlines()
+    for k, line in enumerate(lines):
+        head, _, rest = line.partition(" ")
+        if head in _ISOTOPES:
+            lines[k] = f"{_ISOTOPES[head]} {rest}".rstrip()
+    body = io.StringIO("\n".join(lines) + ("\n" if lines else ""))
     head = (
         [str(line).strip() for line in link0]
         + route_lines
