@@ -671,3 +671,14 @@ def test_collinear_points_always_rebuild(n: int, seed: int, on_line: int, link: 
     comp = table.components.numpy()
     same = comp[:, None] == comp[None, :]
     assert np.abs(pdist(x) - pdist(xyz))[same].max() < TOL
+
+
+def test_dummy_atoms_in_an_xyz_file_are_linked_not_bonded(tmp_path: Path) -> None:
+    text = "4\nwater and a dummy\nO 0 0 0\nH 0.96 0 0\nH -0.24 0.93 0\nX 0.3 0.3 1.5\n"
+    elements, frames, _ = read_xyz(io.StringIO(text))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the dummy has no bonds, and that is no reason to warn
+        pairs = bn.perceive_connectivity(frames[0], elements)
+    assert pairs.tolist() == [[0, 1], [0, 2]]
+    z = bn.ZMatrix.from_cartesian(torch.from_numpy(frames[0]), elements=elements)
+    assert z.table.n_components == 1 and worst(z.to_cartesian().numpy(), frames[0]) < TOL

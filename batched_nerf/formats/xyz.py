@@ -113,21 +113,22 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
 
 def _check_distinct(xyz: np.ndarray, starts: list[int]) -> None:
     """Raise for two atoms of one frame at exactly the same coordinates (``starts``: first atom lines)."""
-    n_frames, n = xyz.shape[:2]
+    n = xyz.shape[1]
     if n < 2:
         return
-    flat = xyz.reshape(-1, 3)
-    frame = np.repeat(np.arange(n_frames), n)
-    order = np.lexsort((flat[:, 2], flat[:, 1], flat[:, 0], frame))
-    same = (frame[order[1:]] == frame[order[:-1]]) & (flat[order[1:]] == flat[order[:-1]]).all(1)
-    if same.any():
-        k = int(np.flatnonzero(same)[0])
-        p, q = sorted((int(order[k]), int(order[k + 1])))
-        f, a, b = p // n, p % n, q % n
-        raise ValueError(
-            f"line {starts[f] + b}: atom {b} has the same coordinates as atom {a} (line {starts[f] + a}) "
-            f"in frame {f + 1}: coincident atoms (a duplicated line?)"
-        )
+    # identical atoms have identical projections; sorting one number per atom is fast
+    key = xyz @ np.array([1.0, 0.7548776662466927, 0.5698402909980532])
+    order = np.argsort(key, axis=1, kind="stable")
+    ranked = np.take_along_axis(key, order, axis=1)
+    for f, k in zip(*np.nonzero(ranked[:, 1:] == ranked[:, :-1])):
+        tied = order[f][ranked[f] == ranked[f, k]].tolist()  # all atoms sharing the key
+        pairs = sorted((p, q) for p in tied for q in tied if p < q and (xyz[f, p] == xyz[f, q]).all())
+        if pairs:
+            i, j = pairs[0]
+            raise ValueError(
+                f"line {starts[f] + j}: atom {j} has the same coordinates as atom {i} (line {starts[f] + i}) "
+                f"in frame {f + 1}: coincident atoms (a duplicated line?)"
+            )
 
 
 def write_xyz(
