@@ -12,6 +12,7 @@ private.
 """
 
 from . import losses
+from ._autotable import nonbonded_references, perceive_connectivity
 from ._convert import InternalCoordinates, to_cartesian, to_internal
 from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
@@ -54,7 +55,9 @@ __all__ = [
     "from_chemcoord",
     "log_det_jacobian",
     "losses",
+    "nonbonded_references",
     "pack_tables",
+    "perceive_connectivity",
     "pose_components",
     "pose_log_det",
     "rotation_angles",

@@ -1,86 +1,101 @@
-"""Automatic construction tables from a bond graph or from coordinates.
+"""Automatic construction tables (plain numpy arrays) from a bond graph or from coordinates.
 
-:func:`table_from_bonds` turns a bond graph into a chemically sensible
-Z-matrix: every atom is placed from a bonded neighbour, at an angle to a
-neighbour of that atom, and with a proper torsion along bonds where one exists.
-Further branches around the same bond (the 2nd and 3rd hydrogen of a methyl
-group) use an already placed sibling as dihedral reference, so that their
-dihedrals are the rigid ~±120 deg offsets rather than copies of the same
-torsion. :func:`table_from_xyz` perceives the bonds from covalent radii first.
+:func:`refs_from_connectivity` turns a bond graph (``connectivity``: pairs of
+bonded atoms) into a chemically sensible Z-matrix: every atom is placed from a
+bonded neighbour, at an angle to a neighbour of that atom, and with a proper
+torsion along bonds where one exists. Further branches around the same bond
+(the 2nd and 3rd hydrogen of a methyl group) use an already placed sibling as
+dihedral reference, so that their dihedrals are the rigid ~+-120 deg offsets
+rather than copies of the same torsion. :func:`refs_from_xyz` perceives the
+bonds from covalent radii first (:func:`~batched_nerf._perceive.perceive_connectivity`).
+
+When coordinates are known, disconnected fragments (the molecules of a dimer,
+the ions of a salt, solvent molecules) are *linked* into one build by
+:func:`link_components`: the first atoms of each further fragment reference
+the nearest atoms already placed. Those references are not chemical bonds;
+:func:`nonbonded_references` marks them (and any other non-bonded reference).
+
+This module works on numpy arrays only; :class:`~batched_nerf.ConstructionTable`
+wraps its results (``ConstructionTable.from_connectivity``, ``from_xyz``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._table import ConstructionTable
+from ._perceive import COVALENT_RADII, DEFAULT_SCALE, as_xyz, check_not_coincident, perceive_connectivity
 
-__all__ = ["COVALENT_RADII", "LINEAR_TOLERANCE_DEG", "perceive_bonds", "table_from_bonds", "table_from_xyz"]
-
-#: Single-bond covalent radii in Angstrom (Cordero et al., Dalton Trans. 2008,
-#: sp3 carbon, low-spin transition metals).
-COVALENT_RADII: dict[str, float] = {
-    "H": 0.31, "He": 0.28, "Li": 1.28, "Be": 0.96, "B": 0.84, "C": 0.76, "N": 0.71, "O": 0.66,
-    "F": 0.57, "Ne": 0.58, "Na": 1.66, "Mg": 1.41, "Al": 1.21, "Si": 1.11, "P": 1.07, "S": 1.05,
-    "Cl": 1.02, "Ar": 1.06, "K": 2.03, "Ca": 1.76, "Sc": 1.70, "Ti": 1.60, "V": 1.53, "Cr": 1.39,
-    "Mn": 1.39, "Fe": 1.32, "Co": 1.26, "Ni": 1.24, "Cu": 1.32, "Zn": 1.22, "Ga": 1.22, "Ge": 1.20,
-    "As": 1.19, "Se": 1.20, "Br": 1.20, "Kr": 1.16, "Rb": 2.20, "Sr": 1.95, "Y": 1.90, "Zr": 1.75,
-    "Mo": 1.54, "Ru": 1.46, "Rh": 1.42, "Pd": 1.39, "Ag": 1.45, "Cd": 1.44, "In": 1.42, "Sn": 1.39,
-    "Sb": 1.39, "Te": 1.38, "I": 1.39, "Xe": 1.40, "Cs": 2.44, "Ba": 2.15, "W": 1.62, "Pt": 1.36,
-    "Au": 1.36, "Hg": 1.32, "Pb": 1.46, "Bi": 1.48,
-}  # fmt: skip
+__all__ = [
+    "COVALENT_RADII",
+    "LINEAR_TOLERANCE_DEG",
+    "AutoRefs",
+    "link_components",
+    "nonbonded_references",
+    "perceive_connectivity",
+    "refs_from_connectivity",
+    "refs_from_xyz",
+]
 
 #: How many nearby earlier atoms the last-resort search considers.
 _POOL = 16
 
+#: How many of the nearest placed atoms a fragment link considers.
+_LINK_POOL = 64
+
 #: Reference triples whose angle lies within this many degrees of 0 or 180 are avoided.
 LINEAR_TOLERANCE_DEG = 5.0
 
-
-def _normalise_element(symbol: str) -> str:
-    s = str(symbol).strip()
-    return s[:1].upper() + s[1:].lower()
+#: Atoms closer than this (in the unit of ``xyz``) are rejected as coincident.
+COINCIDENT_DISTANCE = 1e-4
 
 
-def _as_xyz(xyz: Any, n_atoms: int | None, what: str = "xyz") -> np.ndarray:
-    if hasattr(xyz, "detach"):
-        xyz = xyz.detach().cpu().numpy()
-    arr = np.asarray(xyz, dtype=np.float64)
-    if arr.ndim != 2 or arr.shape[1] != 3 or (n_atoms is not None and arr.shape[0] != n_atoms):
-        want = f"({n_atoms}, 3)" if n_atoms is not None else "(N, 3)"
-        raise ValueError(f"{what} must have shape {want}, got {tuple(arr.shape)}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{what} contains NaN or infinite values")
-    return arr
+class AutoRefs(NamedTuple):
+    """An automatic construction table as plain arrays.
+
+    Attributes:
+        refs: ``(N, 3)`` ``np.int64`` references ``(bond, angle, dihedral)``, ``-1`` for none.
+        nonbonded: ``(N, 3)`` boolean mask of the internal coordinates that are
+            not chemical ones (see :func:`nonbonded_references`), among them
+            every link between fragments.
+        connectivity: ``(E, 2)`` ``np.int64`` bonded pairs ``i < j`` (sorted, unique)
+            that the table was built from.
+    """
+
+    refs: np.ndarray
+    nonbonded: np.ndarray
+    connectivity: np.ndarray
 
 
-def _adjacency(bonds: Any, n_atoms: int) -> list[list[int]]:
-    if hasattr(bonds, "detach"):
-        bonds = bonds.detach().cpu().numpy()
-    arr = bonds if isinstance(bonds, np.ndarray) else np.asarray([tuple(p) for p in bonds])
+def _adjacency(connectivity: Any, n_atoms: int) -> tuple[list[list[int]], np.ndarray]:
+    if hasattr(connectivity, "detach"):
+        connectivity = connectivity.detach().cpu().numpy()
+    arr = (
+        connectivity if isinstance(connectivity, np.ndarray) else np.asarray([tuple(p) for p in connectivity])
+    )
     if arr.size == 0:
         arr = np.zeros((0, 2), dtype=np.int64)
     if arr.ndim != 2 or arr.shape[1] != 2:
-        raise ValueError(f"bonds must be a sequence of (i, j) pairs, got shape {tuple(arr.shape)}")
+        raise ValueError(f"connectivity must be a sequence of (i, j) pairs, got shape {tuple(arr.shape)}")
     if not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"bonds must hold integer atom indices, got dtype {arr.dtype}")
+        raise ValueError(f"connectivity must hold integer atom indices, got dtype {arr.dtype}")
     neighbours: list[set[int]] = [set() for _ in range(n_atoms)]
     for k, (i, j) in enumerate(arr.astype(np.int64).tolist()):
         for x in (i, j):
             if x < 0 or x >= n_atoms:
-                raise ValueError(f"bond {k} ({i}, {j}): atom index {x} out of range [0, {n_atoms - 1}]")
+                raise ValueError(
+                    f"connectivity pair {k} ({i}, {j}): atom index {x} out of range [0, {n_atoms - 1}]"
+                )
         if i == j:
-            raise ValueError(f"bond {k} ({i}, {j}): an atom cannot be bonded to itself")
+            raise ValueError(f"connectivity pair {k} ({i}, {j}): an atom cannot be bonded to itself")
         neighbours[i].add(j)
         neighbours[j].add(i)
-    return [sorted(s) for s in neighbours]
+    pairs = np.array([(i, j) for i in range(n_atoms) for j in sorted(neighbours[i]) if i < j], dtype=np.int64)
+    return [sorted(s) for s in neighbours], pairs.reshape(-1, 2)
 
 
 def _bfs(adj: list[list[int]], start: int) -> dict[int, int]:
@@ -296,14 +311,291 @@ def _dihedral_ref(
     return -1
 
 
-def table_from_bonds(
-    bonds: Iterable[Sequence[int]] | np.ndarray,
+# ------------------------------------------------------------------ linking
+def _components_of(refs: np.ndarray) -> np.ndarray:
+    """``(N,)`` component label of each row (atoms joined by references), ``0 .. C-1``."""
+    n = len(refs)
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, row in enumerate(refs.tolist()):
+        for r in row:
+            if r >= 0:
+                ri, rr = find(i), find(r)
+                if ri != rr:
+                    parent[ri] = rr
+    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
+    return np.unique(roots, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
+def link_components(
+    refs: Any,
+    xyz: Any,
+    *,
+    fixed: Iterable[int] | np.ndarray | None = None,
+    first: int | None = None,
+) -> np.ndarray:
+    """Join the seeded components of a table into one build, referencing the nearest placed atoms.
+
+    The components are placed one after the other: first the one containing
+    atom ``first`` (default: the largest whose atoms are not all on one line,
+    so that the seed triple lies in the main molecule rather than on an ion),
+    then the others in order of the distance of their root atom to that
+    first component (shell by shell, which keeps the links short and the build
+    shallow). The (up to) three seed rows of each get references to atoms
+    already placed, chosen nearest to its root first and so that no reference
+    triple is within :data:`LINEAR_TOLERANCE_DEG` of 0 or 180 deg (the least
+    linear choice when no other exists):
+
+    * root ``r``: ``(p1, p2, p3)``, ``p1`` the placed atom nearest to ``r``;
+    * second seed ``s = (r, -1, -1)``: ``(r, q1, q2)``;
+    * third seed ``t = (b, a, -1)``: ``(b, a, q)``.
+
+    Every other row is kept. While all atoms placed so far lie on one line
+    (linear molecules, single atoms) they define no frame for a dihedral; then
+    the first seed atom off that line becomes the build's third seed instead.
+    The new references are not chemical bonds (see :func:`nonbonded_references`).
+    Components anchored by ``fixed`` atoms are not changed; when they hold
+    three or more atoms the seeded components are linked to them too (so the
+    whole system keeps its absolute placement).
+
+    Args:
+        refs: ``(N, 3)`` integer references of a valid table.
+        xyz: ``(N, 3)`` coordinates of one conformation.
+        fixed: indices of the table's fixed atoms (default none).
+        first: an atom whose component is placed first (default: the largest component).
+
+    Returns:
+        ``(N, 3)`` ``np.int64`` references with a single seed triple (or none,
+        when anchored components received the links).
+
+    Raises:
+        ValueError: ``refs`` or ``xyz`` of the wrong shape, or ``first`` out of range.
+
+    Example:
+        >>> from batched_nerf._autotable import link_components
+        >>> two_waters = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [-1, -1, -1], [3, -1, -1], [3, 4, -1]]
+        >>> xyz = [[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0],
+        ...        [2.9, 0.1, 0.2], [3.3, 0.9, 0], [3.3, -0.6, 0.5]]
+        >>> link_components(two_waters, xyz).tolist()[3:]
+        [[1, 0, 2], [3, 1, 0], [3, 4, 1]]
+    """
+    arr = np.array(refs, dtype=np.int64)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
+    n = len(arr)
+    coords = as_xyz(xyz, n)
+    if first is not None and not 0 <= int(first) < n:
+        raise ValueError(f"first must be an atom index in [0, {n - 1}], got {first!r}")
+    comp = _components_of(arr)
+    n_comp = int(comp.max()) + 1 if n else 0
+    is_fixed = np.zeros(n, dtype=bool)
+    is_fixed[np.asarray(list(fixed) if fixed is not None else [], dtype=np.int64)] = True
+    anchored = np.zeros(n_comp, dtype=bool)
+    anchored[comp[is_fixed]] = True
+    members = [np.flatnonzero(comp == c) for c in range(n_comp)]
+    seeded = [c for c in range(n_comp) if not anchored[c]]
+    placed_atoms = np.flatnonzero(anchored[comp])
+    if placed_atoms.size < 3:
+        placed_atoms = np.zeros(0, dtype=np.int64)
+    n_refs = (arr >= 0).sum(1)
+    picker = _Picker(coords, LINEAR_TOLERANCE_DEG)
+    line: list[int] | None = None  # the seed atoms (R0, S0) of the build while all its atoms are collinear
+    if not placed_atoms.size:
+        if len(seeded) < 2:
+            return arr
+        # largest first, preferring a molecule whose atoms are not all on one line (its seed
+        # triple then spans a plane that every further link can use)
+        bent = {c: not _collinear(members[c], n_refs, picker) for c in seeded}
+        largest = max(seeded, key=lambda c: (bent[c], members[c].size, -c))
+        start = int(comp[first]) if first is not None and int(comp[first]) in seeded else largest
+        seeded.remove(start)
+        placed_atoms = members[start]
+        if not bent[start]:
+            line = [int(v) for v in sorted(placed_atoms.tolist(), key=lambda v: n_refs[v])[:2]]
+    if not seeded:
+        return arr
+    roots = np.array([int(members[c][n_refs[members[c]] == 0][0]) for c in seeded], dtype=np.int64)
+    # shell by shell outwards from the first component: the links stay short and the build shallow
+    dmin = _min_distance(coords[roots], coords[placed_atoms])
+    placed = list(placed_atoms.tolist())
+    for k in np.lexsort((np.arange(len(seeded)), dmin)).tolist():
+        c, r = seeded[k], int(roots[k])
+        d = np.linalg.norm(coords[placed] - coords[r], axis=1)
+        near = np.argpartition(d, _LINK_POOL)[:_LINK_POOL] if len(d) > _LINK_POOL else np.arange(len(d))
+        near = near[np.lexsort((near, d[near]))]
+        cands = [placed[m] for m in near.tolist()]
+        atoms = members[c]
+        s = atoms[n_refs[atoms] == 1]
+        t = atoms[n_refs[atoms] == 2]
+        seeds = [r, int(s[0]) if s.size else None, int(t[0]) if t.size else None]
+        _link_seeds(arr, seeds[0], seeds[1], seeds[2], cands, picker)
+        if line is not None:
+            line = _unbend(arr, line, placed, [v for v in seeds if v is not None], atoms, picker)
+        placed.extend(atoms.tolist())
+    return arr
+
+
+def _collinear(atoms: np.ndarray, n_refs: np.ndarray, picker: _Picker) -> bool:
+    """Whether all ``atoms`` of a component lie (within the tolerance) on the line of its first two seeds."""
+    if atoms.size < 3:
+        return True
+    r0, s0 = (int(v) for v in sorted(atoms.tolist(), key=lambda v: n_refs[v])[:2])
+    return all(_on_line(int(x), r0, s0, picker) for x in atoms.tolist() if x not in (r0, s0))
+
+
+def _on_line(x: int, r0: int, s0: int, picker: _Picker) -> bool:
+    return picker.badness(x, r0, s0) >= picker.cos_tol and picker.badness(x, s0, r0) >= picker.cos_tol
+
+
+def _unbend(
+    refs: np.ndarray, line: list[int], placed: list[int], seeds: list[int], atoms: np.ndarray, picker: _Picker
+) -> list[int] | None:
+    """Keep the build's frame defined while its atoms so far lie on one line.
+
+    While every placed atom is on the line of the build's root ``R0`` and second
+    seed ``S0``, no dihedral reference frame exists among them, so the first
+    seed atom ``o`` of the new component that is off that line becomes the
+    build's third seed ``(R0 or S0, the other, -1)`` and the old, collinear third
+    seed (whose angle is straight, so its dihedral is free) takes ``o`` as its
+    dihedral reference. Returns the line's ``[R0, S0]`` while the build stays on
+    it, else ``None``.
+    """
+    build = placed + [int(v) for v in atoms.tolist()]
+    n_refs = (refs[build] >= 0).sum(1)
+    r0 = build[int(np.flatnonzero(n_refs == 0)[0])]
+    second = np.flatnonzero(n_refs == 1)
+    if not second.size:
+        return [r0]
+    s0 = build[int(second[0])]
+    third = np.flatnonzero(n_refs == 2)
+    off = [v for v in seeds if v not in (r0, s0) and not _on_line(v, r0, s0, picker)]
+    if third.size and off:
+        t0, o = build[int(third[0])], off[0]
+        if o != t0 and _on_line(t0, r0, s0, picker):
+            near, far = sorted((r0, s0), key=lambda v: picker.badness(o, v, r0 + s0 - v))
+            refs[o] = [near, far, -1]
+            refs[t0, 2] = o
+    if all(_on_line(v, r0, s0, picker) for v in build if v not in (r0, s0)):
+        return [r0, s0]
+    return None
+
+
+def _min_distance(a: np.ndarray, b: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """Distance from each point of ``a`` to the nearest point of ``b``."""
+    out = np.full(len(a), np.inf)
+    for k in range(0, len(b), chunk):
+        d = np.linalg.norm(a[:, None, :] - b[None, k : k + chunk, :], axis=-1)
+        out = np.minimum(out, d.min(1))
+    return out
+
+
+def _link_seeds(
+    refs: np.ndarray, r: int, s: int | None, t: int | None, cands: list[int], picker: _Picker
+) -> None:
+    """Give the seed rows ``r``, ``s``, ``t`` references to placed atoms ``cands`` (nearest first)."""
+
+    def pick(exclude: Sequence[int], triple: Callable[[int], tuple[int, int, int]]) -> int:
+        best: tuple[float, int] | None = None
+        for c in cands:
+            if c in exclude:
+                continue
+            bad = picker.badness(*triple(c))
+            if bad < picker.cos_tol:
+                return c
+            if best is None or bad < best[0]:
+                best = (bad, c)
+        assert best is not None  # the caller checks that enough candidates exist
+        return best[1]
+
+    k = len(cands)
+    p = [cands[0]]
+    if k >= 2:
+        p.append(pick(p, lambda c: (r, p[0], c)))
+    if k >= 3:
+        p.append(pick(p, lambda c: (p[0], p[1], c)))
+    refs[r] = p + [-1] * (3 - len(p))
+    if s is not None:
+        q = [pick([], lambda c: (s, r, c))]
+        if k >= 2:
+            q.append(pick(q, lambda c: (r, q[0], c)))
+        refs[s] = [r, *q] + [-1] * (2 - len(q))
+    if t is not None:
+        b, a = int(refs[t, 0]), int(refs[t, 1])
+        refs[t, 2] = pick([], lambda c: (b, a, c))
+
+
+def nonbonded_references(refs: Any, connectivity: Any) -> np.ndarray:
+    """Mask of the internal coordinates of a table that are not chemical ones.
+
+    For row ``i`` with references ``(b, a, d)``, with "bonded" meaning a pair
+    of ``connectivity``:
+
+    * ``[i, 0]``, the bond ``|x_i - x_b|``: ``i-b`` is not bonded;
+    * ``[i, 1]``, the angle ``i-b-a``: ``[i, 0]`` or ``b-a`` is not bonded;
+    * ``[i, 2]``, the dihedral ``i-b-a-d``: ``[i, 1]``, or ``d`` is bonded
+      neither to ``a`` (a proper torsion) nor to ``b`` (an improper one, such
+      as the rigid offset between the hydrogens of a methyl group).
+
+    Columns without a reference are ``False``. The links that
+    :func:`link_components` adds between fragments are always marked: their
+    values are distances and orientations between molecules, not bond lengths,
+    bond angles or torsions (a flow or a force field should treat them as such).
+
+    Args:
+        refs: ``(N, 3)`` integer references (numpy, lists or torch).
+        connectivity: ``(E, 2)`` bonded pairs.
+
+    Returns:
+        ``(N, 3)`` boolean numpy array.
+
+    Raises:
+        ValueError: malformed ``refs`` or ``connectivity``.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> refs = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [1, 0, 2]]   # a water and an ion
+        >>> bn.nonbonded_references(refs, [(0, 1), (0, 2)]).tolist()[3]
+        [True, True, True]
+    """
+    if hasattr(refs, "detach"):
+        refs = refs.detach().cpu().numpy()
+    arr = np.asarray(refs, dtype=np.int64)
+    if arr.ndim != 2 or arr.shape[1] != 3:
+        raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
+    n = len(arr)
+    _, pairs = _adjacency(connectivity, n)
+    keys = np.sort(np.concatenate([pairs[:, 0] * n + pairs[:, 1], pairs[:, 1] * n + pairs[:, 0]]))
+
+    def bonded(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        ok = (x >= 0) & (y >= 0)
+        code = np.where(ok, x * n + y, -1)
+        pos = np.clip(np.searchsorted(keys, code), 0, max(len(keys) - 1, 0))
+        return ok & (keys[pos] == code) if len(keys) else np.zeros(len(x), dtype=bool)
+
+    i = np.arange(n)
+    b, a, d = arr[:, 0], arr[:, 1], arr[:, 2]
+    m0 = (b >= 0) & ~bonded(i, b)
+    m1 = (a >= 0) & (m0 | ~bonded(b, a))
+    m2 = (d >= 0) & (m1 | ~(bonded(a, d) | bonded(b, d)))
+    return np.stack([m0, m1, m2], axis=1)
+
+
+# ------------------------------------------------------------- entry points
+def refs_from_connectivity(
+    connectivity: Iterable[Sequence[int]] | np.ndarray,
     n_atoms: int,
     *,
     xyz: Any = None,
     root: int | None = None,
-) -> ConstructionTable:
-    """Construction table for a molecule given by its bond graph.
+    link_fragments: bool | None = None,
+) -> AutoRefs:
+    """Construction table (as arrays) for a molecule or system given by its bond graph.
 
     Each connected fragment is spanned breadth-first from an (approximate)
     graph centre, which keeps the build shallow; ring-closure bonds are simply
@@ -324,146 +616,110 @@ def table_from_bonds(
     atoms of the same fragment, nearest along bonds first. Only when no atom
     bonded to the first two seeds can be the third one without being collinear
     with them (e.g. ``root`` at the N of a nitrile), in a fragment of more than
-    three atoms, does the third seed take a non-bonded bond reference; every
-    other bond reference is a real bond.
+    three atoms, does the third seed take a non-bonded bond reference.
+
+    With coordinates, the fragments are then linked into one build
+    (:func:`link_components`): each further fragment's seed rows reference the
+    nearest atoms already placed, so that one seed triple describes the whole
+    system (a dimer, a salt, a solvated molecule) and the relative placement
+    of the fragments is part of the internal coordinates. ``nonbonded`` marks
+    those links. With ``link_fragments=False`` every fragment keeps its own
+    seed triple (molecules that move independently, e.g. for packing).
 
     Args:
-        bonds: ``(B, 2)`` integer pairs ``(i, j)`` (any order, duplicates allowed).
-        n_atoms: number of atoms ``N``; atoms in no bond become 1-atom fragments.
+        connectivity: ``(E, 2)`` integer pairs ``(i, j)`` of bonded atoms (any
+            order, duplicates allowed; numpy, lists or torch).
+        n_atoms: number of atoms ``N``; atoms in no pair are 1-atom fragments.
         xyz: optional ``(N, 3)`` coordinates (numpy or torch). When given, angle
             and dihedral references forming a triple within
             :data:`LINEAR_TOLERANCE_DEG` (5 deg) of 0 or 180 deg are avoided
-            (``i-b-a`` for the angle, ``b-a-d`` for the dihedral). If a fragment
+            (``i-b-a`` for the angle, ``b-a-d`` for the dihedral); if a fragment
             is entirely linear the least linear choice is kept.
-        root: optional atom placed at the origin (its fragment is seeded from it);
-            other fragments use their graph centre.
+        root: optional atom placed at the origin (its fragment is seeded from it
+            and placed first); other fragments use their graph centre.
+        link_fragments: join the fragments into one build; default: when ``xyz`` is given.
 
     Returns:
-        A validated :class:`~batched_nerf.ConstructionTable` with ``N`` rows and
-        one seed triple per fragment.
+        :class:`AutoRefs` ``(refs, nonbonded, connectivity)``: ``(N, 3)`` int64
+        references (one seed triple in all, or one per fragment when not
+        linked), the ``(N, 3)`` boolean mask of :func:`nonbonded_references`,
+        and the ``(E, 2)`` sorted unique bonded pairs.
 
     Raises:
-        ValueError: for a negative ``n_atoms``, a bond index out of range or a
-            self-bond, malformed ``bonds``, ``xyz`` of the wrong shape or not
-            finite, or ``root`` out of range.
+        ValueError: for a negative ``n_atoms``, a pair index out of range or a
+            self-bond, malformed ``connectivity``, ``xyz`` of the wrong shape or
+            not finite, two atoms closer than ``1e-4`` (naming them), ``root``
+            out of range, or ``link_fragments=True`` without ``xyz``.
 
     Example:
-        >>> from batched_nerf._autotable import table_from_bonds
+        >>> from batched_nerf._autotable import refs_from_connectivity
         >>> ethane = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 5), (1, 6), (1, 7)]
-        >>> table_from_bonds(ethane, 8).refs.tolist()
+        >>> refs_from_connectivity(ethane, 8).refs.tolist()
         [[1, -1, -1], [-1, -1, -1], [0, 1, 5], [0, 1, 2], [0, 1, 2], [1, 0, -1], [1, 0, 5], [1, 0, 5]]
-        >>> table_from_bonds(ethane, 8, root=0).refs.tolist()[1:4]
+        >>> refs_from_connectivity(ethane, 8, root=0).refs.tolist()[1:4]
         [[0, -1, -1], [0, 1, -1], [0, 1, 2]]
     """
-    from ._table import ConstructionTable
-
-    return ConstructionTable(_refs_from_bonds(bonds, n_atoms, xyz=xyz, root=root))
-
-
-def _refs_from_bonds(
-    bonds: Iterable[Sequence[int]] | np.ndarray, n_atoms: int, *, xyz: Any = None, root: int | None = None
-) -> np.ndarray:
     if isinstance(n_atoms, bool) or not isinstance(n_atoms, (int, np.integer)) or n_atoms < 0:
         raise ValueError(f"n_atoms must be a non-negative integer, got {n_atoms!r}")
     n_atoms = int(n_atoms)
-    adj = _adjacency(bonds, n_atoms)
-    coords = None if xyz is None else _as_xyz(xyz, n_atoms)
+    adj, pairs = _adjacency(connectivity, n_atoms)
+    coords = None if xyz is None else as_xyz(xyz, n_atoms)
     if root is not None and (isinstance(root, bool) or not 0 <= int(root) < n_atoms):
         raise ValueError(f"root must be an atom index in [0, {n_atoms - 1}], got {root!r}")
     start = None if root is None else int(root)
-    return _refs_from_adjacency(adj, n_atoms, coords, start, LINEAR_TOLERANCE_DEG)
+    link = coords is not None if link_fragments is None else bool(link_fragments)
+    if link and coords is None:
+        raise ValueError(
+            "link_fragments=True needs xyz: fragments are linked to the nearest atoms already placed"
+        )
+    if coords is not None:
+        check_not_coincident(coords, np.full(n_atoms, COINCIDENT_DISTANCE / 2))
+    refs = _refs_from_adjacency(adj, n_atoms, coords, start, LINEAR_TOLERANCE_DEG)
+    if link:
+        assert coords is not None
+        refs = link_components(refs, coords, first=start)
+    return AutoRefs(refs, nonbonded_references(refs, pairs), pairs)
 
 
-def perceive_bonds(xyz: Any, elements: Sequence[str], *, scale: float = 1.2) -> np.ndarray:
-    """Bonded pairs ``(i, j)``, ``i < j``, with ``|x_i - x_j| < scale * (r_i + r_j)``.
-
-    Args:
-        xyz: ``(N, 3)`` coordinates in Angstrom (numpy or torch).
-        elements: ``N`` element symbols (case-insensitive), see :data:`COVALENT_RADII`.
-        scale: tolerance factor on the sum of covalent radii.
-
-    Returns:
-        ``(B, 2)`` ``np.int64`` array of bonded pairs, sorted.
-
-    Raises:
-        ValueError: for an unknown element, mismatched lengths, a bad shape or a
-            non-positive ``scale``.
-
-    Example:
-        >>> from batched_nerf._autotable import perceive_bonds
-        >>> perceive_bonds([[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]], ["O", "H", "H"]).tolist()
-        [[0, 1], [0, 2]]
-    """
-    coords = _as_xyz(xyz, None)
-    elements = list(elements)
-    if len(elements) != len(coords):
-        raise ValueError(f"got {len(elements)} elements for {len(coords)} atoms")
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale!r}")
-    radii = np.empty(len(coords))
-    for k, el in enumerate(elements):
-        sym = _normalise_element(el)
-        if sym not in COVALENT_RADII:
-            raise ValueError(
-                f"unknown element {el!r} at index {k}; known elements: {', '.join(COVALENT_RADII)}"
-            )
-        radii[k] = COVALENT_RADII[sym]
-    return _close_pairs(coords, radii * scale)
-
-
-def _close_pairs(coords: np.ndarray, reach: np.ndarray) -> np.ndarray:
-    """Pairs ``i < j`` with ``|x_i - x_j| < reach_i + reach_j``, via a cell list (linear time)."""
-    n = len(coords)
-    if n < 2:
-        return np.zeros((0, 2), dtype=np.int64)
-    h = 2.0 * float(reach.max())
-    cell = np.floor((coords - coords.min(0)) / h).astype(np.int64) + 1  # one empty layer of padding
-    dims = cell.max(0) + 2
-    cid = (cell[:, 0] * dims[1] + cell[:, 1]) * dims[2] + cell[:, 2]
-    order = np.argsort(cid, kind="stable")
-    sorted_cid = cid[order]
-    found = []
-    for dx, dy, dz in itertools.product((-1, 0, 1), repeat=3):
-        nid = cid + (dx * dims[1] + dy) * dims[2] + dz
-        lo = np.searchsorted(sorted_cid, nid, "left")
-        counts = np.searchsorted(sorted_cid, nid, "right") - lo
-        i = np.repeat(np.arange(n), counts)
-        start = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        j = order[start + np.arange(len(i))]
-        keep = i < j
-        i, j = i[keep], j[keep]
-        close = np.linalg.norm(coords[i] - coords[j], axis=1) < reach[i] + reach[j]
-        found.append(np.stack([i[close], j[close]], axis=1))
-    pairs = np.concatenate(found)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))].astype(np.int64)
-
-
-def table_from_xyz(xyz: Any, elements: Sequence[str], *, scale: float = 1.2) -> ConstructionTable:
-    """Construction table from coordinates: perceive bonds, then :func:`table_from_bonds`.
+def refs_from_xyz(
+    xyz: Any,
+    elements: Sequence[str],
+    *,
+    scale: float = DEFAULT_SCALE,
+    link_fragments: bool = True,
+) -> AutoRefs:
+    """Construction table (as arrays) from coordinates: perceive bonds, then :func:`refs_from_connectivity`.
 
     Two atoms are bonded when their distance is below ``scale`` times the sum
-    of their covalent radii (:data:`COVALENT_RADII`). The coordinates are also
-    used to avoid near-linear reference triples.
+    of their covalent radii (:func:`~batched_nerf._perceive.perceive_connectivity`).
+    The coordinates are also used to avoid near-linear reference triples and,
+    by default, to link the fragments (molecules, ions) into one build.
 
     Args:
         xyz: ``(N, 3)`` coordinates in Angstrom (numpy or torch; one conformation).
-        elements: ``N`` element symbols, case-insensitive (``"C"``, ``"cl"``, ``"BR"``).
-        scale: tolerance factor on the sum of covalent radii (default 1.2).
+        elements: ``N`` element symbols, case-insensitive; ``D``/``T`` count as
+            hydrogen, dummy atoms ``X`` are never bonded.
+        scale: tolerance factor on the sum of covalent radii (default 1.3).
+        link_fragments: join the fragments into one build (default) or give
+            each its own seed triple.
 
     Returns:
-        A :class:`~batched_nerf.ConstructionTable`; each bonded fragment gets its
-        own seed triple.
+        :class:`AutoRefs` ``(refs, nonbonded, connectivity)``.
 
     Raises:
         ValueError: for an unknown element, a length mismatch between ``xyz``
-            and ``elements``, a wrong shape, or non-finite coordinates.
+            and ``elements``, a wrong shape, non-finite coordinates, or
+            coincident atoms (naming them).
+
+    Warns:
+        UserWarning: when most atoms have no bond (coordinates in bohr?).
 
     Example:
-        >>> from batched_nerf._autotable import table_from_xyz
+        >>> from batched_nerf._autotable import refs_from_xyz
         >>> water = [[0.0, 0.0, 0.0], [0.96, 0.0, 0.0], [-0.24, 0.93, 0.0]]
-        >>> table_from_xyz(water, ["O", "H", "H"]).refs.tolist()
+        >>> refs_from_xyz(water, ["O", "H", "H"]).refs.tolist()
         [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
     """
-    coords = _as_xyz(xyz, None)
-    pairs = perceive_bonds(coords, elements, scale=scale)
-    return table_from_bonds(pairs, len(coords), xyz=coords)
+    coords = as_xyz(xyz)
+    pairs = perceive_connectivity(coords, elements, scale=scale)
+    return refs_from_connectivity(pairs, len(coords), xyz=coords, link_fragments=link_fragments)

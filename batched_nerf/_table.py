@@ -151,6 +151,51 @@ class ConstructionTable:
         return cls(np.where(idx >= 0, idx, -1))
 
     @classmethod
+    def from_connectivity(
+        cls,
+        connectivity: Any,
+        n_atoms: int,
+        *,
+        xyz: Any = None,
+        root: int | None = None,
+        link_fragments: bool | None = None,
+    ) -> ConstructionTable:
+        """Table from a bond graph: bonded references, proper torsions, sibling branches.
+
+        See :func:`batched_nerf._autotable.refs_from_connectivity` for the rules
+        (rings, avoiding near-linear reference triples when ``xyz`` is given).
+        With coordinates, disconnected fragments (the molecules of a dimer, the
+        ions of a salt) are linked into one build by default: each further
+        fragment's seed atoms reference the nearest atoms already placed. Those
+        references are not chemical bonds; :func:`~batched_nerf.nonbonded_references`
+        marks them.
+
+        Args:
+            connectivity: ``(E, 2)`` pairs of bonded atom indices.
+            n_atoms: ``N``.
+            xyz: optional ``(N, 3)`` coordinates used to avoid near-linear
+                triples and to link the fragments.
+            root: atom to start from (default: chosen automatically).
+            link_fragments: one build for all fragments (default when ``xyz``
+                is given), or one seed triple per fragment (``False``).
+
+        Raises:
+            ValueError: an out-of-range pair index, bad shapes, coincident atoms
+                in ``xyz``, or ``link_fragments=True`` without ``xyz``.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> bn.ConstructionTable.from_connectivity([(0, 1), (1, 2), (2, 3)], 4).n_atoms
+            4
+        """
+        from ._autotable import refs_from_connectivity
+
+        auto = refs_from_connectivity(
+            connectivity, n_atoms, xyz=xyz, root=root, link_fragments=link_fragments
+        )
+        return cls(auto.refs)
+
+    @classmethod
     def from_bonds(
         cls,
         bonds: Any,
@@ -159,38 +204,45 @@ class ConstructionTable:
         xyz: Any = None,
         root: int | None = None,
     ) -> ConstructionTable:
-        """Table from a bond graph: bonded references, proper torsions, sibling branches.
+        """Deprecated alias of :meth:`from_connectivity` (``bonds`` are bond lengths elsewhere).
 
-        See :func:`batched_nerf._autotable.table_from_bonds` for the rules (rings,
-        fragments, avoiding near-linear reference triples when ``xyz`` is given).
-
-        Args:
-            bonds: ``(B, 2)`` pairs of bonded atom indices.
-            n_atoms: ``N``.
-            xyz: optional ``(N, 3)`` coordinates used to avoid near-linear triples.
-            root: atom to start from (default: chosen automatically).
-
-        Raises:
-            ValueError: an out-of-range bond index or bad shapes.
+        Warns:
+            DeprecationWarning: always.
 
         Example:
-            >>> import batched_nerf as bn
-            >>> bn.ConstructionTable.from_bonds([(0, 1), (1, 2), (2, 3)], 4).n_atoms
-            4
+            >>> import warnings, batched_nerf as bn
+            >>> with warnings.catch_warnings():
+            ...     warnings.simplefilter("ignore", DeprecationWarning)
+            ...     bn.ConstructionTable.from_bonds([(0, 1), (1, 2)], 3).n_atoms
+            3
         """
-        from ._autotable import table_from_bonds
+        import warnings
 
-        return table_from_bonds(bonds, n_atoms, xyz=xyz, root=root)
+        warnings.warn(
+            "ConstructionTable.from_bonds is deprecated; use ConstructionTable.from_connectivity "
+            "(the bond graph is called connectivity, bonds are bond lengths)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return cls.from_connectivity(bonds, n_atoms, xyz=xyz, root=root)
 
     @classmethod
-    def from_xyz(cls, xyz: Any, elements: Sequence[str], *, scale: float = 1.2) -> ConstructionTable:
+    def from_xyz(
+        cls, xyz: Any, elements: Sequence[str], *, scale: float = 1.3, link_fragments: bool = True
+    ) -> ConstructionTable:
         """Table from ``(N, 3)`` coordinates (Angstrom), perceiving bonds from covalent radii.
 
-        Atoms ``i, j`` are bonded when ``d_ij < scale * (r_i + r_j)``; then as
-        :meth:`from_bonds`, avoiding near-linear references in these coordinates.
+        Atoms ``i, j`` are bonded when ``d_ij < scale * (r_i + r_j)`` (Cordero et
+        al. 2008 radii, :func:`~batched_nerf.perceive_connectivity`); then as
+        :meth:`from_connectivity`, avoiding near-linear references in these
+        coordinates and linking the fragments into one build (unless
+        ``link_fragments=False``).
 
         Raises:
-            ValueError: an unknown element or a shape mismatch.
+            ValueError: an unknown element, a shape mismatch, or coincident atoms.
+
+        Warns:
+            UserWarning: most atoms have no bond (coordinates in bohr?).
 
         Example:
             >>> import batched_nerf as bn
@@ -198,9 +250,9 @@ class ConstructionTable:
             >>> bn.ConstructionTable.from_xyz(mol.xyz, mol.elements).n_atoms
             22
         """
-        from ._autotable import table_from_xyz
+        from ._autotable import refs_from_xyz
 
-        return table_from_xyz(xyz, elements, scale=scale)
+        return cls(refs_from_xyz(xyz, elements, scale=scale, link_fragments=link_fragments).refs)
 
     # ------------------------------------------------------------------ plans
     def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:

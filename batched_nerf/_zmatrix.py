@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._autotable import link_components
 from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table
 from ._convert import Method, to_cartesian, to_internal
 from ._table import ConstructionTable
@@ -340,27 +341,49 @@ class ZMatrix:
     def from_cartesian(
         cls,
         xyz: Any,
-        table: ConstructionTable,
+        table: ConstructionTable | None = None,
         elements: Sequence[str] | None = None,
         labels: Sequence[str] | None = None,
+        *,
+        link_fragments: bool = True,
     ) -> ZMatrix:
-        """The Z-matrix of Cartesian coordinates for a given construction table.
+        """The Z-matrix of Cartesian coordinates, for a given or an automatic construction table.
+
+        Without ``table``, the table is :meth:`ConstructionTable.from_xyz
+        <batched_nerf.ConstructionTable.from_xyz>` of the first conformation
+        (bonds perceived from ``elements``). A table of several seeded
+        components (the molecules of a dimer, the ions of a salt, each with its
+        own seed triple) would drop their placement relative to each other, so
+        by default its components are linked into one build first
+        (:func:`batched_nerf._autotable.link_components`: each further
+        component's seed rows reference the nearest atoms already placed, in the
+        first conformation); the returned :attr:`table` is then that linked
+        table, and :func:`~batched_nerf.nonbonded_references` marks the links.
+        With ``link_fragments=False`` the components keep their own seeds and
+        each is reproduced only up to its own rigid motion.
 
         Args:
             xyz: ``(..., N, 3)`` coordinates of the ``N`` rows of ``table``; the
                 positions of fixed atoms become ``fixed_xyz``.
-            table: the :class:`~batched_nerf.ConstructionTable`.
-            elements: optional ``N`` element symbols.
+            table: the :class:`~batched_nerf.ConstructionTable`, or ``None`` to
+                choose one from the bonds (needs ``elements``).
+            elements: optional ``N`` element symbols (required without ``table``).
             labels: optional ``N`` labels.
+            link_fragments: link separate components into one build (default).
 
         Returns:
             A :class:`ZMatrix` (all rows real) whose :meth:`to_cartesian`
-            reproduces ``xyz`` up to the rigid motion fixed by the seed atoms
-            (exactly, for tables whose components are all anchored by fixed atoms).
+            reproduces ``xyz`` up to one rigid motion (exactly, for tables
+            anchored by fixed atoms).
 
         Raises:
-            TypeError: ``table`` is not a ConstructionTable.
-            ValueError: ``xyz`` is not ``(..., N, 3)``, or bad ``elements``/``labels``.
+            TypeError: ``table`` is neither a ConstructionTable nor ``None``.
+            ValueError: ``xyz`` is not ``(..., N, 3)``, no ``table`` and no
+                ``elements``, bad ``elements``/``labels``, or a row whose
+                position the Z-matrix cannot hold (naming the row and the
+                conformation): its dihedral reference triple ``b-a-d`` is linear
+                while the angle ``i-b-a`` is not (the dihedral is undefined), or
+                its angle references coincide.
 
         Example:
             >>> import torch, batched_nerf as bn
@@ -370,9 +393,22 @@ class ZMatrix:
             >>> torch.allclose(z.to_cartesian(), xyz)
             True
         """
-        check_table(table)
+        if table is not None:
+            check_table(table)
         x = xyz if isinstance(xyz, Tensor) else torch.as_tensor(xyz, dtype=torch.float64)
+        if x.ndim < 2 or x.shape[-1] != 3:
+            raise ValueError(f"xyz must have shape (..., N, 3), got {tuple(x.shape)}")
+        first = x.detach().reshape(-1, *x.shape[-2:])[0].cpu().double().numpy()
+        if table is None:
+            if elements is None:
+                raise ValueError("from_cartesian without a table needs elements (to perceive the bonds)")
+            table = ConstructionTable.from_xyz(first, elements, link_fragments=link_fragments)
+        elif link_fragments and table.n_components > 1 and first.shape[0] == table.n_atoms:
+            refs = link_components(table.refs.numpy(), first, fixed=table.fixed.numpy())
+            if not np.array_equal(refs, table.refs.numpy()):
+                table = ConstructionTable(refs, fixed=table.fixed)
         ic = to_internal(x, table)
+        _check_rebuildable(x, table)
         fixed = None
         if table.n_fixed:
             fixed = x.index_select(-2, table.fixed.to(x.device))
@@ -396,6 +432,53 @@ def _as_connectivity(value: Any, n: int) -> np.ndarray:
     pairs = np.unique(np.sort(pairs, axis=1), axis=0)
     pairs.setflags(write=False)
     return pairs
+
+
+def _check_rebuildable(xyz: Tensor, table: ConstructionTable) -> None:
+    """Raise when a row's position is not determined by its internal coordinates.
+
+    A row ``(b, a, d)`` whose angle ``i-b-a`` is not straight needs a dihedral,
+    which is undefined when ``b``, ``a`` and ``d`` are collinear; an angle is
+    undefined when ``b`` and ``a`` coincide. Tolerance: ``sqrt(eps)`` of the
+    dtype on the sine of the angles.
+    """
+    refs = table.refs.to(xyz.device)
+    x = xyz.detach().reshape(-1, *xyz.shape[-2:])
+    tol = torch.finfo(x.dtype).eps ** 0.5 if x.dtype.is_floating_point else 1e-8
+
+    def pos(col: Tensor) -> Tensor:
+        return x[:, col.clamp(min=0), :]
+
+    def sin_at(p: Tensor, q: Tensor, r: Tensor) -> Tensor:
+        u, v = p - q, r - q
+        nu, nv = u.norm(dim=-1), v.norm(dim=-1)
+        return torch.linalg.cross(u, v).norm(dim=-1) / (nu * nv).clamp(min=torch.finfo(x.dtype).tiny)
+
+    i = torch.arange(table.n_atoms, device=x.device)
+    b, a, d = refs[:, 0], refs[:, 1], refs[:, 2]
+    xb, xa = pos(b), pos(a)
+    axis = (xb - xa).norm(dim=-1) <= tol * (1 + xb.norm(dim=-1))
+    bad_angle = (a >= 0) & axis
+    bent = sin_at(x[:, i, :], xb, xa) > tol
+    bad_dihedral = (d >= 0) & bent & ~axis & (sin_at(xb, xa, pos(d)) <= tol)
+    for mask, what in (
+        (bad_angle, "its bond and angle references {b} and {a} coincide, so the angle is undefined"),
+        (
+            bad_dihedral,
+            "its dihedral reference triple {b}-{a}-{d} is collinear while the angle {i}-{b}-{a} is "
+            "not, so the dihedral is undefined",
+        ),
+    ):
+        hits = torch.nonzero(mask)
+        if hits.numel():
+            conf, row = (int(v) for v in hits[0].tolist())
+            rb, ra, rd = (int(v) for v in table.refs[row].tolist())
+            raise ValueError(
+                f"row {row}: in conformation {conf}, "
+                + what.format(i=row, b=rb, a=ra, d=rd)
+                + f" and the position of atom {row} cannot be rebuilt ({hits.shape[0]} such row(s)); "
+                "choose other references (ConstructionTable.from_xyz avoids near-linear triples)"
+            )
 
 
 def formula(elements: Sequence[str]) -> str:

@@ -43,8 +43,15 @@ from ._zmatrix import ZMatrix, formula
 __all__ = ["main"]
 
 PROG = "batched-nerf"
-_EXTENSIONS = {".xyz": "xyz", ".zmat": "gzmat", ".gzmat": "gzmat", ".gzm": "gzmat"}
-_FORMATS = ("xyz", "gzmat", "chemcoord")
+_EXTENSIONS = {
+    ".xyz": "xyz",
+    ".zmat": "gzmat",
+    ".gzmat": "gzmat",
+    ".gzm": "gzmat",
+    ".gjf": "gjf",
+    ".com": "gjf",
+}
+_FORMATS = ("xyz", "gzmat", "gjf", "chemcoord")
 
 
 class CliError(Exception):
@@ -74,7 +81,7 @@ def _format_of(path: str, explicit: str | None) -> str:
         known = ", ".join(sorted(_EXTENSIONS))
         raise CliError(
             f"cannot tell the format of {path!r} from its extension (known: {known}); "
-            "pass --format-in/--format-out (xyz, gzmat or chemcoord)",
+            "pass --format-in/--format-out (xyz, gzmat, gjf or chemcoord)",
             code=2,
         )
     return _EXTENSIONS[ext]
@@ -130,14 +137,19 @@ def _read_chemcoord(path: str) -> ZMatrix:
 
 
 def _table_from(spec: str, xyz: np.ndarray, elements: list[str]) -> ConstructionTable:
-    """``auto`` (bond perception on ``xyz``) or a ``.npy``/text file of ``(N, 3)`` refs."""
-    from ._autotable import table_from_xyz
+    """``auto`` (bond perception on ``xyz``, fragments linked) or a ``.npy``/text file of ``(N, 3)`` refs."""
+    import warnings
 
     if spec == "auto":
         try:
-            return table_from_xyz(xyz, elements)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UserWarning)
+                table = ConstructionTable.from_xyz(xyz, elements)
         except ValueError as exc:
             raise CliError(f"cannot choose a construction table automatically: {exc}") from None
+        for w in caught:
+            print(f"{PROG}: warning: {w.message}", file=sys.stderr)
+        return table
     try:
         refs = np.load(spec) if spec.endswith(".npy") else np.loadtxt(spec, dtype=np.int64, ndmin=2)
     except (OSError, ValueError) as exc:
@@ -153,7 +165,9 @@ def _table_from(spec: str, xyz: np.ndarray, elements: list[str]) -> Construction
 
 def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
     """Bonds perceived from the built coordinates of the real atoms, as row pairs."""
-    from ._autotable import perceive_bonds
+    import warnings
+
+    from ._autotable import perceive_connectivity
 
     elements = zmatrix.real_elements
     if elements is None:
@@ -161,7 +175,9 @@ def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
     rows = torch.nonzero(zmatrix.real).reshape(-1).numpy()
     xyz = zmatrix.to_cartesian().detach().reshape(-1, len(rows), 3)[0].double().numpy()
     try:
-        pairs = perceive_bonds(xyz, elements)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            pairs = perceive_connectivity(xyz, elements)
     except ValueError:
         return np.zeros((0, 2), dtype=np.int64)
     return rows[pairs]
@@ -185,7 +201,7 @@ def load_source(spec: str, table_from: str = "auto") -> Source:
     if ext not in _EXTENSIONS:
         raise CliError(
             f"{spec!r} is neither a shipped molecule ({', '.join(data.available())}) "
-            "nor a .xyz/.zmat/.gzmat file",
+            "nor a .xyz/.zmat/.gzmat/.gjf/.com file",
             code=2 if not os.path.exists(spec) else 1,
         )
     name = os.path.splitext(os.path.basename(spec))[0]
@@ -475,9 +491,10 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
     frames: np.ndarray | None = None
     comments: list[str] = []
     zin: ZMatrix | None = None
+    note = ""
     if fin == "xyz":
         elements, frames, comments = _read_xyz(args.input)
-    elif fin == "gzmat":
+    elif fin in ("gzmat", "gjf"):
         zin = _read_gzmat(args.input)
     else:
         zin = _read_chemcoord(args.input)
@@ -498,20 +515,34 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
             what = f"{len(frames)} frame(s) of {len(elements)} atoms"
         else:
             z = _to_zmatrix_for_output(args, elements, frames, zin)
+            order = None
             if fout == "gzmat":
                 from .formats.gaussian import write_zmat
 
-                write_zmat(args.output, z, precision=args.precision)
+                order = write_zmat(args.output, z, precision=args.precision)
+            elif fout == "gjf":
+                from .formats.gaussian import write_gaussian
+
+                title = f"{os.path.basename(args.input)} converted by {PROG}"
+                order = write_gaussian(args.output, z, title=title, precision=args.precision)
             else:
                 from .formats.chemcoord import to_chemcoord
 
                 to_chemcoord(z).to_zmat(args.output, float_format=f"{{:.{args.precision}f}}".format)
             what = f"a Z-matrix of {z.n_atoms} atoms"
+            if order is not None and not np.array_equal(order, np.arange(len(order))):
+                note = (
+                    "note: atoms reordered into build order (a Z-matrix row may reference only earlier "
+                    "rows); to keep the input order, pass --table-from a table whose rows reference only "
+                    "earlier rows"
+                )
     except OSError as exc:
         raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CliError(f"cannot write {args.output!r} as {fout}: {exc}") from None
     print(f"wrote {what} to {args.output} ({fin} -> {fout})", file=out)
+    if note:
+        print(note, file=out)
     return 0
 
 
@@ -601,8 +632,10 @@ def build_parser() -> argparse.ArgumentParser:
         "convert",
         help="convert between XYZ, Gaussian Z-matrix and chemcoord Z-matrix files",
         description="Convert IN to OUT. Formats come from the extensions (.xyz; .zmat/.gzmat/.gzm: "
-        "Gaussian-style Z-matrix) or --format-in/--format-out (xyz, gzmat, chemcoord). A construction "
-        "table is chosen automatically from the bonds when a Z-matrix is written from Cartesian input.",
+        "Gaussian-style Z-matrix; .gjf/.com: Gaussian input file) or --format-in/--format-out (xyz, gzmat, "
+        "gjf, chemcoord). A construction table is chosen automatically from the bonds when a Z-matrix is "
+        "written from Cartesian input; separate molecules (dimers, salts, solvent) are linked into one "
+        "build. Z-matrix output lists the atoms in build order.",
     )
     p.add_argument("input", metavar="IN")
     p.add_argument("output", metavar="OUT")

@@ -1,4 +1,4 @@
-"""Automatic construction tables: table_from_bonds and table_from_xyz."""
+"""Automatic construction tables: refs_from_connectivity and refs_from_xyz (one seed triple per fragment)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,25 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batched_nerf._autotable import (
-    COVALENT_RADII,
-    perceive_bonds,
-    table_from_bonds,
-    table_from_xyz,
-)
+from batched_nerf._autotable import COVALENT_RADII, refs_from_connectivity, refs_from_xyz
 from batched_nerf._convert import to_cartesian, to_internal
+from batched_nerf._perceive import perceive_connectivity
 from batched_nerf._table import ConstructionTable
 from batched_nerf.data import available, load
 from batched_nerf.data._reference import angle
 
 LINEAR_DEG = 5.0
+
+
+def table_from_connectivity(connectivity: object, n: int, **kwargs: object) -> ConstructionTable:
+    """The per-fragment table (fragments not linked; linking is tested in test_real_molecules.py)."""
+    kwargs.setdefault("link_fragments", False)
+    return ConstructionTable(refs_from_connectivity(connectivity, n, **kwargs).refs)  # type: ignore[arg-type]
+
+
+def table_from_xyz(xyz: object, elements: list[str], **kwargs: object) -> ConstructionTable:
+    kwargs.setdefault("link_fragments", False)
+    return ConstructionTable(refs_from_xyz(xyz, elements, **kwargs).refs)  # type: ignore[arg-type]
 
 
 def _adjacency(bonds: np.ndarray | list[tuple[int, int]], n: int) -> list[set[int]]:
@@ -67,7 +74,7 @@ def check_table(
     comp = _components(adj)
     for i, (b, a, d) in enumerate(refs.tolist()):
         # the third seed row may leave the bond graph when every bonded choice is
-        # near-linear in the coordinates (documented in table_from_bonds);
+        # near-linear in the coordinates (documented in refs_from_connectivity);
         # with real_bonds="full", only fully referenced rows must use real bonds
         if b >= 0 and real_bonds and (real_bonds is True or d >= 0):
             assert b in adj[i], f"atom {i}: bond ref {b} is not bonded"
@@ -94,7 +101,7 @@ def check_not_linear(table: ConstructionTable, xyz: np.ndarray) -> None:
 
 def test_ethane_siblings() -> None:
     ethane = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 5), (1, 6), (1, 7)]
-    table = table_from_bonds(ethane, 8, root=0)
+    table = table_from_connectivity(ethane, 8, root=0)
     refs = table.refs.tolist()
     assert refs[0] == [-1, -1, -1] and refs[1] == [0, -1, -1]
     check_table(table, ethane, 8)
@@ -108,7 +115,7 @@ def test_ethane_siblings() -> None:
 def test_chain_gets_proper_torsions() -> None:
     n = 10
     bonds = [(k, k + 1) for k in range(n - 1)]
-    refs = table_from_bonds(bonds, n).refs.numpy()
+    refs = table_from_connectivity(bonds, n).refs.numpy()
     adj = _adjacency(bonds, n)
     for i, (b, a, d) in enumerate(refs.tolist()):
         if d >= 0:
@@ -116,24 +123,24 @@ def test_chain_gets_proper_torsions() -> None:
 
 
 def test_isolated_atoms_and_small_fragments() -> None:
-    table = table_from_bonds([(1, 2), (3, 4), (4, 5)], 6)
+    table = table_from_connectivity([(1, 2), (3, 4), (4, 5)], 6)
     refs = table.refs.tolist()
     assert refs[0] == [-1, -1, -1]
     assert table.n_components == 3
     check_table(table, [(1, 2), (3, 4), (4, 5)], 6)
-    assert table_from_bonds([], 0).n_atoms == 0
-    assert table_from_bonds(np.zeros((0, 2), dtype=np.int64), 2).refs.tolist() == [[-1, -1, -1]] * 2
+    assert table_from_connectivity([], 0).n_atoms == 0
+    assert table_from_connectivity(np.zeros((0, 2), dtype=np.int64), 2).refs.tolist() == [[-1, -1, -1]] * 2
 
 
 def test_ring_closure_ignored() -> None:
     ring = [(k, (k + 1) % 6) for k in range(6)]
-    table = table_from_bonds(ring, 6)
+    table = table_from_connectivity(ring, 6)
     check_table(table, ring, 6)
 
 
 def test_torch_inputs_and_root() -> None:
     bonds = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 4]])
-    table = table_from_bonds(bonds, 5, root=4)
+    table = table_from_connectivity(bonds, 5, root=4)
     assert table.refs[4].tolist() == [-1, -1, -1]
     assert table.refs[3].tolist() == [4, -1, -1]
 
@@ -156,7 +163,7 @@ def graphs(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]]]:
 @given(graphs())
 def test_random_graphs(graph: tuple[int, list[tuple[int, int]]]) -> None:
     n, bonds = graph
-    check_table(table_from_bonds(bonds, n), bonds, n)
+    check_table(table_from_connectivity(bonds, n), bonds, n)
 
 
 @settings(max_examples=20, deadline=None)
@@ -164,7 +171,7 @@ def test_random_graphs(graph: tuple[int, list[tuple[int, int]]]) -> None:
 def test_random_graphs_with_coordinates(graph: tuple[int, list[tuple[int, int]]], seed: int) -> None:
     n, bonds = graph
     xyz = np.random.default_rng(seed).normal(size=(n, 3)) * 2.0
-    table = table_from_bonds(bonds, n, xyz=xyz)
+    table = table_from_connectivity(bonds, n, xyz=xyz)
     check_table(table, bonds, n, real_bonds="full")
     # round trip through the core: the table really determines the geometry
     x = torch.as_tensor(xyz)
@@ -185,16 +192,18 @@ def test_random_graphs_with_collinear_coordinates(
     """Points on a line or a small grid: many exactly linear triples, the fallbacks must stay valid."""
     n, bonds = graph
     rng = np.random.default_rng(seed)
-    xyz = rng.integers(0, 3, size=(n, 3)).astype(float)
-    xyz[: n // 2, 1:] = 0.0  # half of the atoms on the x axis
-    table = table_from_bonds(bonds, n, xyz=xyz)
+    grid = np.stack(np.meshgrid(*[np.arange(4.0)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    xyz = grid[rng.permutation(len(grid))[:n]]  # distinct points: coincident atoms are rejected
+    xyz[: n // 2] = np.stack([4.0 + np.arange(n // 2), 0 * xyz[: n // 2, 0], 0 * xyz[: n // 2, 0]], 1)
+    # half of the atoms on the x axis
+    table = table_from_connectivity(bonds, n, xyz=xyz)
     check_table(table, bonds, n, real_bonds=False)
 
 
 @pytest.mark.parametrize("name", available())
 def test_shipped_molecules_from_bonds(name: str) -> None:
     mol = load(name)
-    table = table_from_bonds(mol.connectivity, mol.n_atoms)
+    table = table_from_connectivity(mol.connectivity, mol.n_atoms)
     check_table(table, mol.connectivity, mol.n_atoms)
     check_not_linear(table, mol.xyz)
 
@@ -202,7 +211,7 @@ def test_shipped_molecules_from_bonds(name: str) -> None:
 @pytest.mark.parametrize("name", available())
 def test_shipped_molecules_from_xyz(name: str) -> None:
     mol = load(name)
-    assert perceive_bonds(mol.xyz, mol.elements).tolist() == mol.connectivity.tolist()
+    assert perceive_connectivity(mol.xyz, mol.elements).tolist() == mol.connectivity.tolist()
     table = table_from_xyz(mol.xyz, mol.elements)
     check_table(table, mol.connectivity, mol.n_atoms)
     check_not_linear(table, mol.xyz)
@@ -225,9 +234,9 @@ def test_linear_triples_avoided() -> None:
         ]
     )
     elements = ["C", "C", "N", "H", "H", "H"]
-    bonds = perceive_bonds(xyz, elements)
+    bonds = perceive_connectivity(xyz, elements)
     for root in (None, 0, 1, 2, 3):
-        table = table_from_bonds(bonds, 6, xyz=xyz, root=root)
+        table = table_from_connectivity(bonds, 6, xyz=xyz, root=root)
         # rooted at N, the third seed has no bonded non-linear choice and takes a non-bonded one
         check_table(table, bonds, 6, real_bonds=root != 2)
         check_not_linear(table, xyz)
@@ -252,44 +261,48 @@ def test_linear_chain_with_branch() -> None:
     )
     elements = ["C"] * 4 + ["H"] * 6
     table = table_from_xyz(xyz, elements)
-    check_table(table, perceive_bonds(xyz, elements), 10)
+    check_table(table, perceive_connectivity(xyz, elements), 10)
     check_not_linear(table, xyz)
 
 
 def test_fully_linear_molecule_still_gets_a_table() -> None:
     xyz = np.array([[0.0, 0.0, 0.0], [1.16, 0.0, 0.0], [-1.16, 0.0, 0.0], [2.5, 0.0, 0.0]])
-    table = table_from_bonds([(0, 1), (0, 2), (1, 3)], 4, xyz=xyz)
+    table = table_from_connectivity([(0, 1), (0, 2), (1, 3)], 4, xyz=xyz)
     assert table.n_atoms == 4
 
 
 def test_element_names_are_case_insensitive() -> None:
     xyz = [[0.0, 0.0, 0.0], [1.8, 0.0, 0.0]]
-    assert perceive_bonds(xyz, ["c", "CL"]).tolist() == [[0, 1]]
+    assert perceive_connectivity(xyz, ["c", "CL"]).tolist() == [[0, 1]]
     assert {"H", "C", "N", "O", "S", "P", "Ar", "Br", "I", "Se"} <= set(COVALENT_RADII)
 
 
 def test_scale() -> None:
     xyz = [[0.0, 0.0, 0.0], [1.7, 0.0, 0.0]]
-    assert perceive_bonds(xyz, ["C", "C"]).tolist() == [[0, 1]]
-    assert perceive_bonds(xyz, ["C", "C"], scale=1.0).tolist() == []
+    assert perceive_connectivity(xyz, ["C", "C"]).tolist() == [[0, 1]]
+    with pytest.warns(UserWarning, match="no bond perceived for 2 of 2 atoms"):
+        assert perceive_connectivity(xyz, ["C", "C"], scale=1.0).tolist() == []
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: table_from_bonds([(0, 5)], 3), r"bond 0 \(0, 5\): atom index 5 out of range \[0, 2\]"),
-        (lambda: table_from_bonds([(0, -1)], 3), r"atom index -1 out of range"),
-        (lambda: table_from_bonds([(1, 1)], 3), r"cannot be bonded to itself"),
-        (lambda: table_from_bonds([(0, 1, 2)], 3), r"sequence of \(i, j\) pairs"),
-        (lambda: table_from_bonds(np.array([[0.0, 1.0]]), 3), r"integer atom indices"),
-        (lambda: table_from_bonds([], -1), r"n_atoms must be a non-negative integer"),
-        (lambda: table_from_bonds([(0, 1)], 2, root=2), r"root must be an atom index in \[0, 1\]"),
-        (lambda: table_from_bonds([(0, 1)], 2, xyz=np.zeros((3, 3))), r"xyz must have shape \(2, 3\)"),
-        (lambda: table_from_bonds([(0, 1)], 2, xyz=np.full((2, 3), np.nan)), r"NaN or infinite"),
+        (
+            lambda: table_from_connectivity([(0, 5)], 3),
+            r"connectivity pair 0 \(0, 5\): atom index 5 out of range \[0, 2\]",
+        ),
+        (lambda: table_from_connectivity([(0, -1)], 3), r"atom index -1 out of range"),
+        (lambda: table_from_connectivity([(1, 1)], 3), r"cannot be bonded to itself"),
+        (lambda: table_from_connectivity([(0, 1, 2)], 3), r"sequence of \(i, j\) pairs"),
+        (lambda: table_from_connectivity(np.array([[0.0, 1.0]]), 3), r"integer atom indices"),
+        (lambda: table_from_connectivity([], -1), r"n_atoms must be a non-negative integer"),
+        (lambda: table_from_connectivity([(0, 1)], 2, root=2), r"root must be an atom index in \[0, 1\]"),
+        (lambda: table_from_connectivity([(0, 1)], 2, xyz=np.zeros((3, 3))), r"xyz must have shape \(2, 3\)"),
+        (lambda: table_from_connectivity([(0, 1)], 2, xyz=np.full((2, 3), np.nan)), r"NaN or infinite"),
         (lambda: table_from_xyz([[0, 0, 0], [1, 0, 0]], ["C", "Xx"]), r"unknown element 'Xx' at index 1"),
         (lambda: table_from_xyz([[0, 0, 0], [1, 0, 0]], ["C"]), r"got 1 elements for 2 atoms"),
         (lambda: table_from_xyz([0, 0, 0], ["C"]), r"xyz must have shape \(N, 3\)"),
-        (lambda: perceive_bonds([[0, 0, 0]], ["C"], scale=0.0), r"scale must be positive"),
+        (lambda: perceive_connectivity([[0, 0, 0]], ["C"], scale=0.0), r"scale must be positive"),
     ],
 )
 def test_errors(call: object, match: str) -> None:

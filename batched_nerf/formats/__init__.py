@@ -1,7 +1,7 @@
 """Readers, writers and adapters for molecular file formats and other packages.
 
 * :mod:`.xyz`: XYZ coordinate files, single- and multi-frame.
-* :mod:`.gaussian`: Gaussian-style Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
+* :mod:`.gaussian`: Gaussian input files and Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
 * :mod:`.bgflow`: the integer z-matrices of bgflow / bgmol.
 * :mod:`.chemcoord`: chemcoord ``Zmat`` objects (needs ``chemcoord``).
 * :mod:`.ase`: ASE ``Atoms`` (needs ``ase``).
@@ -16,14 +16,16 @@ from .._zmatrix import ZMatrix
 from .ase import from_ase, to_ase
 from .bgflow import refs_from_bgflow, refs_to_bgflow, table_from_bgflow, table_to_bgflow
 from .chemcoord import from_chemcoord, to_chemcoord
-from .gaussian import read_zmat, write_zmat
+from .gaussian import GaussianInput, read_gaussian, read_zmat, write_gaussian, write_zmat
 from .rdkit import table_from_rdkit, xyz_from_rdkit
 from .xyz import read_xyz, write_xyz
 
 __all__ = [
+    "GaussianInput",
     "ZMatrix",
     "from_ase",
     "from_chemcoord",
+    "read_gaussian",
     "read_xyz",
     "read_zmat",
     "refs_from_bgflow",
@@ -33,6 +35,7 @@ __all__ = [
     "table_to_bgflow",
     "to_ase",
     "to_chemcoord",
+    "write_gaussian",
     "write_xyz",
     "write_zmat",
     "xyz_from_rdkit",

@@ -6,11 +6,11 @@ file formats (``ase.io.read``/``ase.io.write``), so these two functions open
 all of them to batched_nerf::
 
     import ase.io
-    from batched_nerf._autotable import table_from_xyz
+    import batched_nerf as bn
     from batched_nerf.formats import from_ase, to_ase
 
     elements, xyz = from_ase(ase.io.read("molecule.pdb"))
-    table = table_from_xyz(xyz, elements)
+    table = bn.ConstructionTable.from_xyz(xyz, elements)
     ...
     ase.io.write("conformers.extxyz", to_ase(elements, new_xyz))  # (F, N, 3) -> list of Atoms
 """

@@ -170,9 +170,12 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     equals ``z.to_cartesian()`` (for the rows it keeps). Rows are written in a
     build order (chemcoord references only earlier rows) that keeps the
     original order where possible; non-fixed dummy rows (Gaussian ``X``)
-    are kept as ``X`` atoms. The index is taken from the labels when they are
-    distinct integers (as after :func:`from_chemcoord`), else it is the row
-    number among the non-fixed rows.
+    are kept as ``X`` atoms. chemcoord refuses collinear reference atoms
+    ``b-a-d`` even where the dihedral does not matter (a straight angle, as in
+    acetylene); such rows take the least collinear absolute reference as ``d``
+    instead, with the dihedral measured in the built coordinates. The index is
+    taken from the labels when they are distinct integers (as after
+    :func:`from_chemcoord`), else it is the row number among the non-fixed rows.
 
     Args:
         zmatrix: a :class:`~batched_nerf.ZMatrix` with ``elements`` and a batch
@@ -184,8 +187,10 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     Raises:
         ImportError: chemcoord is not installed.
         TypeError: ``zmatrix`` is not a ZMatrix.
-        ValueError: no elements, more than one conformation, or a fixed atom
-            that is not at one of the absolute references.
+        ValueError: no elements, more than one conformation, a fixed atom
+            that is not at one of the absolute references, or several seeded
+            components (their relative placement is not in the ZMatrix; link
+            them first, see :meth:`~batched_nerf.ZMatrix.from_cartesian`).
 
     Example (needs chemcoord; run on the adapter's docs page):
         >>> import batched_nerf as bn  # doctest: +SKIP
@@ -215,6 +220,16 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
                     f"its absolute references {ABSOLUTE_REFERENCES}"
                 )
             name_of[row] = name
+    comp = table.components.numpy()
+    seeded = sorted(set(comp.tolist()) - set(comp[fixed].tolist()))
+    if len(seeded) > 1:
+        roots = [int(np.flatnonzero((comp == c) & ((refs >= 0).sum(1) == 0))[0]) for c in seeded]
+        raise ValueError(
+            f"the table has {len(seeded)} separately seeded components (roots at rows {roots[:8]}), which "
+            "to_cartesian and a chemcoord Zmat both stack at the origin, so their placement relative to each "
+            "other is not in the ZMatrix; link them into one build first (ZMatrix.from_cartesian(xyz, table) "
+            "and ConstructionTable.from_xyz do by default)"
+        )
     keep = [i for i in range(n) if i not in name_of]
     elements = zmatrix.elements
     labels = zmatrix.labels
@@ -232,6 +247,7 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
         for t in (zmatrix.bonds, zmatrix.angles, zmatrix.dihedrals)
     )
     n_refs = (refs >= 0).sum(1)
+    built: np.ndarray | None = None
     rows: list[list[Any]] = []
     for i in keep:
         b, a, d = (name_of.get(r, label_of.get(r)) for r in refs[i].tolist())
@@ -240,6 +256,16 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
             float(np.degrees(angles[i])),
             float(-np.degrees(dihedrals[i])),
         )
+        if n_refs[i] == 3:
+            if built is None:
+                built = zmatrix.to_cartesian(dummies=True).detach().cpu().double().reshape(n, 3).numpy()
+            if _collinear(*built[refs[i]]):
+                # chemcoord refuses a collinear b-a-d even where the dihedral is irrelevant (a straight
+                # angle, as in acetylene): take the least collinear absolute reference instead
+                d, point = _best_absolute(built[refs[i, 0]], built[refs[i, 1]])
+                dihedral = -float(
+                    np.degrees(_dihedral(built[i], built[refs[i, 0]], built[refs[i, 1]], point))
+                )
         if n_refs[i] == 0:  # root: at the origin
             b, a, d, bond, angle, dihedral = "origin", "e_z", "e_x", 0.0, 0.0, 0.0
         elif n_refs[i] == 1:  # second seed: on +x
@@ -257,3 +283,29 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     frame = frame.astype({"atom": object, "b": object, "a": object, "d": object})
     frame = frame.astype({"bond": "f8", "angle": "f8", "dihedral": "f8"})
     return cc.Zmat(frame)
+
+
+def _sin_at(p: np.ndarray, q: np.ndarray, r: np.ndarray) -> float:
+    """Sine of the angle p-q-r at q (0 for coincident points)."""
+    u, v = p - q, r - q
+    norm = float(np.linalg.norm(u) * np.linalg.norm(v))
+    return float(np.linalg.norm(np.cross(u, v))) / norm if norm > 0 else 0.0
+
+
+def _collinear(b: np.ndarray, a: np.ndarray, d: np.ndarray) -> bool:
+    """Whether chemcoord would call the reference frame ``b, a, d`` invalid (with a safety margin)."""
+    return _sin_at(b, a, d) < 1e-6 or float(np.linalg.norm(np.cross(d - a, b - a))) < 1e-6
+
+
+def _best_absolute(b: np.ndarray, a: np.ndarray) -> tuple[str, np.ndarray]:
+    """The absolute reference least collinear with ``b-a`` (as dihedral reference ``d``)."""
+    name = max(ABSOLUTE_REFERENCES, key=lambda k: _sin_at(b, a, np.array(ABSOLUTE_REFERENCES[k])))
+    return name, np.array(ABSOLUTE_REFERENCES[name])
+
+
+def _dihedral(p0: np.ndarray, p1: np.ndarray, p2: np.ndarray, p3: np.ndarray) -> float:
+    """IUPAC dihedral p0-p1-p2-p3 in radians (0 when undefined)."""
+    b0, b1, b2 = p0 - p1, p2 - p1, p3 - p2
+    n1 = b1 / max(float(np.linalg.norm(b1)), 1e-300)
+    v, w = b0 - (b0 @ n1) * n1, b2 - (b2 @ n1) * n1
+    return float(np.arctan2(np.cross(n1, v) @ w, v @ w))

@@ -1,4 +1,4 @@
-"""Gaussian-style Z-matrix text (the molecule specification of a Gaussian input).
+"""Gaussian input files and Gaussian-style Z-matrix text (the molecule specification).
 
 One atom per line, references 1-based (or by the label of an earlier line),
 lengths as written (usually Angstrom), angles in degrees::
@@ -16,9 +16,24 @@ A value may be a variable name, optionally signed (``-D1``), defined after a
 blank line as ``name value`` or ``name=value`` (an optional ``Variables:`` or
 ``Constants:`` header line is skipped). Commas may separate fields and ``!``
 starts a comment. Gaussian's dihedral ``i-b-a-d`` is the IUPAC dihedral, the
-same as :mod:`batched_nerf`'s, so values carry over unchanged. Not supported:
-Cartesian lines, the alternative two-angle form (flag ``1``/``-1``), and the
-route/title/charge sections of a full input file.
+same as :mod:`batched_nerf`'s, so values carry over unchanged.
+
+A full input file (``.gjf``/``.com``) is read too: optional Link 0 lines
+(``%chk=...``), the route section (``#...``), a blank line, the title section,
+a blank line, the charge and multiplicity line, then the molecule
+specification and its variables; sections after the variables (basis sets,
+``ModRedundant`` input, ...) are ignored. :func:`read_gaussian` returns the
+header too, :func:`write_gaussian` writes a complete input file.
+
+Atom lines are Z-matrix lines or Cartesian lines ``label x y z`` (also
+``label 0 x y z`` with a freeze flag); Cartesian atoms become fixed atoms of
+the :class:`~batched_nerf.ZMatrix`, so the coordinates are kept as written.
+Labels start with an element symbol, ``D``/``T`` (hydrogen isotopes, also
+read as Gaussian's ``H(Iso=2)``/``H(Iso=3)``, which :func:`write_gaussian`
+writes) or ``X`` (a dummy atom: it takes part in the build but is not
+:attr:`~batched_nerf.ZMatrix.real`). Not supported: the two-angle form of a
+Z-matrix line (flag ``1``/``-1``), and Z-matrix seed lines (fewer than three
+references) together with Cartesian lines.
 
 A Gaussian row may only reference earlier rows and the first three rows are the
 seeds. Construction tables allow any row order, so :func:`write_zmat` writes the
@@ -30,76 +45,154 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from .._autotable import COVALENT_RADII
+from .._perceive import atomic_number, element_symbol
 from .._zmatrix import ZMatrix
 from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation, topological_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from .._table import ConstructionTable
 
-__all__ = ["ZMatrix", "read_zmat", "write_zmat"]
+__all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaussian", "write_zmat"]
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eEdD][+-]?\d+)?$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_HEADERS = ("variables", "constants")
+_ISOTOPES = {"D": "H(Iso=2)", "T": "H(Iso=3)"}
+
+
+@dataclass
+class GaussianInput:
+    """A Gaussian input file: the molecule and the sections around it.
+
+    Attributes:
+        zmatrix: the molecule specification as a :class:`~batched_nerf.ZMatrix`.
+        route: the route section (``"#p B3LYP/6-31G(d) opt"``; lines joined by
+            newlines), ``None`` for a bare Z-matrix.
+        title: the title section, ``None`` for a bare Z-matrix.
+        charge: total charge (``None`` for a bare Z-matrix).
+        multiplicity: spin multiplicity ``2S + 1`` (``None`` for a bare Z-matrix).
+        link0: the Link 0 lines (``%chk=...``), as written.
+    """
+
+    zmatrix: ZMatrix
+    route: str | None = None
+    title: str | None = None
+    charge: int | None = None
+    multiplicity: int | None = None
+    link0: list[str] = field(default_factory=list)
 
 
 def _strip(line: str) -> str:
-    return line.split("!", 1)[0].replace(",", " ").strip()
+    text = line.split("!", 1)[0]
+    # keep atom options such as H(Iso=2,Spin=1) in one field
+    text = re.sub(r"\([^)]*\)", lambda m: m.group(0).replace(",", ";").replace(" ", ""), text)
+    return text.replace(",", " ").strip()
 
 
 def _element(label: str, lineno: int) -> str:
-    """Element of a label like ``C``, ``C12``, ``Cl3``, ``CL`` (case-insensitive, as Gaussian)."""
+    """Element of a label like ``C``, ``C12``, ``Cl3``, ``CL``, ``D``, ``X1`` (any case, as Gaussian)."""
     m = re.match(r"[A-Za-z]+", label)
     if m is None:
         raise ValueError(f"line {lineno}: atom label {label!r} does not start with an element symbol")
     letters = m.group(0)
-    two, one = letters[:2].capitalize(), letters[:1].upper()
-    if len(letters) >= 2 and two in COVALENT_RADII:
-        return two
-    if one in COVALENT_RADII or one == "X":
-        return one
+    iso = re.search(r"\(.*\biso\s*=\s*(\d+)", label, re.IGNORECASE)
+    if letters[:1].upper() == "H" and len(letters) == 1 and iso and iso.group(1) in ("2", "3"):
+        return "D" if iso.group(1) == "2" else "T"  # Gaussian's H(Iso=2) and H(Iso=3)
+    for candidate in ([letters[:2]] if len(letters) >= 2 else []) + [letters[:1]]:
+        try:
+            return element_symbol(candidate)
+        except ValueError:
+            continue
     raise ValueError(f"line {lineno}: unknown element in atom label {label!r}")
 
 
-def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
-    """Read a Gaussian-style Z-matrix.
+def _is_variable_line(text: str) -> bool:
+    fields = text.replace("=", " ").split()
+    return len(fields) == 2 and bool(_NAME.match(fields[0])) and bool(_NUMBER.match(fields[1]))
+
+
+def _header(lines: list[str], k: int) -> tuple[int, dict[str, Any]]:
+    """Parse Link 0, route, title and charge/multiplicity from line ``k``; return the next line index."""
+    n = len(lines)
+    link0: list[str] = []
+    while k < n and lines[k].strip().startswith("%"):
+        link0.append(lines[k].strip())
+        k += 1
+    if k >= n or not lines[k].strip().startswith("#"):
+        raise ValueError(f"line {k + 1}: expected the route section (a line starting with '#')")
+    route: list[str] = []
+    while k < n and lines[k].strip():
+        route.append(lines[k].strip())
+        k += 1
+    while k < n and not lines[k].strip():
+        k += 1
+    title: list[str] = []
+    while k < n and lines[k].strip():
+        title.append(lines[k].strip())
+        k += 1
+    if not title:
+        raise ValueError(f"line {k + 1}: expected the title section after the route section and a blank line")
+    while k < n and not lines[k].strip():
+        k += 1
+    fields = _strip(lines[k]).split() if k < n else []
+    if len(fields) < 2 or len(fields) % 2 or not all(f.lstrip("+-").isdigit() for f in fields):
+        got = repr(lines[k].strip()) if k < n else "the end of the file"
+        raise ValueError(f"line {k + 1}: expected the charge and multiplicity (e.g. '0 1'), got {got}")
+    charge, mult = int(fields[0]), int(fields[1])
+    if mult < 1:
+        raise ValueError(f"line {k + 1}: the multiplicity must be a positive integer, got {mult}")
+    info = {"route": "\n".join(route), "title": "\n".join(title), "charge": charge, "multiplicity": mult}
+    return k + 1, {**info, "link0": link0}
+
+
+def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
+    """Read a Gaussian input file (``.gjf``/``.com``) or a bare Gaussian-style Z-matrix.
 
     Args:
         path_or_file: a path or an open text file.
 
     Returns:
-        A :class:`~batched_nerf.ZMatrix` (float64, unbatched, angles in radians)
-        with the element symbols and the labels as written; dummy atoms (element
-        ``X``) are marked as not :attr:`~batched_nerf.ZMatrix.real`.
+        A :class:`GaussianInput`: the molecule as a :class:`~batched_nerf.ZMatrix`
+        (float64, unbatched, angles in radians, elements and labels as written,
+        dummy atoms ``X`` not :attr:`~batched_nerf.ZMatrix.real`, Cartesian atoms
+        as fixed atoms) and, for a full input file, the route, title, charge,
+        multiplicity and Link 0 lines (``None`` for a bare Z-matrix).
 
     Raises:
-        ValueError: naming the 1-based line and the reason: no atoms, a wrong
-            number of fields for the row, a reference that is not an earlier
-            atom or is repeated, a value that is neither a number nor a defined
-            variable, a malformed or repeated variable line, a non-positive bond
-            length, an angle outside [0, 180] degrees, or an unsupported form.
+        ValueError: naming the 1-based line and the reason: a missing route,
+            title or charge/multiplicity line, no atoms, a wrong number of
+            fields for the row, a reference that is not an earlier atom or is
+            repeated, a value that is neither a number nor a defined variable,
+            a malformed or repeated variable line, a non-positive bond length,
+            an angle outside [0, 180] degrees, or an unsupported form.
 
     Example:
         >>> import io
-        >>> from batched_nerf.formats import read_zmat
-        >>> z = read_zmat(io.StringIO("O\\nH 1 0.96\\nH 1 R 2 104.5\\n\\nR 0.96\\n"))
-        >>> z.elements, z.table.refs.tolist(), z.bonds.tolist()
-        (['O', 'H', 'H'], [[-1, -1, -1], [0, -1, -1], [0, 1, -1]], [0.0, 0.96, 0.96])
+        >>> from batched_nerf.formats import read_gaussian
+        >>> text = "%chk=w.chk\\n#p hf/sto-3g\\n\\nwater\\n\\n0 1\\nO\\nH 1 0.96\\nH 1 0.96 2 104.5\\n\\n"
+        >>> g = read_gaussian(io.StringIO(text))
+        >>> g.route, g.title, g.charge, g.multiplicity, g.zmatrix.elements
+        ('#p hf/sto-3g', 'water', 0, 1, ['O', 'H', 'H'])
     """
     with open_text(path_or_file, "r") as handle:
         lines = handle.read().splitlines()
     k = 0
     while k < len(lines) and not _strip(lines[k]):
         k += 1
+    header: dict[str, Any] = {}
+    full = k < len(lines) and lines[k].strip().startswith(("%", "#"))
+    if full:
+        k, header = _header(lines, k)
     atoms: list[tuple[int, list[str]]] = []
     while k < len(lines) and _strip(lines[k]):
         text = _strip(lines[k])
-        if text.lower().rstrip(":") in ("variables", "constants"):
+        if text.lower().rstrip(":") in _HEADERS:
             break
         atoms.append((k + 1, text.split()))
         k += 1
@@ -108,28 +201,73 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
     variables: dict[str, float] = {}
     for lineno, raw in enumerate(lines[k:], start=k + 1):
         text = _strip(raw)
-        if not text or text.lower().rstrip(":") in ("variables", "constants"):
+        if not text or text.lower().rstrip(":") in _HEADERS:
             continue
-        fields = text.replace("=", " ").split()
-        if len(fields) != 2 or not _NAME.match(fields[0]) or not _NUMBER.match(fields[1]):
+        if not _is_variable_line(text):
+            if full:  # further input sections (basis set, ModRedundant, ...)
+                break
             raise ValueError(
                 f"line {lineno}: expected a variable definition 'name value', got {raw.strip()!r}"
             )
+        fields = text.replace("=", " ").split()
         if fields[0] in variables:
             raise ValueError(f"line {lineno}: variable {fields[0]!r} defined twice")
         variables[fields[0]] = float(fields[1].replace("d", "e").replace("D", "e"))
+    return GaussianInput(_molecule(atoms, variables), **header)
 
+
+def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
+    """Read a Gaussian-style Z-matrix, or the molecule of a full Gaussian input file.
+
+    The same as :func:`read_gaussian` without the header (route, title,
+    charge, multiplicity).
+
+    Args:
+        path_or_file: a path or an open text file.
+
+    Returns:
+        A :class:`~batched_nerf.ZMatrix` (float64, unbatched, angles in radians)
+        with the element symbols and the labels as written; dummy atoms (element
+        ``X``) are marked as not :attr:`~batched_nerf.ZMatrix.real`; Cartesian
+        lines become fixed atoms.
+
+    Raises:
+        ValueError: as :func:`read_gaussian`, naming the 1-based line.
+
+    Example:
+        >>> import io
+        >>> from batched_nerf.formats import read_zmat
+        >>> z = read_zmat(io.StringIO("O\\nH 1 0.96\\nH 1 R 2 104.5\\n\\nR 0.96\\n"))
+        >>> z.elements, z.table.refs.tolist(), z.bonds.tolist()
+        (['O', 'H', 'H'], [[-1, -1, -1], [0, -1, -1], [0, 1, -1]], [0.0, 0.96, 0.96])
+    """
+    return read_gaussian(path_or_file).zmatrix
+
+
+def _is_cartesian(fields: list[str]) -> bool:
+    return len(fields) == 4 or (len(fields) == 5 and fields[1] in ("0", "-1"))
+
+
+def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -> ZMatrix:
     n = len(atoms)
     refs = np.full((n, 3), -1, dtype=np.int64)
     values = np.zeros((n, 3))
     names: list[str] = []
     elements: list[str] = []
     label_index: dict[str, int] = {}
+    cartesian: dict[int, list[float]] = {}
+    seed_line = 0
     for row, (lineno, fields) in enumerate(atoms):
         label = fields[0]
         elements.append(_element(label, lineno))
         names.append(label)
+        label_index.setdefault(label, row)
+        if _is_cartesian(fields):
+            cartesian[row] = [_value(t, variables, lineno) for t in fields[-3:]]
+            continue
         n_refs = min(row, 3)
+        if n_refs < 3 and not seed_line:
+            seed_line = lineno
         expected = 1 + 2 * n_refs
         if n_refs == 3 and len(fields) == 8:
             if fields[7] != "0":
@@ -149,7 +287,7 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
                 ref = int(token) - 1
                 if not 0 <= ref < row:
                     raise ValueError(f"line {lineno}: reference {token} must be an earlier atom (1..{row})")
-            elif token in label_index:
+            elif token in label_index and label_index[token] < row:
                 ref = label_index[token]
             else:
                 raise ValueError(f"line {lineno}: unknown atom reference {token!r}")
@@ -162,14 +300,20 @@ def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
             raise ValueError(f"line {lineno}: bond length must be positive, got {bond}")
         if n_refs >= 2 and not 0.0 <= ang <= 180.0:
             raise ValueError(f"line {lineno}: angle must lie in [0, 180] degrees, got {ang}")
-        label_index.setdefault(label, row)
+    if cartesian and seed_line:
+        raise ValueError(
+            f"line {seed_line}: a Z-matrix line with fewer than three references cannot be combined "
+            "with Cartesian lines (its frame would not be defined); put the Cartesian lines first"
+        )
     from .._table import ConstructionTable
 
+    fixed = sorted(cartesian)
     return ZMatrix(
-        ConstructionTable(refs),
+        ConstructionTable(refs, fixed=fixed),
         torch.from_numpy(values[:, 0].copy()),
         torch.from_numpy(np.deg2rad(values[:, 1])),
         torch.from_numpy(np.deg2rad(values[:, 2])),
+        torch.tensor([cartesian[r] for r in fixed], dtype=torch.float64) if fixed else None,
         elements=elements,
         labels=names,
         real=torch.tensor([e != "X" for e in elements], dtype=torch.bool),
@@ -230,8 +374,11 @@ def write_zmat(
             ``refs`` or values otherwise.
         ValueError: for a ZMatrix without elements or with more than one
             conformation, for fixed atoms, not exactly one seed triple (Gaussian
-            describes one connected build), references that cannot be written
-            as Gaussian rows, a reference cycle, or values of the wrong shape.
+            describes one connected build: link the fragments of a dimer or a
+            salt with ``ZMatrix.from_cartesian``/``ConstructionTable.from_xyz``),
+            references that cannot be written as Gaussian rows, a reference
+            cycle, values of the wrong shape, a non-finite value or a bond
+            length that is not positive (naming the row).
 
     Example:
         >>> import io
@@ -272,14 +419,27 @@ def write_zmat(
             raise ValueError(f"{name} must have shape ({n},) (one conformation), got {tuple(arr.shape)}")
         vals.append(arr)
     b, a, d = vals
+    n_refs = (ref_arr >= 0).sum(1)
+    for name, v, col in (("bond length", b, 0), ("angle", a, 1), ("dihedral", d, 2)):
+        bad = np.flatnonzero((ref_arr[:, col] >= 0) & ~np.isfinite(v))
+        if bad.size:
+            raise ValueError(f"row {int(bad[0])}: the {name} is not finite ({v[bad[0]]})")
+    short = np.flatnonzero((n_refs >= 1) & ~(b > 0))
+    if short.size:
+        i = int(short[0])
+        raise ValueError(
+            f"row {i}: bond length {b[i]} to atom {int(ref_arr[i, 0])} is not positive (coincident atoms?); "
+            "a Gaussian Z-matrix needs positive bond lengths"
+        )
     if not degrees:
         a, d = np.rad2deg(a), np.rad2deg(d)
-    n_refs = (ref_arr >= 0).sum(1)
     roots = np.flatnonzero(n_refs == 0)
     if n and roots.size != 1:
         raise ValueError(
             "a Gaussian Z-matrix describes one connected build with a single seed triple; "
-            f"the table has {roots.size} atoms without references (rows {roots.tolist()[:8]})"
+            f"the table has {roots.size} atoms without references (rows {roots.tolist()[:8]}); link the "
+            "fragments into one build (ZMatrix.from_cartesian(xyz, table) or ConstructionTable.from_xyz "
+            "link them by default)"
         )
     order = topological_order(ref_arr)
     position = np.empty(n, dtype=np.int64)
@@ -307,4 +467,121 @@ def write_zmat(
         text += "\n" + "\n".join(var_lines) + "\n"
     with open_text(path_or_file, "w") as handle:
         handle.write(text)
+    return order
+
+
+def write_gaussian(
+    path_or_file: PathOrFile,
+    zmatrix: ZMatrix,
+    *,
+    route: str = "#p sp",
+    title: str = "written by batched_nerf",
+    charge: int = 0,
+    multiplicity: int | None = None,
+    link0: Sequence[str] = (),
+    cartesian: bool = False,
+    variables: bool = False,
+    precision: int = 6,
+) -> np.ndarray:
+    """Write a complete Gaussian input file (``.gjf``/``.com``) for a ZMatrix.
+
+    The file holds the Link 0 lines, the route section, a blank line, the
+    title, a blank line, the charge and multiplicity, the molecule (Z-matrix
+    lines as :func:`write_zmat` writes them, rows in build order, or Cartesian
+    lines ``element x y z`` with ``cartesian=True``, rows in table order,
+    dummies included), the variables when ``variables=True``, and the closing
+    blank line that Gaussian needs.
+
+    Args:
+        path_or_file: a path (overwritten) or an open text file.
+        zmatrix: a :class:`~batched_nerf.ZMatrix` of one conformation with elements.
+        route: the route section; must start with ``#``.
+        title: the title (one or more non-blank lines).
+        charge: total charge.
+        multiplicity: spin multiplicity ``2S + 1``; default 1 for an even number
+            of electrons, 2 for an odd one.
+        link0: Link 0 lines, each starting with ``%`` (e.g. ``"%chk=mol.chk"``).
+        cartesian: write Cartesian lines (from :meth:`~batched_nerf.ZMatrix.to_cartesian`)
+            instead of Z-matrix lines; needed for tables with fixed atoms.
+        variables: symbolic ``R<k>``/``A<k>``/``D<k>`` values and a variable block.
+        precision: decimals written per value.
+
+    Returns:
+        ``(N,)`` ``np.int64`` order: written atom ``k`` is row ``order[k]``.
+
+    Raises:
+        TypeError: ``zmatrix`` is not a ZMatrix.
+        ValueError: no elements or more than one conformation, a route not
+            starting with ``#``, a blank title or a title or route with blank
+            lines, a Link 0 line not starting with ``%``, a multiplicity that is
+            not positive or does not fit the number of electrons, or what
+            :func:`write_zmat` refuses.
+
+    Example:
+        >>> import io
+        >>> from batched_nerf.formats import read_gaussian, read_zmat, write_gaussian
+        >>> z = read_zmat(io.StringIO("O\\nH 1 0.96\\nH 1 0.96 2 104.5\\n"))
+        >>> out = io.StringIO()
+        >>> order = write_gaussian(out, z, route="#p hf/sto-3g", title="water", precision=2)
+        >>> print(out.getvalue(), end="")
+        #p hf/sto-3g
+        <BLANKLINE>
+        water
+        <BLANKLINE>
+        0 1
+        O
+        H 1 0.96
+        H 1 0.96 2 104.50
+        <BLANKLINE>
+        >>> read_gaussian(io.StringIO(out.getvalue())).multiplicity
+        1
+    """
+    if not isinstance(zmatrix, ZMatrix):
+        raise TypeError(f"expected a batched_nerf.ZMatrix, got {type(zmatrix).__name__}")
+    require_one_conformation(zmatrix, "a Gaussian input file")
+    route_lines = [line.strip() for line in str(route).strip().splitlines()]
+    if not route_lines or not route_lines[0].startswith("#") or not all(route_lines):
+        raise ValueError(f"the route section must start with '#' and have no blank lines, got {route!r}")
+    title_lines = [line.strip() for line in str(title).strip().splitlines()]
+    if not title_lines or not all(title_lines):
+        raise ValueError(f"the title must be non-blank and have no blank lines, got {title!r}")
+    for line in link0:
+        if not str(line).strip().startswith("%"):
+            raise ValueError(f"Link 0 lines must start with '%', got {line!r}")
+    elements = zmatrix.elements or []
+    real = zmatrix.real.tolist()
+    electrons = sum(atomic_number(e) for e, keep in zip(elements, real) if keep) - int(charge)
+    if multiplicity is None:
+        multiplicity = 1 + electrons % 2
+    if multiplicity < 1 or (electrons - multiplicity + 1) % 2:
+        raise ValueError(
+            f"multiplicity {multiplicity} does not fit {electrons} electrons (charge {charge}); "
+            "an even number of electrons needs an odd multiplicity and vice versa"
+        )
+    import io
+
+    body = io.StringIO()
+    if cartesian:
+        xyz = zmatrix.to_cartesian(dummies=True).detach().cpu().double().reshape(-1, 3).numpy()
+        fmt = f"{{:.{int(precision)}f}}"
+        body.write("".join(f"{e} {' '.join(fmt.format(v) for v in row)}\n" for e, row in zip(elements, xyz)))
+        order = np.arange(len(elements), dtype=np.int64)
+    else:
+        order = write_zmat(body, zmatrix, variables=variables, precision=precision)
+    # Gaussian spells the hydrogen isotopes H(Iso=2) and H(Iso=3)
+    lines = body.getvalue().splitlines()
+    for k, line in enumerate(lines):
+        head, _, rest = line.partition(" ")
+        if head in _ISOTOPES:
+            lines[k] = f"{_ISOTOPES[head]} {rest}".rstrip()
+    body = io.StringIO("\n".join(lines) + ("\n" if lines else ""))
+    head = (
+        [str(line).strip() for line in link0]
+        + route_lines
+        + [""]
+        + title_lines
+        + ["", f"{charge} {multiplicity}"]
+    )
+    with open_text(path_or_file, "w") as handle:
+        handle.write("\n".join(head) + "\n" + body.getvalue() + "\n")
     return order

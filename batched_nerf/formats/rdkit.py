@@ -2,7 +2,7 @@
 
 RDKit is imported only when these functions are called. The bond graph of a
 ``Mol`` gives a chemically sensible construction table (see
-:func:`batched_nerf._autotable.table_from_bonds`), and its conformers give
+:meth:`batched_nerf.ConstructionTable.from_connectivity`), and its conformers give
 coordinates, so any molecule RDKit can read (SMILES, SDF, MOL2, PDB) can be
 converted::
 
@@ -36,13 +36,18 @@ def _check_mol(mol: Any) -> None:
         raise TypeError(f"expected an rdkit.Chem.Mol, got {type(mol).__name__}")
 
 
-def table_from_rdkit(mol: Any, *, conf_id: int | None = -1, root: int | None = None) -> ConstructionTable:
+def table_from_rdkit(
+    mol: Any, *, conf_id: int | None = -1, root: int | None = None, link_fragments: bool | None = None
+) -> ConstructionTable:
     """Construction table from the bond graph of an RDKit molecule.
 
     Atom ``i`` of the table is RDKit atom ``i`` (hydrogens only if they are
     explicit atoms: use ``Chem.AddHs`` first). With a conformer, near-linear
     reference triples are avoided, as in
-    :func:`~batched_nerf._autotable.table_from_xyz`.
+    :meth:`~batched_nerf.ConstructionTable.from_xyz`, and the fragments of a
+    salt or a complex (``CC(=O)[O-].[Na+]``) are linked into one build: each
+    further fragment's seed atoms reference the nearest atoms already placed
+    (see :func:`~batched_nerf.nonbonded_references`).
 
     Args:
         mol: an ``rdkit.Chem.Mol``.
@@ -50,6 +55,8 @@ def table_from_rdkit(mol: Any, *, conf_id: int | None = -1, root: int | None = N
             (``-1``: the default conformer); ``None``, or a molecule without
             conformers, uses the bond graph only.
         root: optional atom placed at the origin.
+        link_fragments: link the fragments into one build (default: when a
+            conformer is used), or give each its own seed triple (``False``).
 
     Returns:
         A :class:`~batched_nerf.ConstructionTable` with ``mol.GetNumAtoms()`` rows.
@@ -57,9 +64,10 @@ def table_from_rdkit(mol: Any, *, conf_id: int | None = -1, root: int | None = N
     Raises:
         ImportError: RDKit is not installed.
         TypeError: ``mol`` is not a ``Mol``.
-        ValueError: ``root`` out of range or an unknown ``conf_id``.
+        ValueError: ``root`` out of range, an unknown ``conf_id``, coincident
+            atoms in the conformer, or ``link_fragments=True`` without a conformer.
     """
-    from .._autotable import table_from_bonds
+    from .._table import ConstructionTable
 
     _check_mol(mol)
     bonds = np.array(
@@ -71,7 +79,9 @@ def table_from_rdkit(mol: Any, *, conf_id: int | None = -1, root: int | None = N
             xyz = np.asarray(mol.GetConformer(conf_id).GetPositions(), dtype=np.float64)
         except ValueError as exc:
             raise ValueError(f"conformer {conf_id}: {exc}") from None
-    return table_from_bonds(bonds, mol.GetNumAtoms(), xyz=xyz, root=root)
+    return ConstructionTable.from_connectivity(
+        bonds, mol.GetNumAtoms(), xyz=xyz, root=root, link_fragments=link_fragments
+    )
 
 
 def xyz_from_rdkit(mol: Any) -> tuple[list[str], np.ndarray]:

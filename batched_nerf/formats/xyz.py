@@ -33,7 +33,8 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
         ValueError: naming the 1-based line and the reason, for an empty file, a
             bad atom count, a missing comment or atom line, an atom line with
             fewer than 4 fields, a coordinate that is not a number, or a frame
-            whose atom count or elements differ from the first frame.
+            whose atom count or elements differ from the first frame, or two
+            atoms of a frame at the same coordinates (naming both lines).
 
     Example:
         >>> import io
@@ -48,6 +49,7 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
     elements: list[str] | None = None
     frames: list[np.ndarray] = []
     comments: list[str] = []
+    starts: list[int] = []
     k = 0
     while k < len(lines):
         if not lines[k].strip():  # blank lines between or after frames
@@ -100,10 +102,33 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
                 f"the first frame {elements[bad]!r}"
             )
         frames.append(coords)
+        starts.append(k + 3)
         k += 2 + n
     if elements is None:
         raise ValueError("line 1: empty XYZ file, expected an atom count")
-    return elements, np.stack(frames), comments
+    xyz = np.stack(frames)
+    _check_distinct(xyz, starts)
+    return elements, xyz, comments
+
+
+def _check_distinct(xyz: np.ndarray, starts: list[int]) -> None:
+    """Raise for two atoms of one frame at exactly the same coordinates (``starts``: first atom lines)."""
+    n = xyz.shape[1]
+    if n < 2:
+        return
+    # identical atoms have identical projections; sorting one number per atom is fast
+    key = xyz @ np.array([1.0, 0.7548776662466927, 0.5698402909980532])
+    order = np.argsort(key, axis=1, kind="stable")
+    ranked = np.take_along_axis(key, order, axis=1)
+    for f, k in zip(*np.nonzero(ranked[:, 1:] == ranked[:, :-1])):
+        tied = order[f][ranked[f] == ranked[f, k]].tolist()  # all atoms sharing the key
+        pairs = sorted((p, q) for p in tied for q in tied if p < q and (xyz[f, p] == xyz[f, q]).all())
+        if pairs:
+            i, j = pairs[0]
+            raise ValueError(
+                f"line {starts[f] + j}: atom {j} has the same coordinates as atom {i} (line {starts[f] + i}) "
+                f"in frame {f + 1}: coincident atoms (a duplicated line?)"
+            )
 
 
 def write_xyz(
