@@ -10,6 +10,7 @@ the engines' build plans per device and other static data
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import engines
+from ._autotable import refs_from_connectivity, refs_from_xyz
 from ._topology import Topology, analyse
 
 __all__ = ["ConstructionTable"]
@@ -188,8 +190,6 @@ class ConstructionTable:
             >>> bn.ConstructionTable.from_connectivity([(0, 1), (1, 2), (2, 3)], 4).n_atoms
             4
         """
-        from ._autotable import refs_from_connectivity
-
         auto = refs_from_connectivity(
             connectivity, n_atoms, xyz=xyz, root=root, link_fragments=link_fragments
         )
@@ -216,8 +216,6 @@ class ConstructionTable:
             ...     bn.ConstructionTable.from_bonds([(0, 1), (1, 2)], 3).n_atoms
             3
         """
-        import warnings
-
         warnings.warn(
             "ConstructionTable.from_bonds is deprecated; use ConstructionTable.from_connectivity "
             "(the bond graph is called connectivity, bonds are bond lengths)",
@@ -247,11 +245,9 @@ class ConstructionTable:
         Example:
             >>> import batched_nerf as bn
             >>> mol = bn.data.load("alanine_dipeptide")
-            >>> bn.ConstructionTable.from_xyz(mol.xyz, mol.elements).n_atoms
+            >>> bn.ConstructionTable.from_xyz(mol.to_cartesian(), mol.elements).n_atoms
             22
         """
-        from ._autotable import refs_from_xyz
-
         return cls(refs_from_xyz(xyz, elements, scale=scale, link_fragments=link_fragments).refs)
 
     # ------------------------------------------------------------------ plans

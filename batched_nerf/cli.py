@@ -30,7 +30,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
@@ -60,16 +59,6 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass
-class Source:
-    """A molecule to work on: its Z-matrix and bond graph (pairs of row indices)."""
-
-    name: str
-    zmatrix: ZMatrix
-    graph: np.ndarray
-    description: str = ""
 
 
 # --------------------------------------------------------------------------- input
@@ -183,8 +172,11 @@ def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
     return rows[pairs]
 
 
-def load_source(spec: str, table_from: str = "auto") -> Source:
-    """A shipped molecule by name, or a ``.zmat``/``.gzmat``/``.xyz`` file (first frame).
+def load_source(spec: str, table_from: str = "auto") -> ZMatrix:
+    """A shipped molecule by name, or a ``.zmat``/``.gzmat``/``.gjf``/``.xyz`` file (first frame).
+
+    Returns the :class:`~batched_nerf.ZMatrix` with ``name``, ``connectivity`` (perceived
+    from the coordinates for files) and ``metadata["description"]``.
 
     Raises:
         CliError: unknown names, unreadable files or unknown extensions.
@@ -192,11 +184,7 @@ def load_source(spec: str, table_from: str = "auto") -> Source:
     from . import data
 
     if spec in data.available():
-        mol = data.load(spec)
-        z = ZMatrix(
-            mol.table(), mol.bonds, mol.angles, mol.dihedrals, elements=mol.elements, labels=mol.names
-        )
-        return Source(spec, z, np.asarray(mol.connectivity), mol.description)
+        return data.load(spec)
     ext = os.path.splitext(spec)[1].lower()
     if ext not in _EXTENSIONS:
         raise CliError(
@@ -209,9 +197,30 @@ def load_source(spec: str, table_from: str = "auto") -> Source:
         elements, frames, comments = _read_xyz(spec)
         table = _table_from(table_from, frames[0], elements)
         z = ZMatrix.from_cartesian(torch.from_numpy(frames[0]), table, elements=elements)
-        return Source(name, z, _graph_of(z), comments[0].strip())
-    z = _read_gzmat(spec)
-    return Source(name, z, _graph_of(z))
+        return _named(z, name, comments[0].strip())
+    return _named(_read_gzmat(spec), name, "")
+
+
+def _graph(z: ZMatrix) -> np.ndarray:
+    """The bond graph of ``z`` as row pairs (empty when unknown)."""
+    return np.zeros((0, 2), dtype=np.int64) if z.connectivity is None else z.connectivity
+
+
+def _named(z: ZMatrix, name: str, description: str) -> ZMatrix:
+    """``z`` with its name, description and perceived bond graph."""
+    return ZMatrix(
+        z.table,
+        z.bonds,
+        z.angles,
+        z.dihedrals,
+        z.fixed_xyz,
+        z.elements,
+        z.labels,
+        real=z.real,
+        connectivity=_graph_of(z),
+        name=name,
+        metadata={**z.metadata, "description": description},
+    )
 
 
 # ------------------------------------------------------------------ torsions
@@ -327,24 +336,23 @@ def _cmd_info(args: argparse.Namespace, out: IO[str]) -> int:
         print("shipped molecules (batched_nerf.data):", file=out)
         for name in data.available():
             mol = data.load(name)
-            print(
-                f"  {name:<20} {mol.n_atoms:>4} atoms  {formula(mol.elements):<12} {mol.description}",
-                file=out,
-            )
+            description = mol.metadata["description"]
+            print(f"  {name:<20} {mol.n_real:>4} atoms  {formula(mol.elements):<12} {description}", file=out)
         print(f"\ntry: {PROG} info alanine_dipeptide", file=out)
         return 0
-    src = load_source(args.molecule, args.table_from)
-    z = src.zmatrix
+    z = load_source(args.molecule, args.table_from)
     table = z.table
+    graph = _graph(z)
     refs = table.refs.numpy()
-    labels = z.labels or [str(i) for i in range(z.n_rows)]
-    elements = z.elements or ["?"] * z.n_rows
-    groups = rotatable_torsions(refs, src.graph)
-    title = f"{src.name}: {src.description}" if src.description else f"{src.name}:"
+    labels = z.labels or [str(i) for i in range(z.n_atoms)]
+    elements = z.elements or ["?"] * z.n_atoms
+    groups = rotatable_torsions(refs, graph)
+    description = z.metadata.get("description", "")
+    title = f"{z.name}: {description}" if description else f"{z.name}:"
     print(title, file=out)
     print(
-        f"{z.n_atoms} atoms ({formula(z.real_elements or [])}), {table.n_components} component(s), "
-        f"{table.n_fixed} fixed, {z.n_rows - z.n_atoms} dummies, {len(src.graph)} bonds, "
+        f"{z.n_real} atoms ({formula(z.real_elements or [])}), {table.n_components} component(s), "
+        f"{table.n_fixed} fixed, {z.n_atoms - z.n_real} dummies, {len(graph)} bonds, "
         f"build depth {table.depth} level(s)",
         file=out,
     )
@@ -353,9 +361,11 @@ def _cmd_info(args: argparse.Namespace, out: IO[str]) -> int:
     print(file=out)
     head = f"{'row':>4} {'label':<6} {'el':<3} {'bond ref':<10} {'angle ref':<10} {'dihedral ref':<12}"
     print(f"{head} {'bond/A':>8} {'angle/deg':>10} {'dihed/deg':>10}", file=out)
-    b, a, d = (t.detach().reshape(-1, z.n_rows)[0].double().numpy() for t in (z.bonds, z.angles, z.dihedrals))
+    b, a, d = (
+        t.detach().reshape(-1, z.n_atoms)[0].double().numpy() for t in (z.bonds, z.angles, z.dihedrals)
+    )
     fixed = set(table.fixed.tolist())
-    for i in range(z.n_rows):
+    for i in range(z.n_atoms):
         cells = []
         for r in refs[i].tolist():
             cells.append(f"{r} {labels[r]}" if r >= 0 else "-")
@@ -371,7 +381,7 @@ def _cmd_info(args: argparse.Namespace, out: IO[str]) -> int:
             f"{' '.join(values)}{tag}",
             file=out,
         )
-    print(f"\nnext: {PROG} sample {args.molecule} --n 1000 -o {src.name}.xyz", file=out)
+    print(f"\nnext: {PROG} sample {args.molecule} --n 1000 -o {z.name}.xyz", file=out)
     return 0
 
 
@@ -386,19 +396,18 @@ def _cmd_sample(args: argparse.Namespace, out: IO[str]) -> int:
     except (RuntimeError, AssertionError) as exc:
         raise CliError(f"device {args.device!r} is not available: {exc}", code=2) from None
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    src = load_source(args.molecule, args.table_from)
-    z = src.zmatrix.to(device=device, dtype=dtype)
+    z = load_source(args.molecule, args.table_from).to(device=device, dtype=dtype)
     if z.real_elements is None:
-        raise CliError(f"{src.name}: the molecule has no element symbols")
+        raise CliError(f"{z.name}: the molecule has no element symbols")
     refs = z.table.refs.numpy()
-    n_rows = z.n_rows
+    n_rows = z.n_atoms
     if args.torsions == "all":
         groups = [((int(r[0]), int(r[1])), [i]) for i, r in enumerate(refs.tolist()) if r[2] >= 0]
     else:
-        groups = rotatable_torsions(refs, src.graph)
+        groups = rotatable_torsions(refs, _graph(z))
     if not groups:
         print(
-            f"{PROG}: warning: {src.name} has no "
+            f"{PROG}: warning: {z.name} has no "
             f"{'dihedrals' if args.torsions == 'all' else 'rotatable torsions'}; "
             "all conformers are identical (try --torsions all)",
             file=sys.stderr,
@@ -443,16 +452,16 @@ def _cmd_sample(args: argparse.Namespace, out: IO[str]) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t_convert += time.perf_counter() - t
-            comments = [f"{src.name} conformer {written + k}" for k in range(m)]
+            comments = [f"{z.name} conformer {written + k}" for k in range(m)]
             write_xyz(handle, elements, xyz.cpu(), comments, precision=args.precision)
             written += m
             progress.update(m)
     progress.close()
     total = time.perf_counter() - t0
-    atoms = args.n * z.n_rows
+    atoms = args.n * z.n_atoms
     mode = "uniform" if args.uniform else f"Gaussian, sigma {args.sigma:g} deg"
     print(
-        f"wrote {args.n} conformers of {src.name} ({z.n_atoms} atoms) to {args.output}; "
+        f"wrote {args.n} conformers of {z.name} ({z.n_real} atoms) to {args.output}; "
         f"{len(groups)} {'dihedrals' if args.torsions == 'all' else 'torsions'} drawn ({mode})",
         file=out,
     )
@@ -475,7 +484,7 @@ def _to_zmatrix_for_output(
         elements = zin.real_elements
         if elements is None:
             raise CliError("the input Z-matrix has no element symbols")
-        frames = zin.to_cartesian().detach().reshape(-1, zin.n_atoms, 3).double().numpy()
+        frames = zin.to_cartesian().detach().reshape(-1, zin.n_real, 3).double().numpy()
     assert elements is not None and frames is not None
     if not 0 <= args.frame < len(frames) and not -len(frames) <= args.frame < 0:
         raise CliError(f"--frame {args.frame} out of range: the input has {len(frames)} frame(s)", code=2)
@@ -508,7 +517,7 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
                 if zin.real_elements is None:
                     raise CliError("the input Z-matrix has no element symbols")
                 elements = zin.real_elements
-                frames = zin.to_cartesian().detach().reshape(-1, zin.n_atoms, 3).double().numpy()
+                frames = zin.to_cartesian().detach().reshape(-1, zin.n_real, 3).double().numpy()
                 comments = [f"converted from {os.path.basename(args.input)} by {PROG}"] * len(frames)
             assert elements is not None and frames is not None
             write_xyz(args.output, elements, frames, comments, precision=args.precision)
@@ -529,7 +538,7 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
                 from .formats.chemcoord import to_chemcoord
 
                 to_chemcoord(z).to_zmat(args.output, float_format=f"{{:.{args.precision}f}}".format)
-            what = f"a Z-matrix of {z.n_atoms} atoms"
+            what = f"a Z-matrix of {z.n_real} atoms"
             if order is not None and not np.array_equal(order, np.arange(len(order))):
                 note = (
                     "note: atoms reordered into build order (a Z-matrix row may reference only earlier "

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "batched_nerf"
 #: Layers, bottom first. A module may import modules of its own layer or below.
 LAYERS: list[tuple[str, ...]] = [
     # ground: numpy topology, geometry
-    ("batched_nerf._version", "batched_nerf._geometry", "batched_nerf._topology", "batched_nerf._autotable"),
+    ("batched_nerf._version", "batched_nerf._geometry", "batched_nerf._topology"),
+    ("batched_nerf._perceive", "batched_nerf._autotable"),
     # engines: planners and builders behind a registry
     ("batched_nerf.engines",),
     # the table (owns the plan cache) and the input checks

@@ -8,10 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batched_nerf import ConstructionTable, perceive_connectivity, to_cartesian, to_internal
 from batched_nerf._autotable import COVALENT_RADII, refs_from_connectivity, refs_from_xyz
-from batched_nerf._convert import to_cartesian, to_internal
-from batched_nerf._perceive import perceive_connectivity
-from batched_nerf._table import ConstructionTable
 from batched_nerf.data import available, load
 from batched_nerf.data._reference import angle
 
@@ -205,17 +203,18 @@ def test_shipped_molecules_from_bonds(name: str) -> None:
     mol = load(name)
     table = table_from_connectivity(mol.connectivity, mol.n_atoms)
     check_table(table, mol.connectivity, mol.n_atoms)
-    check_not_linear(table, mol.xyz)
+    check_not_linear(table, mol.to_cartesian().numpy())
 
 
 @pytest.mark.parametrize("name", available())
 def test_shipped_molecules_from_xyz(name: str) -> None:
     mol = load(name)
-    assert perceive_connectivity(mol.xyz, mol.elements).tolist() == mol.connectivity.tolist()
-    table = table_from_xyz(mol.xyz, mol.elements)
+    xyz = mol.to_cartesian().numpy()
+    assert perceive_connectivity(xyz, mol.elements).tolist() == mol.connectivity.tolist()
+    table = table_from_xyz(xyz, mol.elements)
     check_table(table, mol.connectivity, mol.n_atoms)
-    check_not_linear(table, mol.xyz)
-    x = torch.tensor(mol.xyz)
+    check_not_linear(table, xyz)
+    x = torch.tensor(xyz)
     ic = to_internal(x, table)
     back = to_cartesian(ic.bonds, ic.angles, ic.dihedrals, table)
     assert torch.allclose(pdist(back), pdist(x), atol=1e-9)

@@ -97,12 +97,12 @@ def test_info_unknown(capsys: pytest.CaptureFixture[str]) -> None:
 # -------------------------------------------------------------------- sample
 def test_rotatable_torsions_alanine_and_benzene() -> None:
     ala = load("alanine_dipeptide")
-    groups = rotatable_torsions(ala.refs, ala.connectivity)
+    groups = rotatable_torsions(ala.table.refs.numpy(), ala.connectivity)
     rows = sorted(r for _, g in groups for r in g)
     # methyl rotors (0, 11, 19), phi (14) and psi (16); not the amide omegas (8, 18)
     assert rows == [0, 11, 14, 16, 19]
     benzene = load("benzene")
-    assert rotatable_torsions(benzene.refs, benzene.connectivity) == []
+    assert rotatable_torsions(benzene.table.refs.numpy(), benzene.connectivity) == []
 
 
 def test_sample_alanine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,7 +116,7 @@ def test_sample_alanine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert comments[5] == "alanine_dipeptide conformer 5"
     # bonds and bond angles (1-3 distances) are those of the molecule; phi varies
     for i, j in ala.connectivity.tolist():
-        np.testing.assert_allclose(pdist(xyz)[:, i, j], pdist(ala.xyz)[i, j], atol=1e-4)
+        np.testing.assert_allclose(pdist(xyz)[:, i, j], pdist(ala.to_cartesian().numpy())[i, j], atol=1e-4)
     phi = ala.metadata["phi"]
     assert np.ptp(pdist(xyz)[:, phi[0], phi[3]]) > 0.1
     # reproducible with the seed, different with another
@@ -178,7 +178,7 @@ def test_convert_xyz_zmat_xyz(tmp_path: Path) -> None:
     xyz_in = tmp_path / "ala.xyz"
     from batched_nerf.formats import write_xyz
 
-    write_xyz(xyz_in, ala.elements, ala.xyz, "ala", precision=10)
+    write_xyz(xyz_in, ala.elements, ala.to_cartesian().numpy(), "ala", precision=10)
     zmat = tmp_path / "ala.zmat"
     assert main(["convert", str(xyz_in), str(zmat), "--precision", "10"]) == 0
     z = read_zmat(zmat)
@@ -188,7 +188,9 @@ def test_convert_xyz_zmat_xyz(tmp_path: Path) -> None:
     elements, xyz, _ = read_xyz(back)
     # the same molecule: the sorted distance spectrum per element pair matches
     assert sorted(elements) == sorted(ala.elements)
-    np.testing.assert_allclose(np.sort(pdist(xyz[0]).ravel()), np.sort(pdist(ala.xyz).ravel()), atol=1e-6)
+    np.testing.assert_allclose(
+        np.sort(pdist(xyz[0]).ravel()), np.sort(pdist(ala.to_cartesian().numpy()).ravel()), atol=1e-6
+    )
     # xyz -> xyz keeps all frames
     assert main(["convert", str(back), str(tmp_path / "copy.xyz")]) == 0
 
@@ -198,15 +200,15 @@ def test_convert_with_table_file(tmp_path: Path) -> None:
     from batched_nerf.formats import write_xyz
 
     xyz_in = tmp_path / "ala.xyz"
-    write_xyz(xyz_in, ala.elements, ala.xyz, precision=10)
+    write_xyz(xyz_in, ala.elements, ala.to_cartesian().numpy(), precision=10)
     refs = tmp_path / "refs.npy"
-    np.save(refs, ala.refs)
+    np.save(refs, ala.table.refs.numpy())
     out = tmp_path / "ala.gzmat"
     assert main(["convert", str(xyz_in), str(out), "--table-from", str(refs), "--precision", "8"]) == 0
     z = read_zmat(out)
     np.testing.assert_allclose(np.sort(z.bonds.numpy()), np.sort(ala.bonds), atol=1e-6)
     bad = tmp_path / "bad.npy"
-    np.save(bad, ala.refs[:5])
+    np.save(bad, ala.table.refs.numpy()[:5])
     assert main(["convert", str(xyz_in), str(out), "--table-from", str(bad)]) == 1
 
 
@@ -255,7 +257,7 @@ def test_convert_chemcoord_roundtrip(tmp_path: Path) -> None:
     from batched_nerf.formats import write_zmat
 
     zmat = tmp_path / "ala.zmat"
-    write_zmat(zmat, ala.elements, ala.refs, ala.bonds, ala.angles, ala.dihedrals, precision=10)
+    write_zmat(zmat, ala.elements, ala.table.refs, ala.bonds, ala.angles, ala.dihedrals, precision=10)
     cc_file = tmp_path / "ala.cczmat"
     assert main(["convert", str(zmat), str(cc_file), "--format-out", "chemcoord", "--precision", "10"]) == 0
     out = tmp_path / "ala.xyz"

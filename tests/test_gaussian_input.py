@@ -103,7 +103,7 @@ def test_zmatrix_lines_after_cartesian_lines() -> None:
 
 def test_isotopes_and_dummies_in_zmatrix_lines() -> None:
     z = read_zmat(io.StringIO("O\nD 1 0.96\nT1 1 0.96 2 104.5\nX 1 1.0 2 90.0 3 180.0\n"))
-    assert z.elements == ["O", "D", "T", "X"] and z.n_atoms == 3
+    assert z.elements == ["O", "D", "T", "X"] and z.n_real == 3
 
 
 @pytest.mark.parametrize("variables", [False, True])

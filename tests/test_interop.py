@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from batched_nerf._zmatrix import ZMatrix
+from batched_nerf import ZMatrix
 from batched_nerf.data import available, load
 from batched_nerf.formats import read_zmat
 
 
 def molecule_zmatrix(name: str) -> ZMatrix:
-    mol = load(name)
-    return ZMatrix(mol.table(), mol.bonds, mol.angles, mol.dihedrals, elements=mol.elements, labels=mol.names)
+    return load(name)
 
 
 def test_optional_packages_not_imported_eagerly() -> None:
@@ -39,7 +38,8 @@ def cartesian_of(cc, name: str):  # type: ignore[no-untyped-def]
     import pandas as pd
 
     mol = load(name)
-    frame = pd.DataFrame({"atom": mol.elements, "x": mol.xyz[:, 0], "y": mol.xyz[:, 1], "z": mol.xyz[:, 2]})
+    xyz = mol.to_cartesian().numpy()
+    frame = pd.DataFrame({"atom": mol.elements, "x": xyz[:, 0], "y": xyz[:, 1], "z": xyz[:, 2]})
     return cc.Cartesian(frame)
 
 
@@ -53,14 +53,14 @@ def test_from_chemcoord_reproduces_get_cartesian_exactly(cc, name: str) -> None:
 
     zmat = cartesian_of(cc, name).get_zmat()
     z = from_chemcoord(zmat)
-    assert z.n_atoms == len(zmat) and z.real_labels == [str(i) for i in zmat.index]
+    assert z.n_real == len(zmat) and z.real_labels == [str(i) for i in zmat.index]
     assert z.real_elements == list(zmat["atom"])
-    assert z.n_rows > z.n_atoms and not z.real[z.n_atoms :].any()
+    assert z.n_atoms > z.n_real and not z.real[z.n_real :].any()
     # the same coordinates, row for row, not just up to a rigid motion
     x = z.to_cartesian()
     np.testing.assert_allclose(x.numpy(), xyz_of(zmat.get_cartesian(), zmat.index), atol=1e-10)
     # and the molecule's own geometry
-    np.testing.assert_allclose(x.numpy(), load(name).xyz[list(zmat.index)], atol=1e-8)
+    np.testing.assert_allclose(x.numpy(), load(name).to_cartesian().numpy()[list(zmat.index)], atol=1e-8)
     # round trip: identical Zmat
     again = to_chemcoord(z)
     assert list(again.index) == list(zmat.index)
@@ -97,10 +97,10 @@ def test_to_chemcoord_of_our_tables(cc, name: str) -> None:  # type: ignore[no-u
 
     z = molecule_zmatrix(name)
     zmat = to_chemcoord(z)
-    assert sorted(zmat.index) == list(range(z.n_atoms))
+    assert sorted(zmat.index) == list(range(z.n_real))
     # chemcoord builds exactly our canonical frame (seeds at origin, +x, xy-plane)
     np.testing.assert_allclose(
-        xyz_of(zmat.get_cartesian(), range(z.n_atoms)), z.to_cartesian().numpy(), atol=1e-10
+        xyz_of(zmat.get_cartesian(), range(z.n_real)), z.to_cartesian().numpy(), atol=1e-10
     )
     back = from_chemcoord(zmat)
     order = [int(label) for label in back.real_labels or []]
@@ -159,18 +159,19 @@ def test_ase_roundtrip() -> None:
     from batched_nerf.formats.ase import from_ase, to_ase
 
     mol = load("alanine_dipeptide")
-    atoms = to_ase(mol.elements, torch.from_numpy(mol.xyz.copy()))
+    ref = mol.to_cartesian().numpy()
+    atoms = to_ase(mol.elements, torch.from_numpy(ref))
     assert isinstance(atoms, ase.Atoms) and len(atoms) == 22
     elements, xyz = from_ase(atoms)
     assert elements == mol.elements
-    np.testing.assert_array_equal(xyz, mol.xyz)
-    frames = to_ase(mol.elements, np.stack([mol.xyz, mol.xyz + 1]))
+    np.testing.assert_array_equal(xyz, ref)
+    frames = to_ase(mol.elements, np.stack([ref, ref + 1]))
     assert isinstance(frames, list) and len(frames) == 2
     elements, xyz = from_ase(frames)
     assert xyz.shape == (2, 22, 3)
-    np.testing.assert_allclose(xyz[1], mol.xyz + 1)
+    np.testing.assert_allclose(xyz[1], ref + 1)
     with pytest.raises(ValueError, match="shape"):
-        to_ase(mol.elements[:3], mol.xyz)
+        to_ase(mol.elements[:3], ref)
     with pytest.raises(TypeError, match="ase.Atoms"):
         from_ase([])
     with pytest.raises(ValueError, match="different elements"):

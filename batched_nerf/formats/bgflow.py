@@ -35,14 +35,12 @@ How bgflow's conventions map onto :class:`~batched_nerf.ConstructionTable`:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from .._table import ConstructionTable
 from ._common import as_numpy, refs_of, topological_order
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .._table import ConstructionTable
 
 __all__ = ["refs_from_bgflow", "refs_to_bgflow", "table_from_bgflow", "table_to_bgflow"]
 
@@ -138,8 +136,6 @@ def table_from_bgflow(
         >>> table_from_bgflow(z).refs.tolist()
         [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]]
     """
-    from .._table import ConstructionTable
-
     refs, fixed = refs_from_bgflow(z_matrix, fixed_atoms, n_atoms)
     return ConstructionTable(refs, fixed=fixed)
 

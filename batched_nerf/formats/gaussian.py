@@ -46,17 +46,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .._perceive import atomic_number, element_symbol
+from .._table import ConstructionTable
 from .._zmatrix import ZMatrix
 from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation, topological_order
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .._table import ConstructionTable
 
 __all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaussian", "write_zmat"]
 
@@ -305,8 +303,6 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
             f"line {seed_line}: a Z-matrix line with fewer than three references cannot be combined "
             "with Cartesian lines (its frame would not be defined); put the Cartesian lines first"
         )
-    from .._table import ConstructionTable
-
     fixed = sorted(cartesian)
     return ZMatrix(
         ConstructionTable(refs, fixed=fixed),

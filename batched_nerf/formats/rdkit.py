@@ -18,13 +18,11 @@ converted::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .._table import ConstructionTable
-
+from .._table import ConstructionTable
 from ._common import optional_import
 
 __all__ = ["table_from_rdkit", "xyz_from_rdkit"]
@@ -67,8 +65,6 @@ def table_from_rdkit(
         ValueError: ``root`` out of range, an unknown ``conf_id``, coincident
             atoms in the conformer, or ``link_fragments=True`` without a conformer.
     """
-    from .._table import ConstructionTable
-
     _check_mol(mol)
     bonds = np.array(
         [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()], dtype=np.int64
