@@ -12,13 +12,14 @@ Row kinds, by the number of references a row has: ``ROOT`` ``(-1, -1, -1)``,
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FULL", "ROOT", "SECOND", "THIRD", "Topology", "analyse", "as_index_array"]
+__all__ = ["FULL", "ROOT", "SECOND", "THIRD", "Topology", "analyse", "as_index_array", "build_order"]
 
 #: Row kinds, by number of references: root, second and third seed atom,
 #: fully referenced atom.
@@ -69,8 +70,8 @@ class Topology:
         component: ``(N,)`` ``int64`` connected component of each atom.
         level: ``(N,)`` ``int64`` dependency level (0 for seed and fixed rows; a
             full row is one level above its deepest reference).
-        order: ``(N,)`` ``int64`` the build order: atoms sorted by level, row kind
-            and index (every reference comes before the rows that read it).
+        order: ``(N,)`` ``int64`` the build order (:func:`build_order`): every
+            reference comes before the rows that read it, lowest index first.
         seeded: ``(S,)`` ``int64`` components that are placed from seed rows (not anchored).
         seed_root, seed_second, seed_third: ``(S,)`` ``int64`` root, second and third
             seed atom of each seeded component (``-1`` where the component has fewer atoms).
@@ -138,7 +139,7 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     is_fixed[fixed_arr] = True
     seeded = _check_seeds(arr, kind, component, is_fixed)
     level = _levels(arr, kind)
-    order = np.lexsort((np.arange(n), kind, level)).astype(np.int64)
+    order = build_order(arr)
     root, second, third, from_second = _seed_atoms(arr, kind, component, seeded)
     slot = np.full(n, seeded.size, dtype=np.int64)
     comp_slot = np.full(int(component.max()) + 1 if n else 0, seeded.size, dtype=np.int64)
@@ -166,6 +167,42 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
         n_components=int(component.max()) + 1 if n else 0,
         depth=int(level.max()) if n else 0,
     )
+
+
+def build_order(refs: np.ndarray) -> np.ndarray:
+    """A build order in which every atom comes after its references.
+
+    Among the atoms ready to be placed the lowest index goes first, so a table
+    that is already in build order keeps its order. Works on raw ``(N, 3)``
+    reference arrays too (the file writers order rows with it).
+
+    Raises:
+        ValueError: for references out of range or a reference cycle.
+    """
+    n = len(refs)
+    waiting = np.zeros(n, dtype=np.int64)
+    users: list[list[int]] = [[] for _ in range(n)]
+    for i, row in enumerate(refs.tolist()):
+        for r in row:
+            if r >= n or r < -1:
+                raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
+            if r >= 0:
+                waiting[i] += 1
+                users[r].append(i)
+    ready = [i for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != n:
+        stuck = sorted(set(range(n)) - set(order))
+        raise ValueError(f"the references contain a cycle (atoms {stuck[:8]} can never be placed)")
+    return np.asarray(order, dtype=np.int64)
 
 
 def _check_rows(arr: np.ndarray, fixed: np.ndarray) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import heapq
 import os
 from collections.abc import Iterator
 from typing import IO, Any, Union
@@ -39,41 +38,6 @@ def refs_of(table_or_refs: Any) -> tuple[np.ndarray, np.ndarray]:
     if refs.ndim != 2 or refs.shape[1] != 3:
         raise ValueError(f"refs must have shape (N, 3), got {tuple(refs.shape)}")
     return refs, np.zeros(0, dtype=np.int64)
-
-
-def topological_order(refs: np.ndarray) -> np.ndarray:
-    """A build order in which every atom comes after its references.
-
-    Among the atoms ready to be placed the lowest index goes first, so a table
-    that is already in build order keeps its order.
-
-    Raises:
-        ValueError: for references out of range or a reference cycle.
-    """
-    n = len(refs)
-    waiting = np.zeros(n, dtype=np.int64)
-    users: list[list[int]] = [[] for _ in range(n)]
-    for i, row in enumerate(refs.tolist()):
-        for r in row:
-            if r >= n or r < -1:
-                raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
-            if r >= 0:
-                waiting[i] += 1
-                users[r].append(i)
-    ready = [i for i in range(n) if waiting[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != n:
-        stuck = sorted(set(range(n)) - set(order))
-        raise ValueError(f"the references contain a cycle (atoms {stuck[:8]} can never be placed)")
-    return np.asarray(order, dtype=np.int64)
 
 
 def optional_import(module: str, package: str | None = None) -> Any:

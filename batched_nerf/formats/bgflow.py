@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from .._table import ConstructionTable
-from ._common import as_numpy, refs_of, topological_order
+from .._topology import build_order
+from ._common import as_numpy, refs_of
 
 __all__ = ["refs_from_bgflow", "refs_to_bgflow", "table_from_bgflow", "table_to_bgflow"]
 
@@ -148,7 +149,7 @@ def refs_to_bgflow(refs: Any, fixed: Any = None) -> tuple[np.ndarray, np.ndarray
     fixed_arr = np.zeros(0, dtype=np.int64) if fixed is None else as_numpy(fixed, np.int64).reshape(-1)
     is_fixed = np.zeros(len(ref_arr), dtype=bool)
     is_fixed[fixed_arr] = True
-    order = [i for i in topological_order(ref_arr).tolist() if not is_fixed[i]]
+    order = [i for i in build_order(ref_arr).tolist() if not is_fixed[i]]
     z = np.concatenate([np.asarray(order, dtype=np.int64)[:, None], ref_arr[order]], axis=1)
     return z.reshape(-1, 4), fixed_arr.copy()
 

@@ -44,8 +44,9 @@ import numpy as np
 import torch
 
 from .._table import ConstructionTable
+from .._topology import build_order
 from .._zmatrix import ZMatrix
-from ._common import optional_import, require_one_conformation, topological_order
+from ._common import optional_import, require_one_conformation
 
 __all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "to_chemcoord"]
 
@@ -278,7 +279,7 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     local = np.array(
         [[position.get(r, -1) if r >= 0 else -1 for r in refs[i].tolist()] for i in keep], dtype=np.int64
     ).reshape(len(keep), 3)
-    order = topological_order(local).tolist()
+    order = build_order(local).tolist()
     frame = pd.DataFrame([rows[k] for k in order], columns=_COLUMNS, index=[index[k] for k in order])
     frame = frame.astype({"atom": object, "b": object, "a": object, "d": object})
     frame = frame.astype({"bond": "f8", "angle": "f8", "dihedral": "f8"})

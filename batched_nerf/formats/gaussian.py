@@ -53,8 +53,9 @@ import torch
 
 from .._perceive import atomic_number, element_symbol
 from .._table import ConstructionTable
+from .._topology import build_order
 from .._zmatrix import ZMatrix
-from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation, topological_order
+from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation
 
 __all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaussian", "write_zmat"]
 
@@ -437,7 +438,7 @@ def write_zmat(
             "fragments into one build (ZMatrix.from_cartesian(xyz, table) or ConstructionTable.from_xyz "
             "link them by default)"
         )
-    order = topological_order(ref_arr)
+    order = build_order(ref_arr)
     position = np.empty(n, dtype=np.int64)
     position[order] = np.arange(n)
     out: list[str] = []
