@@ -59,13 +59,23 @@ class SeedPlan(_Movable):
 
 @dataclass(frozen=True)
 class LevelPlan(_Movable):
-    """Dependency-level plan: atoms whose references are placed are built together."""
+    """Dependency-level plan: atoms whose references are placed are built together.
+
+    The engine works atom-major, ``(n, 3, B)`` with the batch innermost. Block 0
+    holds fixed atoms, roots, second and third seed atoms (the order of
+    ``seeds.atoms``); block ``k >= 1`` the atoms of level ``k``. Level ``k``
+    concatenates ``parts[k]`` (each a whole earlier block, or some of its rows)
+    and then, unless ``gathers[k]`` is None, picks the rows ``all d, all a,
+    all b`` refs of its atoms from that pool. Every copy is at most a small
+    multiple of the level's own size, so a build does linear work in N.
+    """
 
     seeds: SeedPlan
+    rows: Tensor  # (S2 + S3 + M,) atoms whose (bond, angle, dihedral) are read: seconds, thirds, full
     full_atoms: Tensor  # (M,) fully referenced atoms in build order
     level_sizes: tuple[int, ...]  # atoms per level, summing to M
-    sources: tuple[tuple[int, ...], ...]  # per level: blocks (0 = seeds, k = level k) gathered
-    gathers: tuple[Tensor, ...]  # per level: (3 * n_k,) columns of cat(sources): all d, all a, all b
+    parts: tuple[tuple[tuple[int, Tensor | None], ...], ...]  # per level: (block, rows or None = all)
+    gathers: tuple[Tensor | None, ...]  # per level: (3 * n_k,) rows of the pool, or None if in order
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
 
 
@@ -124,31 +134,38 @@ def level_plan(table: ConstructionTable) -> LevelPlan:
     full = np.flatnonzero(n_refs == FULL)
     order = full[np.argsort(level[full], kind="stable")]
     sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:]
-    sources: list[tuple[int, ...]] = []
-    gathers: list[Tensor] = []
+    block_size = [int(block0.size)] + [int(s) for s in sizes]
+    parts: list[tuple[tuple[int, Tensor | None], ...]] = []
+    gathers: list[Tensor | None] = []
     start = 0
     for k, size in enumerate(sizes.tolist(), start=1):
         atoms = order[start : start + size]
         start += size
         block[atoms] = k
         slot[atoms] = np.arange(size)
-        need = refs[atoms][:, ::-1].T  # rows: all d, all a, all b refs
-        src = tuple(sorted(set(block[need].ravel().tolist())))
-        offsets = {}
+        need = refs[atoms][:, ::-1].T.ravel()  # all d, all a, all b refs
+        level_parts: list[tuple[int, Tensor | None]] = []
+        pool_row = {}
         offset = 0
-        for s in src:
-            offsets[s] = offset
-            offset += block0.size if s == 0 else int(sizes[s - 1])
-        flat = np.array([offsets[int(b)] for b in block[need].ravel()]) + slot[need].ravel()
-        sources.append(src)
-        gathers.append(_long(flat))
-    block_start = np.concatenate([[0, block0.size], block0.size + np.cumsum(sizes)])
+        for s in sorted(set(block[need].tolist())):
+            used = np.unique(slot[need[block[need] == s]])
+            whole = 2 * used.size >= block_size[s]  # copy the whole block unless it is mostly unused
+            rows = np.arange(block_size[s]) if whole else used
+            level_parts.append((s, None if whole else _long(rows)))
+            pool_row.update({(s, int(r)): offset + j for j, r in enumerate(rows)})
+            offset += rows.size
+        flat = np.array([pool_row[(int(b), int(r))] for b, r in zip(block[need], slot[need])])
+        parts.append(tuple(level_parts))
+        in_order = flat.size == offset and np.array_equal(flat, np.arange(offset))
+        gathers.append(None if in_order else _long(flat))
+    block_start = np.concatenate([[0], np.cumsum(block_size)])
     inverse = block_start[block] + slot
     return LevelPlan(
         seeds=seeds,
+        rows=_long(np.concatenate([seed_np["second"], seed_np["third"], order])),
         full_atoms=_long(order),
         level_sizes=tuple(int(s) for s in sizes),
-        sources=tuple(sources),
+        parts=tuple(parts),
         gathers=tuple(gathers),
         inverse=_long(inverse),
     )
