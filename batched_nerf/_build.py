@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._geometry import EPS
+from ._levels_autograd import level_loop
 from ._plan import LevelPlan, SeedPlan
 
 
@@ -52,50 +52,6 @@ def seed_block(plan: SeedPlan, bonds: Tensor, angles: Tensor, fixed_xyz: Tensor 
     if not parts:
         return bonds.new_zeros((*batch, 0, 3))
     return torch.cat(parts, dim=-2)
-
-
-def _normalize(v: Tensor, dim: int) -> Tensor:
-    """``v / max(|v|, EPS)`` along ``dim`` as ``v * rsqrt(max(|v|^2, EPS^2))`` (5 kernels).
-
-    Exact for ``|v| >= EPS``; every derivative stays finite at ``v = 0`` (the
-    squared norm is smooth, and clamped away from zero before ``rsqrt``).
-    """
-    return v * torch.rsqrt((v * v).sum(dim, keepdim=True).clamp_min(EPS * EPS))
-
-
-def _cross(u: Tensor, v: Tensor) -> Tensor:
-    """Cross product of atom-major vectors ``(n, 3, B)`` (7 kernels on ``(n, B)`` rows).
-
-    Written out: ``torch.linalg.cross`` along a strided dimension runs a scalar
-    loop, tens of times slower than these row operations.
-    """
-    u0, u1, u2 = u.unbind(1)
-    v0, v1, v2 = v.unbind(1)
-    return torch.stack(
-        (
-            torch.addcmul(u1 * v2, u2, v1, value=-1.0),
-            torch.addcmul(u2 * v0, u0, v2, value=-1.0),
-            torch.addcmul(u0 * v1, u1, v0, value=-1.0),
-        ),
-        dim=1,
-    )
-
-
-def place_rows(a: Tensor, b: Tensor, c: Tensor, d1: Tensor, d2: Tensor, d3: Tensor) -> Tensor:
-    """NeRF placement of atom-major references ``(n, 3, B)`` (14 kernels).
-
-    ``x = c - d1 e1 + d2 e2 + d3 e3`` with ``e1 = (c - b) / |c - b|``,
-    ``e3 = ((b - a) x (c - b)) / |(b - a) x (c - b)|``, ``e2 = e3 x e1``
-    (the frame of :func:`~batched_nerf._geometry.place`; ``d1 = r cos(theta)``,
-    ``d2 = r sin(theta) cos(phi)``, ``d3 = r sin(theta) sin(phi)``, each
-    ``(n, 1, B)``). Both directions are normalised in one pass; a collapsed
-    direction (collinear or coincident references) gives a zero axis.
-    """
-    u = c - b
-    m = _cross(b - a, u)
-    e1, e3 = _normalize(torch.stack((u, m), dim=1), dim=2).unbind(1)
-    e2 = _cross(e3, e1)
-    return c.addcmul(d1, e1, value=-1.0).addcmul(d2, e2).addcmul(d3, e3)
 
 
 def _seed_rows(plan: LevelPlan, g: Tensor, fixed: Tensor | None) -> Tensor:
@@ -145,20 +101,12 @@ def build_levels(
     fixed = None
     if fixed_xyz is not None:
         fixed = fixed_xyz.reshape(n_samples, -1, 3).permute(1, 2, 0)
-    blocks = [_seed_rows(plan, g, fixed)]
-    if plan.level_sizes:
-        # local offsets of every fully referenced atom at once, then split by level
-        n_seed = g.shape[0] - plan.full_atoms.numel()
-        r, tp = g[n_seed:, :1], g[n_seed:, 1:]
-        cos, sin = torch.cos(tp), torch.sin(tp)
-        rs = r * sin[:, :1]
-        local = zip(*(x.split(plan.level_sizes) for x in (r * cos[:, :1], rs * cos[:, 1:], rs * sin[:, 1:])))
-        for parts, gather, size, (d1, d2, d3) in zip(plan.parts, plan.gathers, plan.level_sizes, local):
-            pieces = [blocks[s] if rows is None else blocks[s].index_select(0, rows) for s, rows in parts]
-            pool = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-            if gather is not None:
-                pool = pool.index_select(0, gather)
-            a, b, c = pool.unflatten(0, (3, size)).unbind(0)
-            blocks.append(place_rows(a, b, c, d1, d2, d3))
-    xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    block0 = _seed_rows(plan, g, fixed)
+    # local offsets r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi)) of every full atom at once
+    n_seed = g.shape[0] - plan.full_atoms.numel()
+    r, tp = g[n_seed:, :1], g[n_seed:, 1:]
+    cos, sin = torch.cos(tp), torch.sin(tp)
+    rs = r * sin[:, :1]
+    loc = torch.cat((-r * cos[:, :1], rs * cos[:, 1:], rs * sin[:, 1:]), dim=1)
+    xyz = level_loop(plan, block0, loc)
     return xyz.index_select(0, plan.inverse).permute(2, 0, 1).reshape(*batch, n, 3)
