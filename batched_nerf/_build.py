@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ._levels_autograd import level_loop
+from ._levels_layout import SinCos, ToRows, ToXyz
 from ._plan import LevelPlan, SeedPlan
 
 
@@ -97,16 +98,20 @@ def build_levels(
     n = bonds.shape[-1]
     n_samples = math.prod(batch)
     ic = torch.stack((bonds, angles, dihedrals)).reshape(3, n_samples, n)
-    g = ic.permute(2, 0, 1).index_select(0, plan.rows)  # (S + M, 3, B): r, theta, phi per row
+    g = ToRows.apply(ic, plan.rows)  # (S + M, 3, B): r, theta, phi per row
     fixed = None
     if fixed_xyz is not None:
         fixed = fixed_xyz.reshape(n_samples, -1, 3).permute(1, 2, 0)
-    block0 = _seed_rows(plan, g, fixed)
+    # split, not sliced: autograd joins the pieces' gradients with one cat, where
+    # the backward of each slice would fill a zero tensor of the whole size
+    g_seed, g_full = g.split((g.shape[0] - plan.full_atoms.numel(), plan.full_atoms.numel()))
+    block0 = _seed_rows(plan, g_seed, fixed)
     # local offsets r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi)) of every full atom at once
-    n_seed = g.shape[0] - plan.full_atoms.numel()
-    r, tp = g[n_seed:, :1], g[n_seed:, 1:]
-    cos, sin = torch.cos(tp), torch.sin(tp)
-    rs = r * sin[:, :1]
-    loc = torch.cat((-r * cos[:, :1], rs * cos[:, 1:], rs * sin[:, 1:]), dim=1)
+    r, tp = g_full.split((1, 2), dim=1)
+    cos, sin = SinCos.apply(tp)
+    cos_t, cos_p = cos.split(1, dim=1)
+    sin_t, sin_p = sin.split(1, dim=1)
+    rs = r * sin_t
+    loc = torch.cat((-r * cos_t, rs * cos_p, rs * sin_p), dim=1)
     xyz = level_loop(plan, block0, loc)
-    return xyz.index_select(0, plan.inverse).permute(2, 0, 1).reshape(*batch, n, 3)
+    return ToXyz.apply(xyz, plan.inverse).reshape(*batch, n, 3)
