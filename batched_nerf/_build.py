@@ -4,6 +4,12 @@ One step per dependency level of the table (the longest chain of references):
 all atoms whose references are placed are built together with one NeRF call.
 Fast for shallow, wide tables (small molecules, large batches); the scan
 engine (:mod:`._scan`) takes over for deep ones.
+
+Layout: the batch is flattened to ``B`` and kept innermost, atoms are rows
+``(n, 3, B)``. The inputs are transposed once on entry (:mod:`._levels_layout`),
+the local offsets of all atoms are computed in one pass, the level loop
+(:mod:`._levels_autograd`, with its hand-written backward) places each level
+with about 15-25 kernels, and the result is transposed once on exit.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ._levels_autograd import level_loop
-from ._levels_layout import SinCos, ToRows, ToXyz
+from ._levels_layout import sincos, to_rows, to_xyz
 from ._plan import LevelPlan, SeedPlan
 
 
@@ -56,7 +62,10 @@ def seed_block(plan: SeedPlan, bonds: Tensor, angles: Tensor, fixed_xyz: Tensor 
 
 
 def _seed_rows(plan: LevelPlan, g: Tensor, fixed: Tensor | None) -> Tensor:
-    """Block 0 ``(n0, 3, B)``: fixed atoms, roots, second and third seeds (see :func:`seed_block`)."""
+    """Block 0 ``(n0, 3, B)`` from seed rows ``g`` ``(S, 3, B)`` (r, theta, phi of seconds, thirds).
+
+    Fixed atoms, roots, second and third seed atoms, placed as in :func:`seed_block`.
+    """
     seeds = plan.seeds
     n2, n3 = seeds.second.numel(), seeds.third.numel()
     batch = g.shape[-1]
@@ -92,13 +101,13 @@ def build_levels(
     Works atom-major with the batch flattened and innermost, ``(n, 3, B)``: every
     reference gather copies whole rows of ``B`` values and every elementwise
     kernel runs on contiguous rows. The inputs are transposed once at entry
-    and the result once (as a view) at exit.
+    and the result (contiguous) once at exit.
     """
     batch = bonds.shape[:-1]
     n = bonds.shape[-1]
     n_samples = math.prod(batch)
     ic = torch.stack((bonds, angles, dihedrals)).reshape(3, n_samples, n)
-    g = ToRows.apply(ic, plan.rows)  # (S + M, 3, B): r, theta, phi per row
+    g = to_rows(ic, plan.rows)  # (S + M, 3, B): r, theta, phi per row
     fixed = None
     if fixed_xyz is not None:
         fixed = fixed_xyz.reshape(n_samples, -1, 3).permute(1, 2, 0)
@@ -108,10 +117,10 @@ def build_levels(
     block0 = _seed_rows(plan, g_seed, fixed)
     # local offsets r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi)) of every full atom at once
     r, tp = g_full.split((1, 2), dim=1)
-    cos, sin = SinCos.apply(tp)
+    cos, sin = sincos(tp)
     cos_t, cos_p = cos.split(1, dim=1)
     sin_t, sin_p = sin.split(1, dim=1)
     rs = r * sin_t
     loc = torch.cat((-r * cos_t, rs * cos_p, rs * sin_p), dim=1)
     xyz = level_loop(plan, block0, loc)
-    return ToXyz.apply(xyz, plan.inverse).reshape(*batch, n, 3)
+    return to_xyz(xyz, plan.inverse).reshape(*batch, n, 3)

@@ -164,3 +164,24 @@ class SinCos(torch.autograd.Function):
     def jvp(ctx: Any, t: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = ctx.saved_tensors
         return -sin * t, cos * t
+
+
+def to_rows(ic: Tensor, rows: Tensor) -> Tensor:
+    """``(3, B, N)`` -> ``(R, 3, B)``: :class:`ToRows` (plain ops while ``torch.compile`` traces)."""
+    if torch.compiler.is_compiling():
+        return ic.permute(2, 0, 1).index_select(0, rows)
+    return ToRows.apply(ic, rows)
+
+
+def to_xyz(x: Tensor, inverse: Tensor) -> Tensor:
+    """``(T, 3, B)`` -> ``(B, N, 3)``: :class:`ToXyz` (plain ops while ``torch.compile`` traces)."""
+    if torch.compiler.is_compiling():
+        return x.index_select(0, inverse).permute(2, 0, 1)
+    return ToXyz.apply(x, inverse)
+
+
+def sincos(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(cos(x), sin(x))``: :class:`SinCos` (plain ops while ``torch.compile`` traces)."""
+    if torch.compiler.is_compiling():
+        return torch.cos(x), torch.sin(x)
+    return SinCos.apply(x)

@@ -6,11 +6,18 @@ for alanine dipeptide and chains, every contender interleaved round by round in
 one process, and prints medians and ratios vs the loop. ``--baseline PATH``
 adds the level engine of another checkout (a directory holding a
 ``batched_nerf`` package, e.g. ``git archive REV batched_nerf | tar -x -C PATH``)
-as contender ``base``. ``--profile`` prints torch.profiler kernel counts per call.
+as contender ``base``. ``--profile`` prints torch.profiler kernel counts per call
+(aten calls that run a kernel, views excluded). ``--crossover`` times levels
+against scan on shallow tables over batch sizes, next to what ``auto`` picks.
+On a shared machine use ``--threads 1 --clock thread`` (CPU time of this thread,
+not the time it waited for a core) and quote ratios.
 
 Run from the repository root::
 
-    PYTHONPATH=$PWD python benchmarks/levels_probe.py --baseline /tmp/levels-base
+    git archive 5315758 batched_nerf | tar -x -C /tmp/levels-base   # the engine before issue 11
+    PYTHONPATH=$PWD python benchmarks/levels_probe.py --baseline /tmp/levels-base --threads 1 --clock thread
+    PYTHONPATH=$PWD python benchmarks/levels_probe.py --profile --repeats 1 --threads 1
+    PYTHONPATH=$PWD python benchmarks/levels_probe.py --crossover --threads 1 --clock thread
 """
 
 from __future__ import annotations
@@ -243,6 +250,39 @@ class _Averaged(list):
         super().__init__(type("E", (), {"key": k, "count": c})() for k, c in agg.items())
 
 
+def crossover(args: argparse.Namespace) -> None:
+    """levels vs scan on shallow tables over batch sizes, with the engine ``auto`` picks today."""
+    from batched_nerf._dispatch import choose_method
+
+    torch.set_num_threads(args.threads)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    tables = [("alanine_dipeptide", bn.data.load("alanine_dipeptide").table())]
+    tables += [(f"chain{n}", bn.ConstructionTable.chain(n)) for n in (8, 16, 32, 64)]
+    print("table               depth     B  pass      levels ms   scan ms  scan/levels  auto")
+    for name, table in tables:
+        for batch in args.batches:
+            ic = inputs(table, batch)
+            w = torch.randn(batch, table.n_atoms, 3)
+            cons = {k: v for k, v in contenders(table, None).items() if k in ("levels", "scan")}
+            for pass_ in ("forward", "fwd+bwd"):
+                steps = {k: make_step(f, ic, pass_, w) for k, f in cons.items()}
+                for step in steps.values():
+                    step()
+                times: dict[str, list[float]] = {k: [] for k in steps}
+                for _ in range(args.repeats):
+                    for k, step in steps.items():
+                        t0 = clock()
+                        step()
+                        times[k].append(clock() - t0)
+                med = {k: statistics.median(v) for k, v in times.items()}
+                auto = choose_method(table, torch.Size([batch]), torch.device("cpu"))
+                print(
+                    f"{name:18s} {table.depth:5d} {batch:5d}  {pass_:8s} {1e3 * med['levels']:9.3f} "
+                    f"{1e3 * med['scan']:9.3f} {med['scan'] / med['levels']:11.2f}  {auto}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -259,8 +299,14 @@ def main() -> None:
     )
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--crossover", action="store_true", help="levels vs scan on shallow tables")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256, 1024, 4096])
     parser.add_argument("--profile-top", type=int, default=0)
-    run(parser.parse_args())
+    args = parser.parse_args()
+    if args.crossover:
+        crossover(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":
