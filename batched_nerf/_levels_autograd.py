@@ -92,12 +92,14 @@ def _pool(plan: LevelPlan, k: int, blocks: list[Tensor]) -> Tensor:
 def _levels(plan: LevelPlan, block0: Tensor, loc: Tensor, keep: bool) -> tuple[list[Tensor], list[Any]]:
     blocks = [block0]
     saved = []
-    for k, l_k in enumerate(loc.split(plan.level_sizes)):
-        refs = _pool(plan, k, blocks).unflatten(0, (3, l_k.shape[0]))
+    sizes = plan.level_sizes
+    # every level's offset components as views, made in three calls rather than one per level
+    l1s, l2s, l3s = (x.split(sizes) for x in loc.split(1, dim=1))
+    for k, (size, l1, l2, l3) in enumerate(zip(sizes, l1s, l2s, l3s)):
+        refs = _pool(plan, k, blocks).unflatten(0, (3, size))
         en, e2, w, v, s = frames(refs)
         c = refs[2]
         e1, e3 = en.unbind(1)
-        l1, l2, l3 = l_k.split(1, dim=1)
         blocks.append(c.addcmul(l1, e1).addcmul(l2, e2).addcmul(l3, e3))
         if keep:
             saved.append((torch.cat((en[:, :1], e2.unsqueeze(1), en[:, 1:]), dim=1), w, v, s))
