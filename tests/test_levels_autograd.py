@@ -112,3 +112,41 @@ def test_to_cartesian_runs_the_hand_written_backward() -> None:
     with torch.no_grad():
         plan, block0, loc = loop_inputs("chain")
         assert isinstance(level_loop(plan, block0, loc), torch.Tensor)
+
+
+# ---------------------------------------------------------- entry / exit layout maps
+def _layout_cases():  # type: ignore[no-untyped-def]
+    from batched_nerf._levels_layout import FromRows, FromXyz, SinCos, ToRows, ToXyz
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.tensor([4, 0, 2, 3])  # a subset of 5 atoms, shuffled
+    inverse = torch.tensor([2, 0, 4, 1, 3])  # a permutation of 5 rows
+    return {
+        "to_rows": (lambda x: ToRows.apply(x, rows), torch.randn(3, 2, 5, generator=g, dtype=F64)),
+        "from_rows": (lambda x: FromRows.apply(x, rows, 5), torch.randn(4, 3, 2, generator=g, dtype=F64)),
+        "to_xyz": (lambda x: ToXyz.apply(x, inverse), torch.randn(5, 3, 2, generator=g, dtype=F64)),
+        "from_xyz": (lambda x: FromXyz.apply(x, inverse, 5), torch.randn(2, 5, 3, generator=g, dtype=F64)),
+        "sincos": (lambda x: SinCos.apply(x), torch.randn(4, 2, 3, generator=g, dtype=F64)),
+    }
+
+
+@pytest.mark.parametrize("name", ["to_rows", "from_rows", "to_xyz", "from_xyz", "sincos"])
+def test_layout_maps_first_second_and_forward_derivatives(name: str) -> None:
+    fn, x = _layout_cases()[name]
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(fn, (x,), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(fn, (x,))
+
+
+def test_layout_maps_are_the_plain_ops() -> None:
+    cases = _layout_cases()
+    fn, x = cases["to_rows"]
+    torch.testing.assert_close(fn(x), x.permute(2, 0, 1).index_select(0, torch.tensor([4, 0, 2, 3])))
+    fn, x = cases["to_xyz"]
+    torch.testing.assert_close(fn(x), x.index_select(0, torch.tensor([2, 0, 4, 1, 3])).permute(2, 0, 1))
+    fn, x = cases["sincos"]
+    torch.testing.assert_close(fn(x), (x.cos(), x.sin()))
+    # each adjoint is the transpose: <A x, y> == <x, A^T y>
+    for forward, adjoint in (("to_rows", "from_rows"), ("to_xyz", "from_xyz")):
+        (a, x), (at, y) = cases[forward], cases[adjoint]
+        torch.testing.assert_close((a(x) * y).sum(), (x * at(y)).sum())
