@@ -12,7 +12,7 @@ from . import engines
 from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
-from .engines.dispatch import choose_method, scan_block
+from .engines.dispatch import auto_method, scan_block
 from .engines.inverse import InternalCoordinates
 
 __all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
@@ -123,9 +123,7 @@ def to_cartesian(
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
     samples = math.prod(b.shape[:-1])
     if method == "auto":
-        topo = table.topology
-        rounds = len(table.plan("scan").rounds)
-        method = choose_method(topo.n_atoms, topo.depth, rounds, samples, b.device.type)
+        method = auto_method(table, samples, b.device.type)
     variant = scan_block(table.n_atoms, samples) if method == "scan" else 1
     engine = engines.get(method)
     xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf.engines.dispatch import choose_method, scan_block
+from batched_nerf.engines.dispatch import auto_method, scan_block
 from batched_nerf.engines.levels import build_levels
 from batched_nerf.engines.scan import build_scan
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
@@ -100,8 +100,7 @@ def test_vmap_blocked_scan() -> None:
 
 
 def _choose(table: bn.ConstructionTable, samples: int) -> str:
-    topo = table.topology
-    return choose_method(topo.n_atoms, topo.depth, len(table.plan("scan").rounds), samples, "cpu")
+    return auto_method(table, samples, "cpu")
 
 
 def test_dispatch_rules() -> None:

@@ -16,8 +16,9 @@ tables.
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["choose_method", "scan_block"]
+__all__ = ["auto_method", "choose_method", "scan_block"]
 
 #: Seconds per dependency level (level engine) and per atom-sample.
 LEVEL_STEP_S = 4.5e-4
@@ -56,3 +57,10 @@ def choose_method(n_atoms: int, depth: int, scan_rounds: int, n_samples: int, de
     steps = math.ceil(math.log2(depth)) / (scan_block(n_atoms, n_samples) ** 0.5)
     scan = SCAN_CALL_S * scan_rounds + work * SCAN_ELEMENT_S * (1.0 + steps)
     return "levels" if levels <= scan else "scan"
+
+
+def auto_method(table: Any, n_samples: int, device_type: str) -> str:
+    """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable` (read through its public view)."""
+    topo = table.topology
+    rounds = len(table.plan("scan").rounds)
+    return choose_method(topo.n_atoms, topo.depth, rounds, n_samples, device_type)

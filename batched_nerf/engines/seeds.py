@@ -16,7 +16,7 @@ from torch import Tensor
 from .._topology import ROOT, SECOND, THIRD, Topology
 from .base import Movable, as_long
 
-__all__ = ["SeedPlan", "seed_atoms", "seed_block", "seed_plan"]
+__all__ = ["SeedPlan", "seed_atoms", "seed_block", "seed_plan", "seed_positions"]
 
 
 @dataclass(frozen=True)
@@ -59,38 +59,65 @@ def seed_plan(topo: Topology) -> SeedPlan:
     )
 
 
+def seed_positions(
+    plan: SeedPlan,
+    r2: Tensor,
+    r3: Tensor,
+    t3: Tensor,
+    fixed_xyz: Tensor | None,
+    batch: tuple[int, ...],
+    rows: bool = False,
+) -> Tensor:
+    """Positions of block 0 from the seed atoms' bonds and angles, in either layout.
+
+    Roots sit at the origin, second atoms at ``(r, 0, 0)``, third atoms in the
+    ``xy``-plane with ``y > 0``: ``x_b + r (s cos(theta), sin(theta), 0)`` with
+    ``s = +1`` when the bond reference is the root and ``-1`` when it is the
+    second atom (whose position is ``(r_b, 0, 0)``).
+
+    Args:
+        plan: the :class:`SeedPlan`.
+        r2: bonds of the second seed atoms, ``(..., S2)`` (``(S2, B)`` with ``rows``).
+        r3, t3: bonds and angles of the third seed atoms, ``(..., S3)`` (``(S3, B)``).
+        fixed_xyz: ``(..., F, 3)`` (``(F, 3, B)``) or None.
+        batch: the leading shape ``...`` (``(B,)`` with ``rows``).
+        rows: the engines' layouts: ``False`` gives ``(..., n0, 3)`` (atoms, then
+            components last); ``True`` gives ``(n0, 3, B)`` (batch innermost).
+    """
+    atoms_dim, comp_dim = (0, 1) if rows else (-2, -1)
+    values_dim = 0 if rows else -1
+    zero = r2.new_zeros(())
+    parts = []
+    if plan.n_fixed:
+        parts.append(fixed_xyz)
+    if plan.n_roots:
+        shape = (plan.n_roots, 3, *batch) if rows else (*batch, plan.n_roots, 3)
+        parts.append(r2.new_zeros(shape))
+    if plan.second.numel():
+        z2 = zero.expand_as(r2)
+        parts.append(torch.stack((r2, z2, z2), dim=comp_dim))
+    if plan.third.numel():
+        from_second = (
+            plan.third_from_second.reshape(-1, *([1] * len(batch))) if rows else plan.third_from_second
+        )
+        rc = r3 * torch.cos(t3)
+        xb = r2.index_select(values_dim, plan.third_second_slot)
+        x0 = torch.where(from_second, xb - rc, rc)
+        parts.append(torch.stack((x0, r3 * torch.sin(t3), zero.expand_as(r3)), dim=comp_dim))
+    if not parts:
+        return r2.new_zeros((0, 3, *batch) if rows else (*batch, 0, 3))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=atoms_dim)
+
+
 def seed_block(plan: SeedPlan, bonds: Tensor, angles: Tensor, fixed_xyz: Tensor | None) -> Tensor:
     """Positions of block 0 (fixed atoms, roots, seed atoms): ``(..., n0, 3)``.
-
-    Third atoms sit at ``x_b + r (s cos(theta), sin(theta), 0)`` with ``s = +1``
-    when the bond reference is the root and ``-1`` when it is the second atom
-    (whose position is ``(r_b, 0, 0)``).
 
     Args:
         plan: the :class:`SeedPlan`.
         bonds, angles: ``(..., N)`` with the batch shape already broadcast.
         fixed_xyz: ``(..., F, 3)`` broadcast to the same batch shape, or None.
     """
-    batch = bonds.shape[:-1]
-    zero = bonds.new_zeros(())
-    parts = []
-    if plan.n_fixed:
-        parts.append(fixed_xyz)
-    if plan.n_roots:
-        parts.append(bonds.new_zeros((*batch, plan.n_roots, 3)))
-    if plan.second.numel():
-        r2 = bonds.index_select(-1, plan.second)
-        z2 = zero.expand_as(r2)
-        parts.append(torch.stack((r2, z2, z2), dim=-1))
-    if plan.third.numel():
-        r3 = bonds.index_select(-1, plan.third)
-        t3 = angles.index_select(-1, plan.third)
-        rb = bonds.index_select(-1, plan.second.index_select(0, plan.third_second_slot))
-        xb = torch.where(plan.third_from_second, rb, zero)
-        sign = torch.where(plan.third_from_second, -1.0, 1.0).to(r3.dtype)
-        parts.append(
-            torch.stack((xb + sign * r3 * torch.cos(t3), r3 * torch.sin(t3), zero.expand_as(r3)), dim=-1)
-        )
-    if not parts:
-        return bonds.new_zeros((*batch, 0, 3))
-    return torch.cat(parts, dim=-2)
+    r2 = bonds.index_select(-1, plan.second)
+    r3 = bonds.index_select(-1, plan.third)
+    t3 = angles.index_select(-1, plan.third)
+    return seed_positions(plan, r2, r3, t3, fixed_xyz, tuple(bonds.shape[:-1]))
