@@ -220,7 +220,9 @@ def test_errors():
         bn.protein.protein_table(5)
     with pytest.raises(ValueError, match=r"phi must have shape \(\.\.\., L\) = \(\.\.\., 3\), got \(2, 4\)"):
         bn.protein.build("ACD", torch.zeros(2, 4), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match=r"chi must have shape \(\.\.\., L, 4\) = \(\.\.\., 3, 4\), got \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"chi must have shape \(\.\.\., L, 4\) = \(\.\.\., 3, 4\), got \(3,\)"
+    ):
         bn.protein.build("ACD", torch.zeros(3), torch.zeros(3), chi=torch.zeros(3))
     with pytest.raises(ValueError, match="do not broadcast"):
         bn.protein.build("ACD", torch.zeros(2, 3), torch.zeros(4, 3))
