@@ -16,6 +16,7 @@ PAGES = {
     "docs/adapters/bgflow.md": [],
     "docs/adapters/chemcoord.md": ["chemcoord", "pandas"],
     "docs/adapters/ase_rdkit.md": ["ase", "rdkit"],
+    "docs/protein.md": [],
 }
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
