@@ -10,7 +10,9 @@ A layer above the core (which never imports it), built on the public API
 - :func:`build` / :func:`build_batch`: coordinates from torsions, for one
   sequence or a mixed batch;
 - :func:`torsions` / :func:`torsions_batch` / :func:`internal_coordinates`: the inverse;
-- :func:`write_pdb`: PDB output, one MODEL per structure.
+- :func:`write_pdb`: PDB output, one MODEL per structure;
+- :func:`table_from_topology`: a table for every atom of an mdtraj/OpenMM
+  topology or PDB file (ligands, waters), backbone torsions as rows.
 
 Example:
     >>> import torch, batched_nerf as bn
@@ -24,6 +26,7 @@ from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
 from ._pdb import write_pdb
 from ._sequence import TORSION_NAMES, ProteinTable, parse_sequence, protein_table
 from ._templates import CHI_NAMES, DEFAULT_CHI, ONE_TO_THREE, THREE_TO_ONE
+from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
     "CHI_NAMES",
@@ -34,6 +37,7 @@ __all__ = [
     "PackedProteins",
     "Protein",
     "ProteinTable",
+    "TopologyTable",
     "Torsions",
     "build",
     "build_batch",
@@ -41,6 +45,7 @@ __all__ = [
     "packed_proteins",
     "parse_sequence",
     "protein_table",
+    "table_from_topology",
     "torsions",
     "torsions_batch",
     "write_pdb",
