@@ -195,6 +195,9 @@ def test_mixed_batch_gradients_vanish_in_padding():
     xyz = bn.protein.build_batch(seqs, phi, psi, omega, chi).xyz
     (g,) = torch.autograd.grad(xyz.sum(), psi)
     assert (g[0, 2] == 0) and (g[1] != 0).all()
+    # torsions padded beyond the longest sequence: the extra columns are ignored
+    wide = [torch.cat([x, torch.zeros(*x.shape[:1], 2, *x.shape[2:])], 1) for x in (phi, psi, omega, chi)]
+    torch.testing.assert_close(bn.protein.build_batch(seqs, *wide).xyz, xyz)
 
 
 def test_pdb_text():
@@ -228,8 +231,8 @@ def test_errors():
         bn.protein.build("ACD", torch.zeros(2, 3), torch.zeros(4, 3))
     with pytest.raises(TypeError, match="phi must be a floating tensor"):
         bn.protein.build("ACD", torch.zeros(3, dtype=torch.long), torch.zeros(3))
-    with pytest.raises(ValueError, match=r"psi must have shape \(\.\.\., B, L_max\)"):
-        bn.protein.build_batch(["AC", "D"], torch.zeros(2, 2), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"phi must have shape \(\.\.\., B, L_max\) = \(\.\.\., 2, 2\)"):
+        bn.protein.build_batch(["AC", "D"], torch.zeros(2, 1), torch.zeros(2, 3))
     with pytest.raises(ValueError, match="non-empty list of sequences"):
         bn.protein.build_batch("ACD", torch.zeros(3), torch.zeros(3))
     with pytest.raises(ValueError, match="geometry bonds must have shape"):

@@ -12,7 +12,7 @@ from torch import Tensor
 
 import batched_nerf as bn
 
-from ._sequence import parse_sequence, protein_table
+from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
 PACK_CACHE_SIZE = 16
@@ -53,8 +53,25 @@ def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
     return value
 
 
+def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+    """Template ``(bonds, angles, dihedrals, omega, chi)`` (radians) of a table, cast once per dtype/device.
+
+    ``owner`` is a :class:`ProteinTable` or :class:`PackedProteins`; ``omega`` is
+    trans everywhere, ``chi`` the default rotamers.
+    """
+    cache = owner.__dict__.setdefault("_cast", {})
+    key = (dtype, device)
+    if key not in cache:
+        chi = owner.default_chi
+        omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
+        cache[key] = tuple(
+            t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
+        )
+    return cache[key]
+
+
 def _torsion_values(
-    phi: Any, psi: Any, omega: Any, chi: Any, shape: tuple[int, ...], default_chi: Tensor, degrees: bool
+    phi: Any, psi: Any, omega: Any, chi: Any, shape: tuple[int, ...], owner: Any, degrees: bool
 ) -> list[Tensor]:
     """Checked torsions in radians: phi, psi, omega ``(..., P)`` and chi ``(..., 4P)``, ``P = prod(shape)``.
 
@@ -65,10 +82,11 @@ def _torsion_values(
     dims = ", ".join(map(str, shape))
     what = "(..., L)" if len(shape) == 1 else "(..., B, L_max)"
     phi, psi = _float(phi, "phi", like), _float(psi, "psi", like)
-    if omega is None:
-        omega = phi.new_full(shape, math.pi / scale)
-    if chi is None:
-        chi = (default_chi / scale).to(dtype=phi.dtype, device=phi.device)
+    default = {}
+    if omega is None or chi is None:
+        _, _, _, default["omega"], default["chi"] = templates(owner, phi.dtype, phi.device)
+        omega = default["omega"] if omega is None else omega
+        chi = default["chi"] if chi is None else chi
     out, leading = [], []
     for value, name, trailing in (
         (phi, "phi", shape),
@@ -78,14 +96,20 @@ def _torsion_values(
     ):
         t = _float(value, name, like)
         k = len(trailing)
+        if len(shape) == 2 and t.ndim >= k and t.shape[t.ndim - k + 1] > shape[1]:
+            # a mixed batch padded beyond its longest sequence: drop the extra columns
+            t = t.narrow(t.ndim - k + 1, 0, shape[1])
         if t.ndim < k or tuple(t.shape[t.ndim - k :]) != trailing:
             want = what if name != "chi" else what[:-1] + ", 4)"
             raise ValueError(
                 f"{name} must have shape {want} = (..., {dims}{', 4' if name == 'chi' else ''}), "
                 f"got {tuple(t.shape)}"
             )
-        out.append(t.flatten(t.ndim - k) if k > 1 else t)
-        leading.append(t.shape[: t.ndim - k])
+        t = t.flatten(t.ndim - k) if k > 1 else t
+        if degrees and not any(t is d for d in default.values()):
+            t = t * scale
+        out.append(t)
+        leading.append(t.shape[: t.ndim - 1])
     try:
         batch = torch.broadcast_shapes(*leading)
     except RuntimeError:
@@ -94,21 +118,21 @@ def _torsion_values(
             + ", ".join(str(tuple(s)) for s in leading)
         ) from None
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in out))
-    return [(t.to(dtype) * scale).expand(*batch, t.shape[-1]) for t in out]
+    return [t.to(dtype).expand(*batch, t.shape[-1]) for t in out]
 
 
 def _assemble(
-    template: tuple[Tensor, Tensor, Tensor],
+    template: Any,
     geometry: Any,
     n: int,
     torsions: list[Tensor],
     source: Tensor,
     degrees: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Bonds, angles and dihedrals ``(..., N)``: template or ``geometry``, with the torsions gathered in."""
+    """Bonds, angles, dihedrals ``(..., N)`` of ``template`` (a table) or ``geometry``, with the torsions."""
     like = torsions[0]
     if geometry is None:
-        bonds, angles, dihedrals = (t.to(like) for t in template)
+        bonds, angles, dihedrals = templates(template, like.dtype, like.device)[:3]
     else:
         if len(geometry) != 3:
             raise ValueError(
@@ -129,7 +153,9 @@ def _assemble(
     batch = torch.broadcast_shapes(like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1])
     parts = [dihedrals.to(dtype).expand(*batch, n)]
     parts += [t.to(dtype).expand(*batch, t.shape[-1]) for t in torsions]
-    values = torch.cat(parts, dim=-1).index_select(-1, source.to(like.device))
+    if source.device != like.device:
+        source = source.to(like.device)
+    values = torch.cat(parts, dim=-1).index_select(-1, source)
     return bonds.to(dtype), angles.to(dtype), values
 
 
@@ -191,10 +217,8 @@ def build(
         (torch.Size([2, 20, 3]), ('N', 'CA', 'C', 'O', 'CB'), 2)
     """
     t = protein_table(sequence)
-    torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t.default_chi, degrees)
-    bonds, angles, dihedrals = _assemble(
-        (t.bonds, t.angles, t.dihedrals), geometry, t.n_atoms, torsions, t.source, degrees
-    )
+    torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
+    bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
     xyz = bn.to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
     mask = torch.ones(t.n_atoms, dtype=torch.bool, device=xyz.device)
     return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
@@ -285,7 +309,7 @@ def packed_proteins(sequences: Sequence[str | Sequence[str]]) -> PackedProteins:
     """
     if isinstance(sequences, str) or not len(sequences):
         raise ValueError("sequences must be a non-empty list of sequences (one string per chain)")
-    return _packed(tuple(parse_sequence(s) for s in sequences))
+    return _packed(tuple(protein_table(s).sequence for s in sequences))
 
 
 def build_batch(
@@ -301,8 +325,9 @@ def build_batch(
 ) -> Protein:
     r"""A mixed batch of ``B`` different sequences in one call (conventions of :func:`build`).
 
-    Torsions are padded to ``(..., B, L_max)`` (``chi``: ``(..., B, L_max, 4)``);
-    entries beyond each sequence are ignored (they get zero gradient). All
+    Torsions are padded to ``(..., B, L_pad)`` (``chi``: ``(..., B, L_pad, 4)``)
+    with ``L_pad`` at least the longest sequence ``L_max``; entries beyond each
+    sequence are ignored (they get zero gradient). All
     chains are built by one :func:`batched_nerf.to_cartesian` call on the
     packed table (:func:`batched_nerf.pack_tables`), analysed once per tuple of
     sequences (:func:`packed_proteins`, cached; the per-sequence tables are
@@ -325,9 +350,9 @@ def build_batch(
     """
     packed = packed_proteins(sequences)
     shape = (len(packed.tables), packed.l_max)
-    torsions = _torsion_values(phi, psi, omega, chi, shape, packed.default_chi, degrees)
+    torsions = _torsion_values(phi, psi, omega, chi, shape, packed, degrees)
     bonds, angles, dihedrals = _assemble(
-        (packed.bonds, packed.angles, packed.dihedrals),
+        packed,
         None,
         packed.table.n_atoms,
         torsions,

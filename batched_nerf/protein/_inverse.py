@@ -102,11 +102,11 @@ def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) 
     Example:
         >>> import torch, batched_nerf as bn
         >>> phi, psi = torch.tensor([0.0, -60.0]), torch.tensor([140.0, 130.0])
-        >>> chi = torch.tensor([[0.0] * 4, [-65.0, 175.0, 180.0, 180.0]])
+        >>> chi = torch.tensor([[0.0] * 4, [-65.0, 175.0, 170.0, 160.0]])
         >>> xyz = bn.protein.build("AK", phi, psi, chi=chi, degrees=True).xyz
         >>> t = bn.protein.torsions(xyz, "AK", degrees=True)
         >>> t.phi.round().tolist(), t.psi.round().tolist(), t.chi[1].round().tolist()
-        ([0.0, -60.0], [140.0, 130.0], [-65.0, 175.0, 180.0, 180.0])
+        ([0.0, -60.0], [140.0, 130.0], [-65.0, 175.0, 170.0, 160.0])
     """
     t = protein_table(sequence)
     ic = bn.to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)

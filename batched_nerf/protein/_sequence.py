@@ -302,4 +302,12 @@ def protein_table(sequence: str | Sequence[str]) -> ProteinTable:
         >>> t.n_atoms, t.table.n_atoms, t is bn.protein.protein_table("gaw")
         (24, 24, True)
     """
+    if isinstance(sequence, str):
+        return _by_string(sequence)
+    return _cached(parse_sequence(sequence))
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _by_string(sequence: str) -> ProteinTable:
+    # a training loop passes the same strings again: skip parsing them
     return _cached(parse_sequence(sequence))
