@@ -104,6 +104,9 @@ def test_defaults_trans_omega_and_rotamers():
     assert close(back.omega[:2], [180.0, 180.0])
     assert close(back.chi[0], bn.protein.DEFAULT_CHI["LYS"])
     assert close(back.chi[2, :2], bn.protein.DEFAULT_CHI["PRO"])
+    # the defaults are the same when the given torsions are in degrees
+    in_degrees = bn.protein.build(seq, torch.zeros(3), torch.zeros(3), degrees=True)
+    torch.testing.assert_close(in_degrees.xyz, p.xyz)
 
 
 def _chiral_volume(xyz, t, i, centre, a, b, c):

@@ -82,11 +82,11 @@ def _torsion_values(
     dims = ", ".join(map(str, shape))
     what = "(..., L)" if len(shape) == 1 else "(..., B, L_max)"
     phi, psi = _float(phi, "phi", like), _float(psi, "psi", like)
-    default = {}
-    if omega is None or chi is None:
-        _, _, _, default["omega"], default["chi"] = templates(owner, phi.dtype, phi.device)
-        omega = default["omega"] if omega is None else omega
-        chi = default["chi"] if chi is None else chi
+    defaults = {name for name, value in (("omega", omega), ("chi", chi)) if value is None}
+    if defaults:  # template values, already in radians
+        _, _, _, default_omega, default_chi = templates(owner, phi.dtype, phi.device)
+        omega = default_omega if omega is None else omega
+        chi = default_chi if chi is None else chi
     out, leading = [], []
     for value, name, trailing in (
         (phi, "phi", shape),
@@ -106,7 +106,7 @@ def _torsion_values(
                 f"got {tuple(t.shape)}"
             )
         t = t.flatten(t.ndim - k) if k > 1 else t
-        if degrees and not any(t is d for d in default.values()):
+        if degrees and name not in defaults:
             t = t * scale
         out.append(t)
         leading.append(t.shape[: t.ndim - 1])
