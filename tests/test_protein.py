@@ -240,6 +240,8 @@ def test_errors():
         bn.protein.build_batch("ACD", torch.zeros(3), torch.zeros(3))
     with pytest.raises(ValueError, match="geometry bonds must have shape"):
         bn.protein.build("A", torch.zeros(1), torch.zeros(1), geometry=(torch.zeros(3),) * 3)
+    with pytest.raises(ValueError, match="does not broadcast with torsions of batch shape"):
+        bn.protein.build("A", torch.zeros(2, 1), torch.zeros(2, 1), geometry=(torch.zeros(3, 6),) * 3)
     with pytest.raises(ValueError, match="geometry must be"):
         bn.protein.build("A", torch.zeros(1), torch.zeros(1), geometry=(torch.zeros(6),))
     with pytest.raises(ValueError, match=r"xyz must have shape \(\.\.\., N, 3\) = \(\.\.\., 6, 3\)"):

@@ -150,7 +150,15 @@ def _assemble(
         if degrees:
             angles, dihedrals = angles * _DEG, dihedrals * _DEG
     dtype = functools.reduce(torch.promote_types, (like.dtype, bonds.dtype, angles.dtype, dihedrals.dtype))
-    batch = torch.broadcast_shapes(like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1])
+    try:
+        batch = torch.broadcast_shapes(
+            like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1]
+        )
+    except RuntimeError:
+        raise ValueError(
+            f"geometry of batch shapes {tuple(bonds.shape[:-1])}, {tuple(angles.shape[:-1])}, "
+            f"{tuple(dihedrals.shape[:-1])} does not broadcast with torsions of batch shape {tuple(like.shape[:-1])}"
+        ) from None
     parts = [dihedrals.to(dtype).expand(*batch, n)]
     parts += [t.to(dtype).expand(*batch, t.shape[-1]) for t in torsions]
     if source.device != like.device:
