@@ -157,7 +157,8 @@ def _assemble(
     except RuntimeError:
         raise ValueError(
             f"geometry of batch shapes {tuple(bonds.shape[:-1])}, {tuple(angles.shape[:-1])}, "
-            f"{tuple(dihedrals.shape[:-1])} does not broadcast with torsions of batch shape {tuple(like.shape[:-1])}"
+            f"{tuple(dihedrals.shape[:-1])} does not broadcast with torsions of batch shape "
+            f"{tuple(like.shape[:-1])}"
         ) from None
     parts = [dihedrals.to(dtype).expand(*batch, n)]
     parts += [t.to(dtype).expand(*batch, t.shape[-1]) for t in torsions]
