@@ -24,13 +24,13 @@ from ._topology import Topology
 from ._version import __version__
 from ._zmatrix import ZMatrix
 
-_LAZY_SUBMODULES = ("data", "formats", "testing")
+_LAZY_SUBMODULES = ("data", "formats", "protein", "testing")
 # Adapters live in `formats` (which the core never imports): loaded on first use.
 _LAZY_NAMES = {"from_chemcoord": "formats.chemcoord", "to_chemcoord": "formats.chemcoord"}
 
 
 def __getattr__(name: str) -> object:
-    """``bn.data``, ``bn.formats``, ``bn.testing`` and the adapters import on first use."""
+    """``bn.data``, ``bn.formats``, ``bn.protein``, ``bn.testing`` and the adapters import on first use."""
     import importlib
 
     if name in _LAZY_SUBMODULES:

@@ -17,6 +17,7 @@ PAGES = {
     "docs/adapters/chemcoord.md": ["chemcoord", "pandas"],
     "docs/adapters/ase_rdkit.md": ["ase", "rdkit"],
     "docs/multi_molecule.md": ["rdkit", "chemcoord", "pandas"],
+    "docs/protein.md": [],
 }
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 

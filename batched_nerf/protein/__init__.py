@@ -1,0 +1,52 @@
+"""Proteins: all heavy atoms of any sequence of the 20 standard amino acids from torsions, and back.
+
+A layer above the core (which never imports it), built on the public API
+(:class:`batched_nerf.ConstructionTable`, :func:`batched_nerf.to_cartesian`,
+:func:`batched_nerf.to_internal`, :func:`batched_nerf.pack_tables`):
+
+- :func:`protein_table`: the Z-matrix of a sequence from residue templates
+  (Engh & Huber 1991 bond lengths and angles), cached per sequence, with
+  phi/psi/omega/chi1-chi4 as single named rows;
+- :func:`build` / :func:`build_batch`: coordinates from torsions, for one
+  sequence or a mixed batch;
+- :func:`torsions` / :func:`torsions_batch` / :func:`internal_coordinates`: the inverse;
+- :func:`write_pdb`: PDB output, one MODEL per structure;
+- :func:`table_from_topology`: a table for every atom of an mdtraj/OpenMM
+  topology or PDB file (ligands, waters), backbone torsions as rows.
+
+Example:
+    >>> import torch, batched_nerf as bn
+    >>> p = bn.protein.build("MKV", torch.full((3,), -1.0), torch.full((3,), -0.8))
+    >>> p.xyz.shape, p.elements[-1]
+    (torch.Size([25, 3]), 'O')
+"""
+
+from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
+from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
+from ._pdb import write_pdb
+from ._sequence import TORSION_NAMES, ProteinTable, parse_sequence, protein_table
+from ._templates import CHI_NAMES, DEFAULT_CHI, ONE_TO_THREE, THREE_TO_ONE
+from ._topology import TopologyTable, table_from_topology
+
+__all__ = [
+    "CHI_NAMES",
+    "DEFAULT_CHI",
+    "ONE_TO_THREE",
+    "THREE_TO_ONE",
+    "TORSION_NAMES",
+    "PackedProteins",
+    "Protein",
+    "ProteinTable",
+    "TopologyTable",
+    "Torsions",
+    "build",
+    "build_batch",
+    "internal_coordinates",
+    "packed_proteins",
+    "parse_sequence",
+    "protein_table",
+    "table_from_topology",
+    "torsions",
+    "torsions_batch",
+    "write_pdb",
+]

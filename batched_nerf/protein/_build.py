@@ -1,0 +1,381 @@
+"""Heavy-atom coordinates from backbone and side-chain torsions, one sequence or a mixed batch."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+import batched_nerf as bn
+
+from ._sequence import protein_table
+
+#: Mixed batches (tuples of sequences) whose packed tables are kept.
+PACK_CACHE_SIZE = 16
+_DEG = math.pi / 180.0
+
+
+class Protein(NamedTuple):
+    """Result of :func:`build`.
+
+    Attributes:
+        xyz: ``(..., N, 3)`` heavy-atom coordinates (A); for a mixed batch of
+            ``B`` sequences ``(..., B, N_max, 3)``, padded with zeros.
+        atom_names: ``N`` PDB atom names (mixed batch: one tuple per sequence).
+        residue_index: ``(N,)`` residue of each atom (mixed batch: ``(B, N_max)``,
+            ``-1`` in padding).
+        elements: ``N`` element symbols (mixed batch: one tuple per sequence).
+        sequence: the one-letter sequence (mixed batch: a tuple of them).
+        mask: ``(N,)`` (mixed batch ``(B, N_max)``) bool, ``True`` for real atoms.
+    """
+
+    xyz: Tensor
+    atom_names: tuple
+    residue_index: Tensor
+    elements: tuple
+    sequence: Any
+    mask: Tensor
+
+
+def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
+    if not isinstance(value, Tensor):
+        value = torch.as_tensor(
+            value,
+            dtype=like.dtype if like is not None else torch.get_default_dtype(),
+            device=like.device if like is not None else None,
+        )
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {value.dtype}")
+    return value
+
+
+def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+    """Template ``(bonds, angles, dihedrals, omega, chi)`` (radians) of a table, cast once per dtype/device.
+
+    ``owner`` is a :class:`ProteinTable` or :class:`PackedProteins`; ``omega`` is
+    trans everywhere, ``chi`` the default rotamers.
+    """
+    cache = owner.__dict__.setdefault("_cast", {})
+    key = (dtype, device)
+    if key not in cache:
+        chi = owner.default_chi
+        omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
+        cache[key] = tuple(
+            t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
+        )
+    return cache[key]
+
+
+def _torsion_values(
+    phi: Any, psi: Any, omega: Any, chi: Any, shape: tuple[int, ...], owner: Any, degrees: bool
+) -> list[Tensor]:
+    """Checked torsions in radians: phi, psi, omega ``(..., P)`` and chi ``(..., 4P)``, ``P = prod(shape)``.
+
+    ``shape`` is ``(L,)`` for one sequence, ``(B, L_max)`` for a mixed batch.
+    """
+    like = next((v for v in (phi, psi, omega, chi) if isinstance(v, Tensor)), None)
+    scale = _DEG if degrees else 1.0
+    dims = ", ".join(map(str, shape))
+    what = "(..., L)" if len(shape) == 1 else "(..., B, L_max)"
+    phi, psi = _float(phi, "phi", like), _float(psi, "psi", like)
+    defaults = {name for name, value in (("omega", omega), ("chi", chi)) if value is None}
+    if defaults:  # template values, already in radians
+        _, _, _, default_omega, default_chi = templates(owner, phi.dtype, phi.device)
+        omega = default_omega if omega is None else omega
+        chi = default_chi if chi is None else chi
+    out, leading = [], []
+    for value, name, trailing in (
+        (phi, "phi", shape),
+        (psi, "psi", shape),
+        (omega, "omega", shape),
+        (chi, "chi", (*shape, 4)),
+    ):
+        t = _float(value, name, like)
+        k = len(trailing)
+        if len(shape) == 2 and t.ndim >= k and t.shape[t.ndim - k + 1] > shape[1]:
+            # a mixed batch padded beyond its longest sequence: drop the extra columns
+            t = t.narrow(t.ndim - k + 1, 0, shape[1])
+        if t.ndim < k or tuple(t.shape[t.ndim - k :]) != trailing:
+            want = what if name != "chi" else what[:-1] + ", 4)"
+            raise ValueError(
+                f"{name} must have shape {want} = (..., {dims}{', 4' if name == 'chi' else ''}), "
+                f"got {tuple(t.shape)}"
+            )
+        t = t.flatten(t.ndim - k) if k > 1 else t
+        if degrees and name not in defaults:
+            t = t * scale
+        out.append(t)
+        leading.append(t.shape[: t.ndim - 1])
+    try:
+        batch = torch.broadcast_shapes(*leading)
+    except RuntimeError:
+        raise ValueError(
+            "phi, psi, omega and chi do not broadcast: batch shapes "
+            + ", ".join(str(tuple(s)) for s in leading)
+        ) from None
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in out))
+    return [t.to(dtype).expand(*batch, t.shape[-1]) for t in out]
+
+
+def _assemble(
+    template: Any,
+    geometry: Any,
+    n: int,
+    torsions: list[Tensor],
+    source: Tensor,
+    degrees: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Bonds, angles, dihedrals ``(..., N)`` of ``template`` (a table) or ``geometry``, with the torsions."""
+    like = torsions[0]
+    if geometry is None:
+        bonds, angles, dihedrals = templates(template, like.dtype, like.device)[:3]
+    else:
+        if len(geometry) != 3:
+            raise ValueError(
+                f"geometry must be (bonds, angles, dihedrals), e.g. bn.to_internal(xyz, table); "
+                f"got {len(geometry)} items"
+            )
+        bonds, angles, dihedrals = (
+            _float(g, name, like) for g, name in zip(geometry, ("bonds", "angles", "dihedrals"))
+        )
+        for g, name in ((bonds, "bonds"), (angles, "angles"), (dihedrals, "dihedrals")):
+            if g.ndim == 0 or g.shape[-1] != n:
+                raise ValueError(
+                    f"geometry {name} must have shape (..., N) with N = {n} atoms, got {tuple(g.shape)}"
+                )
+        if degrees:
+            angles, dihedrals = angles * _DEG, dihedrals * _DEG
+    dtype = functools.reduce(torch.promote_types, (like.dtype, bonds.dtype, angles.dtype, dihedrals.dtype))
+    try:
+        batch = torch.broadcast_shapes(
+            like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1]
+        )
+    except RuntimeError:
+        raise ValueError(
+            f"geometry of batch shapes {tuple(bonds.shape[:-1])}, {tuple(angles.shape[:-1])}, "
+            f"{tuple(dihedrals.shape[:-1])} does not broadcast with torsions of batch shape "
+            f"{tuple(like.shape[:-1])}"
+        ) from None
+    parts = [dihedrals.to(dtype).expand(*batch, n)]
+    parts += [t.to(dtype).expand(*batch, t.shape[-1]) for t in torsions]
+    if source.device != like.device:
+        source = source.to(like.device)
+    values = torch.cat(parts, dim=-1).index_select(-1, source)
+    return bonds.to(dtype), angles.to(dtype), values
+
+
+def build(
+    sequence: str | Sequence[str],
+    phi: Any,
+    psi: Any,
+    omega: Any = None,
+    chi: Any = None,
+    *,
+    geometry: Any = None,
+    degrees: bool = False,
+    method: str = "auto",
+    accumulate_dtype: torch.dtype | None = None,
+) -> Protein:
+    r"""All heavy atoms of a protein from its backbone and side-chain torsions.
+
+    Torsions follow IUPAC-IUB (1970), ``i`` the residue (0-based, ``L``
+    residues), radians (degrees with ``degrees=True``), IUPAC sign::
+
+        phi[i]    = dihedral(C[i-1], N[i], CA[i], C[i])      phi[..., 0] is ignored
+        psi[i]    = dihedral(N[i], CA[i], C[i], N[i+1])      last residue: (N, CA, C, OXT)
+        omega[i]  = dihedral(CA[i], C[i], N[i+1], CA[i+1])   omega[..., L-1] is ignored
+        chi[i, k] = chi(k+1) of residue i, on the atoms of mdtraj's compute_chi1..4;
+                    entries beyond the residue's side chain are ignored
+
+    Bond lengths and angles are Engh & Huber (1991) ideal values (or those of
+    ``geometry``). The first residue's N sits at the origin, its CA on ``+x``,
+    its C in the ``xy``-plane (``y > 0``). Every CA is L. Differentiable to any
+    order and ``torch.func`` compatible: the torsions enter through one gather,
+    then :func:`batched_nerf.to_cartesian`. The table is analysed once per
+    sequence (:func:`protein_table`, cached).
+
+    Args:
+        sequence: one-letter string (``"ACDEF"``) or list of three-letter names.
+        phi, psi: ``(..., L)`` torsions.
+        omega: ``(..., L)``; default trans (``pi``) everywhere.
+        chi: ``(..., L, 4)``; default one common rotamer per residue type
+            (:data:`batched_nerf.protein.DEFAULT_CHI`).
+        geometry: optional ``(bonds, angles, dihedrals)`` each ``(..., N)`` (e.g.
+            :func:`internal_coordinates` of a structure) replacing the ideal bond
+            lengths and angles and the fixed (non-torsion) dihedrals.
+        degrees: torsions (and ``geometry``'s angles and dihedrals) in degrees.
+        method, accumulate_dtype: passed to :func:`batched_nerf.to_cartesian`.
+
+    Returns:
+        :class:`Protein` ``(xyz (..., N, 3), atom_names, residue_index, elements, sequence, mask)``.
+
+    Raises:
+        ValueError: an unknown residue; torsions or ``geometry`` of the wrong shape.
+        TypeError: a sequence of the wrong type, non-floating torsions.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> phi = torch.full((2, 3), -57.0)
+        >>> psi = torch.full((2, 3), -47.0)
+        >>> p = bn.protein.build("ACD", phi, psi, degrees=True)
+        >>> p.xyz.shape, p.atom_names[:5], p.residue_index[-1].item()
+        (torch.Size([2, 20, 3]), ('N', 'CA', 'C', 'O', 'CB'), 2)
+    """
+    t = protein_table(sequence)
+    torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
+    bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
+    xyz = bn.to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
+    mask = torch.ones(t.n_atoms, dtype=torch.bool, device=xyz.device)
+    return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
+
+
+class PackedProteins:
+    """Several sequences in one packed table, with the index maps of a padded layout (cached per tuple).
+
+    Attributes:
+        tables: the :class:`ProteinTable` of each sequence.
+        table: their :func:`batched_nerf.pack_tables`.
+        n_max, l_max: most atoms / residues of a sequence.
+        source: ``(N_total,)`` gather index of the packed dihedrals into
+            ``cat([template (N_total), phi (B*L_max), psi, omega, chi (4*B*L_max)])``.
+        unpad: ``(N_total,)`` index of each packed atom in the flattened ``(B*N_max)`` layout.
+        pad: ``(B*N_max,)`` index of each padded slot in the packed atoms, ``N_total`` for padding.
+    """
+
+    def __init__(self, sequences: tuple[str, ...]) -> None:
+        self.sequences = sequences
+        self.tables = [protein_table(s) for s in sequences]
+        self.table = bn.pack_tables([t.table for t in self.tables])
+        b = len(sequences)
+        self.n_max = max(t.n_atoms for t in self.tables)
+        self.l_max = max(t.n_residues for t in self.tables)
+        n_total = self.table.n_atoms
+        positions = b * self.l_max
+        sources, unpad, offset = [], [], 0
+        for k, t in enumerate(self.tables):
+            # single-table source: n + kind*L + res (chi: n + 3L + 4 res + c); re-index to the packed layout
+            src = t.source.clone()
+            own = src < t.n_atoms
+            rel = src - t.n_atoms
+            n_res = t.n_residues
+            kind = torch.where(rel < 3 * n_res, rel // n_res, 3 + (rel - 3 * n_res) % 4)
+            res = torch.where(rel < 3 * n_res, rel % n_res, (rel - 3 * n_res) // 4)
+            pos = k * self.l_max + res
+            packed = torch.where(
+                kind < 3, n_total + kind * positions + pos, n_total + 3 * positions + 4 * pos + kind - 3
+            )
+            sources.append(torch.where(own, src + offset, packed))
+            unpad.append(k * self.n_max + torch.arange(t.n_atoms))
+            offset += t.n_atoms
+        self.source = torch.cat(sources)
+        self.unpad = torch.cat(unpad)
+        self.pad = torch.full((b * self.n_max,), n_total, dtype=torch.long).index_put(
+            (self.unpad,), torch.arange(n_total)
+        )
+        self.bonds = torch.cat([t.bonds for t in self.tables])
+        self.angles = torch.cat([t.angles for t in self.tables])
+        self.dihedrals = torch.cat([t.dihedrals for t in self.tables])
+        chi = torch.zeros(b, self.l_max, 4, dtype=torch.float64)
+        residue_index = torch.full((b, self.n_max), -1, dtype=torch.long)
+        for k, t in enumerate(self.tables):
+            chi[k, : t.n_residues] = t.default_chi
+            residue_index[k, : t.n_atoms] = t.residue_index
+        self.default_chi = chi
+        self.residue_index = residue_index
+        self.mask = residue_index >= 0
+
+    def padded(self, packed: Tensor) -> Tensor:
+        """``(..., N_total, 3)`` packed coordinates -> ``(..., B, N_max, 3)``, zeros in padding."""
+        zero = packed.new_zeros(()).expand(*packed.shape[:-2], 1, 3)
+        flat = torch.cat([packed, zero], dim=-2).index_select(-2, self.pad.to(packed.device))
+        return flat.unflatten(-2, (len(self.tables), self.n_max))
+
+    def packed(self, padded: Tensor) -> Tensor:
+        """``(..., B, N_max, 3)`` padded coordinates -> ``(..., N_total, 3)``."""
+        return padded.flatten(-3, -2).index_select(-2, self.unpad.to(padded.device))
+
+
+@functools.lru_cache(maxsize=PACK_CACHE_SIZE)
+def _packed(sequences: tuple[str, ...]) -> PackedProteins:
+    return PackedProteins(sequences)
+
+
+def packed_proteins(sequences: Sequence[str | Sequence[str]]) -> PackedProteins:
+    """The (cached) :class:`PackedProteins` of a tuple of sequences.
+
+    Raises:
+        ValueError: an empty list, or a bad sequence (see :func:`protein_table`).
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> p = bn.protein.packed_proteins(["GA", "W"])
+        >>> p.table.n_atoms, p.n_max, p.mask.sum(1).tolist()
+        (25, 15, [10, 15])
+    """
+    if isinstance(sequences, str) or not len(sequences):
+        raise ValueError("sequences must be a non-empty list of sequences (one string per chain)")
+    return _packed(tuple(protein_table(s).sequence for s in sequences))
+
+
+def build_batch(
+    sequences: Sequence[str | Sequence[str]],
+    phi: Any,
+    psi: Any,
+    omega: Any = None,
+    chi: Any = None,
+    *,
+    degrees: bool = False,
+    method: str = "auto",
+    accumulate_dtype: torch.dtype | None = None,
+) -> Protein:
+    r"""A mixed batch of ``B`` different sequences in one call (conventions of :func:`build`).
+
+    Torsions are padded to ``(..., B, L_pad)`` (``chi``: ``(..., B, L_pad, 4)``)
+    with ``L_pad`` at least the longest sequence ``L_max``; entries beyond each
+    sequence are ignored (they get zero gradient). All
+    chains are built by one :func:`batched_nerf.to_cartesian` call on the
+    packed table (:func:`batched_nerf.pack_tables`), analysed once per tuple of
+    sequences (:func:`packed_proteins`, cached; the per-sequence tables are
+    cached separately).
+
+    Returns:
+        :class:`Protein` with ``xyz`` ``(..., B, N_max, 3)`` (zeros in padding),
+        ``mask`` and ``residue_index`` ``(B, N_max)`` (``-1`` in padding), and
+        per-sequence tuples of ``atom_names``, ``elements`` and ``sequence``.
+
+    Raises:
+        ValueError: an empty list, an unknown residue or torsions of the wrong shape.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> phi, psi = torch.full((2, 3), -1.0), torch.full((2, 3), -0.8)
+        >>> p = bn.protein.build_batch(["ACD", "GW"], phi, psi)
+        >>> p.xyz.shape, p.mask.sum(1).tolist()
+        (torch.Size([2, 20, 3]), [20, 19])
+    """
+    packed = packed_proteins(sequences)
+    shape = (len(packed.tables), packed.l_max)
+    torsions = _torsion_values(phi, psi, omega, chi, shape, packed, degrees)
+    bonds, angles, dihedrals = _assemble(
+        packed,
+        None,
+        packed.table.n_atoms,
+        torsions,
+        packed.source,
+        False,
+    )
+    xyz = bn.to_cartesian(
+        bonds, angles, dihedrals, packed.table, method=method, accumulate_dtype=accumulate_dtype
+    )
+    return Protein(
+        packed.padded(xyz),
+        tuple(t.atom_names for t in packed.tables),
+        packed.residue_index.to(xyz.device),
+        tuple(t.elements for t in packed.tables),
+        packed.sequences,
+        packed.mask.to(xyz.device),
+    )

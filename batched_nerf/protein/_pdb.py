@@ -1,0 +1,96 @@
+"""PDB output of built proteins: one MODEL per structure."""
+
+from __future__ import annotations
+
+from typing import IO
+
+import numpy as np
+
+from ..formats._common import PathOrFile, open_text
+from ._build import Protein
+from ._templates import ONE_TO_THREE
+
+
+def _atom_line(
+    serial: int, name: str, resname: str, chain: str, resseq: int, xyz: np.ndarray, element: str
+) -> str:
+    # PDB v3.3 ATOM record; names of fewer than 4 characters start in column 14
+    label = f" {name:<3}" if len(name) < 4 else name
+    x, y, z = xyz
+    return (
+        f"ATOM  {serial % 100000:5d} {label:4s} {resname:3s} {chain:1s}{resseq % 10000:4d}    "
+        f"{x:8.3f}{y:8.3f}{z:8.3f}{1.0:6.2f}{0.0:6.2f}          {element:>2s}  "
+    )
+
+
+def _check_coord(xyz: np.ndarray) -> None:
+    if not np.isfinite(xyz).all():
+        raise ValueError("coordinates contain NaN or infinity; a PDB file cannot hold them")
+    if np.abs(xyz).max(initial=0.0) >= 9999.9995 or xyz.min(initial=0.0) <= -999.9995:
+        raise ValueError(
+            f"coordinates in [{xyz.min():.1f}, {xyz.max():.1f}] A do not fit the PDB format's "
+            "8.3f columns (-999.999 to 9999.999)"
+        )
+
+
+def write_pdb(protein: Protein, path_or_file: PathOrFile | None = None, *, chain: str = "A") -> str | None:
+    """Write a built :class:`Protein` (or a mixed batch) as PDB, one ``MODEL`` per structure.
+
+    Every leading batch index of ``protein.xyz`` becomes one model (row-major);
+    for a mixed batch (:func:`build_batch`) each sequence of each batch entry is
+    one model with its own atoms (readers that need one topology for all
+    models, like mdtraj, load batches of one sequence). Residues are numbered
+    from 1, atoms serially per model; the chain ends with ``TER``.
+
+    Args:
+        protein: the result of :func:`build` or :func:`build_batch`.
+        path_or_file: a file name or an open text file; ``None`` returns the text.
+        chain: one-character chain identifier.
+
+    Returns:
+        The PDB text when ``path_or_file`` is ``None``, else ``None``.
+
+    Raises:
+        ValueError: a chain id that is not one character, or coordinates that are
+            not finite or do not fit the PDB columns.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> p = bn.protein.build("GA", torch.zeros(2, 2), torch.zeros(2, 2))
+        >>> text = bn.protein.write_pdb(p)
+        >>> text.count("MODEL"), text.splitlines()[1][:26]
+        (2, 'ATOM      1  N   GLY A   1')
+    """
+    if not isinstance(chain, str) or len(chain) != 1:
+        raise ValueError(f"chain must be a single character, got {chain!r}")
+    xyz = protein.xyz.detach().cpu().double().numpy()
+    mixed = isinstance(protein.sequence, tuple)
+    if mixed:
+        models = xyz.reshape(-1, *xyz.shape[-3:])
+        items = [
+            (m[k, : len(protein.atom_names[k])], k) for m in models for k in range(len(protein.sequence))
+        ]
+    else:
+        items = [(m, None) for m in xyz.reshape(-1, *xyz.shape[-2:])]
+    lines: list[str] = []
+    for number, (coords, k) in enumerate(items, start=1):
+        _check_coord(coords)
+        sequence = protein.sequence[k] if mixed else protein.sequence
+        names = protein.atom_names[k] if mixed else protein.atom_names
+        elements = protein.elements[k] if mixed else protein.elements
+        residues = (protein.residue_index[k] if mixed else protein.residue_index).tolist()
+        lines.append(f"MODEL     {number:4d}")
+        for j, (name, element) in enumerate(zip(names, elements)):
+            r = residues[j]
+            lines.append(_atom_line(j + 1, name, ONE_TO_THREE[sequence[r]], chain, r + 1, coords[j], element))
+        last = len(names)
+        lines.append(f"TER   {last + 1:5d}      {ONE_TO_THREE[sequence[-1]]:3s} {chain}{len(sequence):4d}")
+        lines.append("ENDMDL")
+    lines.append("END")
+    text = "\n".join(lines) + "\n"
+    if path_or_file is None:
+        return text
+    handle: IO[str]
+    with open_text(path_or_file, "w") as handle:
+        handle.write(text)
+    return None

@@ -1,0 +1,161 @@
+"""Construction tables from molecular topologies (mdtraj, OpenMM, PDB files), backbone torsions as rows."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+import batched_nerf as bn
+
+from ..formats._common import as_numpy, optional_import
+
+#: Columns of :attr:`TopologyTable.torsion_rows`.
+BACKBONE_COLUMNS = ("phi", "psi", "omega")
+
+
+class TopologyTable(NamedTuple):
+    """A :class:`~batched_nerf.ConstructionTable` for a whole topology, with its atoms' labels.
+
+    Attributes:
+        table: the table of all ``N`` atoms (proteins, ligands, waters; each
+            molecule its own component).
+        atom_names, elements, residue_names: ``N`` labels.
+        residue_index: ``(N,)`` ``torch.long`` residue of each atom (the topology's numbering, from 0).
+        torsion_rows: ``(R, 3)`` ``torch.long``: the row whose dihedral is phi,
+            psi, omega of each residue (conventions of :func:`build`), ``-1``
+            where the residue has none (termini, non-amino-acid residues, or a
+            seed row of the table).
+    """
+
+    table: bn.ConstructionTable
+    atom_names: tuple
+    elements: tuple
+    residue_names: tuple
+    residue_index: Tensor
+    torsion_rows: Tensor
+
+
+def _from_mdtraj(top: Any) -> tuple[list, list, list, list, list, list]:
+    atoms = list(top.atoms)
+    connectivity = [(a.index, b.index) for a, b in top.bonds]
+    return (
+        [a.name for a in atoms],
+        [a.element.symbol if a.element is not None else "" for a in atoms],
+        [a.residue.name for a in atoms],
+        [a.residue.index for a in atoms],
+        [a.residue.chain.index for a in atoms],
+        connectivity,
+    )
+
+
+def _from_openmm(top: Any) -> tuple[list, list, list, list, list, list]:
+    atoms = list(top.atoms())
+    connectivity = [(a.index, b.index) for a, b in top.bonds()]
+    return (
+        [a.name for a in atoms],
+        [a.element.symbol if a.element is not None else "" for a in atoms],
+        [a.residue.name for a in atoms],
+        [a.residue.index for a in atoms],
+        [a.residue.chain.index for a in atoms],
+        connectivity,
+    )
+
+
+def _backbone_quads(names, res_index, chain, bonded) -> dict[tuple[str, int], tuple[int, int, int, int]]:
+    """phi/psi/omega atom quadruples between consecutive, peptide-bonded residues of a chain."""
+    where: dict[tuple[int, str], int] = {}
+    for k, (r, n) in enumerate(zip(res_index, names)):
+        where.setdefault((r, n), k)
+    quads = {}
+    residues = sorted(set(res_index))
+    for r, s in zip(residues[:-1], residues[1:]):
+        try:
+            n0, a0, c0 = (where[(r, x)] for x in ("N", "CA", "C"))
+            n1, a1, c1 = (where[(s, x)] for x in ("N", "CA", "C"))
+        except KeyError:
+            continue
+        if chain[c0] != chain[n1] or (c0, n1) not in bonded:
+            continue
+        quads[("psi", r)] = (n0, a0, c0, n1)
+        quads[("omega", r)] = (a0, c0, n1, a1)
+        quads[("phi", s)] = (c0, n1, a1, c1)
+    return quads
+
+
+def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
+    """Table of every atom of an mdtraj ``Topology``, an OpenMM ``Topology`` or a PDB file.
+
+    References come from the bond graph (:meth:`batched_nerf.ConstructionTable.from_bonds`:
+    bonded references, proper torsions, hydrogens and other branches on a
+    sibling; ligands and waters become their own components), then each
+    backbone torsion phi, psi, omega (between peptide-bonded residues) is made
+    the dihedral of exactly one row, listed in :attr:`TopologyTable.torsion_rows`.
+
+    Args:
+        topology: ``mdtraj.Topology``, ``openmm.app.Topology`` or the path of a
+            PDB (or any mdtraj-readable) file, whose first frame gives ``xyz``.
+        xyz: optional ``(N, 3)`` coordinates in Angstrom, used to avoid
+            near-linear reference triples.
+
+    Returns:
+        :class:`TopologyTable`.
+
+    Raises:
+        ImportError: a path is given but mdtraj is not installed.
+        TypeError: an unsupported topology object.
+        ValueError: ``xyz`` of the wrong shape (see ``from_bonds``).
+
+    Example:
+        >>> import os, tempfile, pytest, torch, batched_nerf as bn
+        >>> md = pytest.importorskip("mdtraj")  # optional: skips this example without mdtraj
+        >>> p = bn.protein.build("GAG", torch.full((3,), -1.0), torch.full((3,), 2.0))
+        >>> path = os.path.join(tempfile.mkdtemp(), "gag.pdb")
+        >>> bn.protein.write_pdb(p, path)
+        >>> top = bn.protein.table_from_topology(path)
+        >>> top.table.n_atoms, tuple(top.torsion_rows.shape), int((top.torsion_rows >= 0).sum())
+        (14, (3, 3), 6)
+    """
+    if isinstance(topology, (str, os.PathLike)):
+        md = optional_import("mdtraj", "mdtraj")
+        traj = md.load(os.fspath(topology))
+        if xyz is None:
+            xyz = traj.xyz[0] * 10.0
+        topology = traj.topology
+    if hasattr(topology, "bonds") and callable(topology.bonds):
+        labels = _from_openmm(topology)
+    elif hasattr(topology, "atoms") and hasattr(topology, "bonds"):
+        labels = _from_mdtraj(topology)
+    else:
+        raise TypeError(
+            "topology must be an mdtraj Topology, an OpenMM Topology or a file path, "
+            f"got {type(topology).__name__}"
+        )
+    names, elements, res_names, res_index, chain, connectivity = labels
+    n = len(names)
+    xyz_np = None if xyz is None else as_numpy(xyz)
+    start = next((k for k, nm in enumerate(names) if nm == "N" and res_names[k] not in ("HOH", "WAT")), None)
+    base = bn.ConstructionTable.from_bonds(connectivity, n, xyz=xyz_np, root=start)
+    refs = base.refs.numpy().copy()
+    bonded = {(int(a), int(b)) for a, b in connectivity} | {(int(b), int(a)) for a, b in connectivity}
+    quads = _backbone_quads(names, res_index, chain, bonded)
+    residues = sorted(set(res_index))
+    position = {r: k for k, r in enumerate(residues)}
+    rows = torch.full((len(residues), 3), -1, dtype=torch.long)
+    for (name, r), (p, q, s, t) in quads.items():
+        for atom, b, a, d in ((t, s, q, p), (p, q, s, t)):
+            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0:
+                refs[atom, 2] = d
+                rows[position[r], BACKBONE_COLUMNS.index(name)] = atom
+                break
+    table = bn.ConstructionTable(refs)
+    return TopologyTable(
+        table,
+        tuple(names),
+        tuple(elements),
+        tuple(res_names),
+        torch.tensor([position[r] for r in res_index], dtype=torch.long),
+        rows,
+    )

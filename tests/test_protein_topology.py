@@ -1,0 +1,101 @@
+"""Tables from topologies: a protein with a ligand and waters, read by mdtraj, round-trips."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import batched_nerf as bn
+
+md = pytest.importorskip("mdtraj", reason="mdtraj is an optional dependency (batched-nerf[protein])")
+
+SEQUENCE = "MKTAYWDGHP"
+
+# ethanol (CONECT bonds) and two waters, placed away from the peptide
+HETERO = """\
+HETATM 9001  C1  EOH B   1      20.000  20.000  20.000  1.00  0.00           C
+HETATM 9002  C2  EOH B   1      21.520  20.000  20.000  1.00  0.00           C
+HETATM 9003  O   EOH B   1      22.020  21.350  20.000  1.00  0.00           O
+HETATM 9004  O   HOH C   1      25.000  25.000  25.000  1.00  0.00           O
+HETATM 9005  H1  HOH C   1      25.957  25.000  25.000  1.00  0.00           H
+HETATM 9006  H2  HOH C   1      24.760  25.927  25.000  1.00  0.00           H
+HETATM 9007  O   HOH C   2      30.000  25.000  25.000  1.00  0.00           O
+HETATM 9008  H1  HOH C   2      30.957  25.000  25.000  1.00  0.00           H
+HETATM 9009  H2  HOH C   2      29.760  25.927  25.000  1.00  0.00           H
+CONECT 9001 9002
+CONECT 9002 9001 9003
+CONECT 9003 9002
+"""
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory):
+    g = torch.Generator().manual_seed(4)
+    n = len(SEQUENCE)
+    phi, psi = (torch.empty(n, dtype=torch.float64).uniform_(-math.pi, math.pi, generator=g) for _ in "ab")
+    chi = torch.empty(n, 4, dtype=torch.float64).uniform_(-math.pi, math.pi, generator=g)
+    protein = bn.protein.build(SEQUENCE, phi, psi, chi=chi)
+    text = bn.protein.write_pdb(protein).replace("ENDMDL\nEND\n", "")
+    path = tmp_path_factory.mktemp("top") / "system.pdb"
+    path.write_text(text + HETERO + "ENDMDL\nEND\n")
+    return path
+
+
+def test_table_covers_protein_ligand_and_waters(system):
+    traj = md.load(str(system))
+    top = bn.protein.table_from_topology(system)
+    assert top.table.n_atoms == traj.n_atoms
+    # peptide, ethanol and two waters are separate components
+    assert top.table.n_components == 4
+    assert top.residue_names[-1] == "HOH" and top.elements[-1] == "H"
+    # every backbone torsion between residues is a row, addressable by residue
+    rows = top.torsion_rows[: len(SEQUENCE)]
+    assert (rows[1:, 0] >= 0).all() and (rows[:-1, 1:] >= 0).all()
+    assert (top.torsion_rows[len(SEQUENCE) :] == -1).all()
+
+
+def test_backbone_rows_hold_mdtraj_torsions(system):
+    traj = md.load(str(system))
+    top = bn.protein.table_from_topology(traj.topology, xyz=traj.xyz[0] * 10)
+    xyz = torch.tensor(traj.xyz[0] * 10.0, dtype=torch.float64)
+    dihedrals = bn.to_internal(xyz, top.table).dihedrals.numpy()
+    for column, name in enumerate(("phi", "psi", "omega")):
+        idx, values = getattr(md, f"compute_{name}")(traj)
+        for quad, value in zip(idx, values[0]):
+            residue = traj.topology.atom(int(quad[1])).residue.index
+            row = int(top.torsion_rows[residue, column])
+            diff = (dihedrals[row] - value + math.pi) % (2 * math.pi) - math.pi
+            assert abs(diff) < 1e-5, (name, residue)
+
+
+def test_round_trip_of_the_structure(system):
+    traj = md.load(str(system))
+    top = bn.protein.table_from_topology(system)
+    xyz = torch.tensor(traj.xyz[0] * 10.0, dtype=torch.float64)
+    ic, pose = bn.to_internal(xyz, top.table, return_pose=True)
+    back = bn.to_cartesian(*ic, top.table, rotation=pose.rotation, translation=pose.translation)
+    np.testing.assert_allclose(back.numpy(), xyz.numpy(), atol=1e-6)
+
+
+def test_openmm_style_topology_and_errors(system):
+    traj = md.load(str(system))
+
+    class Atom:  # the OpenMM Topology interface: atoms(), bonds(), with .residue.chain
+        def __init__(self, a):
+            self.index, self.name, self.element, self.residue = a.index, a.name, a.element, a.residue
+
+    class OpenMMLike:
+        def atoms(self):
+            return [Atom(a) for a in traj.topology.atoms]
+
+        def bonds(self):
+            return [(Atom(a), Atom(b)) for a, b in traj.topology.bonds]
+
+    a = bn.protein.table_from_topology(OpenMMLike())
+    b = bn.protein.table_from_topology(traj.topology)
+    assert a.table == b.table and torch.equal(a.torsion_rows, b.torsion_rows)
+    with pytest.raises(TypeError, match="topology must be an mdtraj Topology"):
+        bn.protein.table_from_topology(42)
