@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._pack"),
     ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses"),
     # on top: files, shipped data, CLI, test helpers
-    ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing"),
+    ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing", "batched_nerf.protein"),
     ("batched_nerf.cli", "batched_nerf.__main__"),
     ("batched_nerf",),  # the package's __init__
 ]

@@ -48,8 +48,11 @@ def test_table_covers_protein_ligand_and_waters(system):
     traj = md.load(str(system))
     top = bn.protein.table_from_topology(system)
     assert top.table.n_atoms == traj.n_atoms
-    # peptide, ethanol and two waters are separate components
-    assert top.table.n_components == 4
+    # with coordinates the molecules are linked into one build ...
+    assert top.table.n_components == 1
+    # ... or kept apart: peptide, ethanol and two waters are separate components
+    apart = bn.protein.table_from_topology(system, link_fragments=False)
+    assert apart.table.n_components == 4
     assert top.residue_names[-1] == "HOH" and top.elements[-1] == "H"
     # every backbone torsion between residues is a row, addressable by residue
     rows = top.torsion_rows[: len(SEQUENCE)]

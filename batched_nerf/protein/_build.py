@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-import batched_nerf as bn
-
+from .._convert import to_cartesian
+from .._pack import pack_tables
 from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -136,7 +136,7 @@ def _assemble(
     else:
         if len(geometry) != 3:
             raise ValueError(
-                f"geometry must be (bonds, angles, dihedrals), e.g. bn.to_internal(xyz, table); "
+                f"geometry must be (bonds, angles, dihedrals), e.g. to_internal(xyz, table); "
                 f"got {len(geometry)} items"
             )
         bonds, angles, dihedrals = (
@@ -228,7 +228,7 @@ def build(
     t = protein_table(sequence)
     torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
     bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
-    xyz = bn.to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
+    xyz = to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
     mask = torch.ones(t.n_atoms, dtype=torch.bool, device=xyz.device)
     return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
 
@@ -249,7 +249,7 @@ class PackedProteins:
     def __init__(self, sequences: tuple[str, ...]) -> None:
         self.sequences = sequences
         self.tables = [protein_table(s) for s in sequences]
-        self.table = bn.pack_tables([t.table for t in self.tables])
+        self.table = pack_tables([t.table for t in self.tables])
         b = len(sequences)
         self.n_max = max(t.n_atoms for t in self.tables)
         self.l_max = max(t.n_residues for t in self.tables)
@@ -368,7 +368,7 @@ def build_batch(
         packed.source,
         False,
     )
-    xyz = bn.to_cartesian(
+    xyz = to_cartesian(
         bonds, angles, dihedrals, packed.table, method=method, accumulate_dtype=accumulate_dtype
     )
     return Protein(

@@ -8,8 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-import batched_nerf as bn
-
+from .._convert import InternalCoordinates, to_internal
 from ._build import packed_proteins
 from ._sequence import protein_table
 
@@ -49,7 +48,7 @@ def _gather(dihedrals: Tensor, rows: Tensor) -> Torsions:
 
 def internal_coordinates(
     xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False
-) -> bn.InternalCoordinates:
+) -> InternalCoordinates:
     """Bond lengths, angles and dihedrals of every heavy atom, in the rows of :func:`protein_table`.
 
     ``bn.protein.build(sequence, *torsions(xyz, sequence), geometry=internal_coordinates(xyz, sequence))``
@@ -76,7 +75,7 @@ def internal_coordinates(
         180.0
     """
     t = protein_table(sequence)
-    return bn.to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
+    return to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
 
 
 def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) -> Torsions:
@@ -109,7 +108,7 @@ def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) 
         ([0.0, -60.0], [140.0, 130.0], [-65.0, 175.0, 170.0, 160.0])
     """
     t = protein_table(sequence)
-    ic = bn.to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
+    ic = to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
     return _gather(ic.dihedrals, t.torsion_rows)
 
 
@@ -137,7 +136,7 @@ def torsions_batch(xyz: Any, sequences: Sequence[str | Sequence[str]], *, degree
     """
     packed = packed_proteins(sequences)
     x = _check_xyz(xyz, (len(packed.tables), packed.n_max, 3), "(..., B, N_max, 3)")
-    ic = bn.to_internal(packed.packed(x), packed.table, degrees=degrees)
+    ic = to_internal(packed.packed(x), packed.table, degrees=degrees)
     rows = torch.full((len(packed.tables), packed.l_max, 7), -1, dtype=torch.long)
     offset = 0
     for k, t in enumerate(packed.tables):

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-import batched_nerf as bn
-
+from .._table import ConstructionTable
 from ._templates import (
     BACKBONE,
     CHI_NAMES,
@@ -174,7 +173,7 @@ class ProteinTable:
             for j, key in enumerate(ref):
                 ref_arr[k, j] = index[key]
         self._index = index
-        self.table = bn.ConstructionTable(ref_arr)
+        self.table = ConstructionTable(ref_arr)
         self.atom_names = tuple(names)
         self.elements = tuple(n[0] for n in names)
         self.residue_index = torch.tensor(res_index, dtype=torch.long)

@@ -8,8 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-import batched_nerf as bn
-
+from .._table import ConstructionTable
 from ..formats._common import as_numpy, optional_import
 
 #: Columns of :attr:`TopologyTable.torsion_rows`.
@@ -30,7 +29,7 @@ class TopologyTable(NamedTuple):
             seed row of the table).
     """
 
-    table: bn.ConstructionTable
+    table: ConstructionTable
     atom_names: tuple
     elements: tuple
     residue_names: tuple
@@ -85,12 +84,15 @@ def _backbone_quads(names, res_index, chain, bonded) -> dict[tuple[str, int], tu
     return quads
 
 
-def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
+def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool = True) -> TopologyTable:
     """Table of every atom of an mdtraj ``Topology``, an OpenMM ``Topology`` or a PDB file.
 
-    References come from the bond graph (:meth:`batched_nerf.ConstructionTable.from_bonds`:
-    bonded references, proper torsions, hydrogens and other branches on a
-    sibling; ligands and waters become their own components), then each
+    References come from the bond graph
+    (:meth:`batched_nerf.ConstructionTable.from_connectivity`: bonded
+    references, proper torsions, hydrogens and other branches on a sibling;
+    with coordinates, chains, ligands and waters are linked into one build by
+    non-bonded references unless ``link_fragments=False``, which keeps each
+    molecule its own component), then each
     backbone torsion phi, psi, omega (between peptide-bonded residues) is made
     the dihedral of exactly one row, listed in :attr:`TopologyTable.torsion_rows`.
 
@@ -98,7 +100,9 @@ def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
         topology: ``mdtraj.Topology``, ``openmm.app.Topology`` or the path of a
             PDB (or any mdtraj-readable) file, whose first frame gives ``xyz``.
         xyz: optional ``(N, 3)`` coordinates in Angstrom, used to avoid
-            near-linear reference triples.
+            near-linear reference triples and to link the molecules.
+        link_fragments: link separate molecules into one build (needs
+            coordinates; see :func:`batched_nerf.nonbonded_references`).
 
     Returns:
         :class:`TopologyTable`.
@@ -106,7 +110,7 @@ def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
     Raises:
         ImportError: a path is given but mdtraj is not installed.
         TypeError: an unsupported topology object.
-        ValueError: ``xyz`` of the wrong shape (see ``from_bonds``).
+        ValueError: ``xyz`` of the wrong shape (see ``from_connectivity``).
 
     Example:
         >>> import os, tempfile, pytest, torch, batched_nerf as bn
@@ -137,7 +141,9 @@ def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
     n = len(names)
     xyz_np = None if xyz is None else as_numpy(xyz)
     start = next((k for k, nm in enumerate(names) if nm == "N" and res_names[k] not in ("HOH", "WAT")), None)
-    base = bn.ConstructionTable.from_bonds(connectivity, n, xyz=xyz_np, root=start)
+    base = ConstructionTable.from_connectivity(
+        connectivity, n, xyz=xyz_np, root=start, link_fragments=link_fragments and xyz_np is not None
+    )
     refs = base.refs.numpy().copy()
     bonded = {(int(a), int(b)) for a, b in connectivity} | {(int(b), int(a)) for a, b in connectivity}
     quads = _backbone_quads(names, res_index, chain, bonded)
@@ -150,7 +156,7 @@ def table_from_topology(topology: Any, xyz: Any = None) -> TopologyTable:
                 refs[atom, 2] = d
                 rows[position[r], BACKBONE_COLUMNS.index(name)] = atom
                 break
-    table = bn.ConstructionTable(refs)
+    table = ConstructionTable(refs)
     return TopologyTable(
         table,
         tuple(names),
