@@ -12,6 +12,7 @@ private.
 """
 
 from . import losses
+from ._compile import compile_builder
 from ._convert import to_cartesian, to_internal
 from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
@@ -49,6 +50,7 @@ __all__ = [
     "ZMatrix",
     "__version__",
     "apply_pose",
+    "compile_builder",
     "extract_pose",
     "from_chemcoord",
     "log_det_jacobian",

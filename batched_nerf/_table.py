@@ -99,6 +99,10 @@ class ConstructionTable:
         self._fixed = torch.from_numpy(fixed_arr.copy())
         self._plans: dict[tuple[str, int, torch.device], Any] = {}
         self._n = n
+        # plain Python ints, fixed here: dispatch reads them under torch.compile
+        self._depth = int(self._level.max()) if n else 0
+        self._n_components = int(self._component.max()) + 1 if n else 0
+        self._n_fixed = int(fixed_arr.size)
         # Plans are static structure: build the CPU ones now, outside any
         # torch.func transform or torch.compile trace that a first call may sit in.
         self.prepare(levels=self.depth <= EAGER_LEVELS_DEPTH)
@@ -254,17 +258,17 @@ class ConstructionTable:
     @property
     def n_fixed(self) -> int:
         """Number of fixed atoms ``F``."""
-        return int(self._fixed_np.size)
+        return self._n_fixed
 
     @property
     def depth(self) -> int:
         """Number of dependency levels of fully referenced atoms (sequential level steps)."""
-        return int(self._level.max()) if self._n else 0
+        return self._depth
 
     @property
     def n_components(self) -> int:
         """Number of connected components (molecules) in the table."""
-        return int(self._component.max()) + 1 if self._n else 0
+        return self._n_components
 
     @property
     def components(self) -> Tensor:

@@ -1,0 +1,122 @@
+"""One documented way to get a ``torch.compile``-d builder for a table.
+
+Which passes a compiled build supports:
+
+* forward: every table, every method;
+* forward + first-order backward (``loss.backward()``): the scan engine on
+  tables whose scanned atoms form single paths (chains; see
+  :func:`scan_gathers_are_safe`), on any torch release; other tables on the CPU
+  need torch >= 2.14.1, because torch 2.13's inductor C++ backend miscompiles
+  the backward of index gathers (a scatter fused into the loop that reads it;
+  an ``index_add`` of a transposed operand). The build refuses there with a
+  ``RuntimeError`` naming the torch version, never a wrong gradient;
+* second order (``create_graph=True``, committor losses, ``gradgradcheck``):
+  not supported by ``torch.compile`` (AOTAutograd raises); use the eager
+  :func:`~batched_nerf.to_cartesian`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._table import ConstructionTable
+
+#: First torch release whose CPU inductor compiles scatter backward passes correctly.
+FIXED_TORCH = (2, 14, 1)
+
+
+def _torch_version() -> tuple[int, ...]:
+    parts = []
+    for piece in torch.__version__.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def inductor_scatter_ok(device: torch.device) -> bool:
+    """Whether compiled backward passes with index scatters are trusted on ``device``."""
+    return device.type != "cpu" or _torch_version() >= FIXED_TORCH
+
+
+def check_compiled_backward(uses_gathers: bool, device: torch.device, *inputs: Tensor) -> None:
+    """Refuse a compiled build whose backward would hit torch 2.13's CPU inductor defects.
+
+    Called by the engines; does nothing outside ``torch.compile`` tracing, without
+    gradients, on other devices and on fixed torch releases.
+
+    Raises:
+        RuntimeError: naming the torch version and the ways out.
+    """
+    if not uses_gathers or not torch.compiler.is_compiling() or inductor_scatter_ok(device):
+        return
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+        raise RuntimeError(
+            f"torch.compile of this table's build with gradients is not supported on the CPU with "
+            f"torch {torch.__version__}: its inductor backend miscompiles the backward of index "
+            f"gathers (fixed in torch {'.'.join(map(str, FIXED_TORCH))}). Use the eager "
+            "bn.to_cartesian for training, compile under torch.no_grad(), or upgrade torch "
+            "(chains and other single-path tables compile forward and backward on any release)"
+        )
+
+
+def compile_builder(
+    table: ConstructionTable,
+    *,
+    method: str = "scan",
+    device: torch.device | str | None = None,
+    **compile_options: Any,
+) -> Callable[..., Tensor]:
+    """``torch.compile`` of :func:`~batched_nerf.to_cartesian` for one table.
+
+    Returns ``build(bonds, angles, dihedrals, fixed_xyz=None) -> (..., N, 3)``,
+    the same map as ``bn.to_cartesian(bonds, angles, dihedrals, table,
+    method=method, fixed_xyz=fixed_xyz)``, compiled with ``fullgraph=True`` (and
+    ``compile_options``, e.g. ``mode="max-autotune"`` or ``dynamic=True``). The
+    table's plans for ``device`` are prepared first. The first call with a new
+    input shape compiles (seconds to a minute on a CPU); compile time does not
+    grow with the number of atoms: a chain is at most 64 band steps plus
+    ``log2(N)`` jump steps.
+
+    Passes: forward on every table; forward + backward with the scan engine on
+    single-path tables (chains) on any torch, on other tables only on CUDA or
+    with torch >= 2.14.1 (otherwise a ``RuntimeError`` names the torch version);
+    no second order (``create_graph=True``): use the eager ``to_cartesian``.
+
+    Args:
+        table: the :class:`ConstructionTable`.
+        method: ``"scan"`` (default), ``"levels"`` or ``"auto"``.
+        device: device whose plans to prepare (default CPU).
+        compile_options: passed to :func:`torch.compile`.
+
+    Returns:
+        The compiled builder.
+
+    Raises:
+        TypeError: ``table`` is not a ConstructionTable.
+        ValueError: an unknown ``method``.
+
+    Example:
+        >>> import torch, batched_nerf as bn
+        >>> table = bn.ConstructionTable.chain(6)
+        >>> build = bn.compile_builder(table)
+        >>> callable(build)
+        True
+    """
+    from ._convert import _METHODS
+
+    if not isinstance(table, ConstructionTable):
+        raise TypeError(f"table must be a ConstructionTable, got {type(table).__name__}")
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    table.prepare(device)
+    from ._convert import to_cartesian
+
+    def build(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
+        return to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed_xyz, method=method)  # type: ignore[arg-type]
+
+    compile_options.setdefault("fullgraph", True)
+    return torch.compile(build, **compile_options)
