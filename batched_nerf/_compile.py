@@ -42,16 +42,19 @@ def inductor_scatter_ok(device: torch.device) -> bool:
     return device.type != "cpu" or _torch_version() >= FIXED_TORCH
 
 
-def check_compiled_backward(uses_gathers: bool, device: torch.device, *inputs: Tensor) -> None:
+def check_compiled_backward(
+    uses_gathers: bool, device: torch.device, *inputs: Tensor | None, tracing: bool = True
+) -> None:
     """Refuse a compiled build whose backward would hit torch 2.13's CPU inductor defects.
 
-    Called by the engines; does nothing outside ``torch.compile`` tracing, without
+    Called by the scan engine while ``torch.compile`` traces it (``tracing=True``)
+    and by :func:`compile_builder` before each call; does nothing without
     gradients, on other devices and on fixed torch releases.
 
     Raises:
         RuntimeError: naming the torch version and the ways out.
     """
-    if not uses_gathers or not torch.compiler.is_compiling() or inductor_scatter_ok(device):
+    if not uses_gathers or (tracing and not torch.compiler.is_compiling()) or inductor_scatter_ok(device):
         return
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         raise RuntimeError(
@@ -114,9 +117,21 @@ def compile_builder(
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     table.prepare(device)
     from ._convert import to_cartesian
+    from ._dispatch import choose_method
 
     def build(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
         return to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed_xyz, method=method)  # type: ignore[arg-type]
 
     compile_options.setdefault("fullgraph", True)
-    return torch.compile(build, **compile_options)
+    compiled = torch.compile(build, **compile_options)
+
+    def checked(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
+        inputs = (bonds, angles, dihedrals, fixed_xyz)
+        if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+            b = bonds if isinstance(bonds, Tensor) else torch.as_tensor(bonds)
+            engine = method if method != "auto" else choose_method(table, b.shape[:-1], b.device)
+            gathers = engine != "scan" or table.plan("scan", b.device).gathers
+            check_compiled_backward(gathers, b.device, *inputs, tracing=False)  # type: ignore[arg-type]
+        return compiled(bonds, angles, dihedrals, fixed_xyz)
+
+    return checked

@@ -47,7 +47,7 @@ from ._build import seed_block
 from ._compile import check_compiled_backward
 from ._geometry import cross, safe_normalize
 from ._plan import SeedPlan, _long, _Movable, seed_arrays, seed_plan
-from ._scan_path import Take, path_band, scan_path
+from ._scan_path import Take, path_band, scan_path, trig_dtype
 from ._table import FULL, THIRD
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -624,5 +624,5 @@ def _build_path(
     rtp = torch.cat((rtp, rtp.new_zeros((3, pad, m))), dim=1) if pad else rtp.contiguous()
     g = frame.reshape(m, 3, 3).permute(1, 2, 0)
     o = origin.reshape(m, 3).t()
-    x = scan_path(rtp, g, o, band)[:, :n].permute(2, 1, 0).reshape(*batch, n, 3)
+    x = scan_path(rtp, g, o, band, trig_dtype(n, m, rtp.dtype))[:, :n].permute(2, 1, 0).reshape(*batch, n, 3)
     return [origin.new_zeros((*batch, 1, 3)), origin, x]
