@@ -158,10 +158,11 @@ def scan_path(
     rot = rot.to(dtype)
     rot = rot.unflatten(2, (nb, k))  # (3, 3, nb, K, M)
     r = r.unflatten(0, (nb, k))  # (nb, K, M)
-    q = rot[:, :, :, 0]
+    steps = rot.unbind(3)  # one backward stack, not K zero-filled selects
+    q = steps[0]
     cols = [q[:, 0]]
     for t in range(1, k):
-        q = _mm(q, rot[:, :, :, t])
+        q = _mm(q, steps[t])
         cols.append(q[:, 0])
     # in-band displacements relative to the band's start frame
     d = (torch.stack(cols, dim=2) * r).cumsum(2)  # (3, nb, K, M)
@@ -172,8 +173,8 @@ def scan_path(
     while shift < nb:
         e = torch.cat((e[:, :, :shift], _mm(e[:, :, :-shift], e[:, :, shift:])), dim=2)
         shift *= 2
-    steps = _mv(e[:, :, :-1], d[:, :, k - 1, :][:, :-1].to(wide))  # (3, nb - 1, M) band displacements
-    start = torch.cat((origin.unsqueeze(1).to(wide), steps), dim=1).cumsum(1)
+    moves = _mv(e[:, :, :-1], d[:, :, k - 1, :][:, :-1].to(wide))  # (3, nb - 1, M) band displacements
+    start = torch.cat((origin.unsqueeze(1).to(wide), moves), dim=1).cumsum(1)
     e, start = e.to(dtype), start.to(dtype)
     x = (e.unsqueeze(3) * d.unsqueeze(0)).sum(1) + start.unsqueeze(2)  # (3, nb, K, M)
     return x.flatten(1, 2)
