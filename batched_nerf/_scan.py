@@ -31,6 +31,14 @@ parent pointers doubled each step, so ``ceil(log2(depth + 1))`` steps build a
 chain of any length. All pointers are static, precomputed on the CPU. Rotation
 products are written out elementwise (no ``matmul``), so TF32 settings cannot
 change results.
+
+Paths
+-----
+A round whose scanned atoms form one path below one root (a chain) skips all of
+the above: :mod:`._scan_path` composes ``3 x 3`` rotations in bands of ``K``
+(chosen per call from the path length and batch size), jumps across band tops
+in float64 and sums bond vectors with ``cumsum``, with the batch innermost and
+no index gathers (every take is a slice: see :class:`._scan_path.Take`).
 """
 
 from __future__ import annotations

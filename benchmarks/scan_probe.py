@@ -198,16 +198,22 @@ def errors(sizes: list[int], nerfax: str | None) -> None:
 
 
 _MEMORY_CHILD = r"""
-import json, resource, sys
+import json, sys
 sys.path[:0] = {path!r}
 import torch, batched_nerf as bn, peers
+torch.set_num_threads(1)
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
 n, batch = {n}, {batch}
 table = bn.ConstructionTable.chain(n)
 b, a, d = (t.clone().requires_grad_(True) for t in peers.make_internal_coords(n, batch, torch.float32, 0))
 w = torch.from_numpy(peers._cotangent((batch, n, 3), 0)).float()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = status("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:  # reset the peak (VmHWM) to the current RSS
+    f.write("5")
 (bn.to_cartesian(b, a, d, table, method="scan") * w).sum().backward()
-peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+peak = status("VmHWM:") - before
 print(json.dumps({{"peak_bytes": peak, "bytes_per_atom": peak / (n * batch)}}))
 """
 
