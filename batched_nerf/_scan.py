@@ -625,7 +625,7 @@ def _build_path(
     r, t, p = (path(v, -1) for v in (bonds, angles, phi))
     p = torch.where(rp.scan_phi_zero, 0.0, p)
     n = r.shape[-1]
-    band = path_band(n, m)
+    band = path_band(n, m, compiled=torch.compiler.is_compiling())
     pad = -n % band
     # batch innermost: (3, D, M), zero-padded to whole bands
     rtp = torch.stack((r, t, p)).reshape(3, m, n).transpose(1, 2)

@@ -45,6 +45,8 @@ from ._plan import _Movable
 SMALL_WORK = 1 << 16
 #: Longest band tried; the band is chosen by :func:`path_band`.
 MAX_BAND = 64
+#: Longest band under ``torch.compile`` (compile time grows with the band).
+MAX_BAND_COMPILED = 8  # chain 512 x 256: compile 34 s (K = 17: 218 s), run time 0.97x
 #: Cost model of :func:`path_band` (seconds, 2-core CPU, float32): per kernel
 #: launch, per atom-sample of a band step, per band-top element of a jump step.
 KERNEL_S = 6e-6
@@ -52,16 +54,19 @@ ELEMENT_S = 3e-9
 TREE_ELEMENT_S = 6e-9
 
 
-def path_band(length: int, samples: int) -> int:
+def path_band(length: int, samples: int, compiled: bool = False) -> int:
     """Band length ``K`` for a path of ``length`` atoms and ``samples`` batch elements.
 
     Minimises ``kernels(K) * KERNEL_S + work(K)``: ``2 (K - 1)`` kernels for the
     in-band products and ``3 ceil(log2(length / K))`` for the jumps across bands;
     the jumps redo ``log2(length / K)`` products on ``length / K`` band tops
     (in float64). Long bands win for large batches, short ones for a single chain.
+    Under ``torch.compile`` (``compiled=True``) bands are at most
+    ``MAX_BAND_COMPILED``: every band step is unrolled in the graph, and compile
+    time grows with the band, never with ``length``.
     """
     best, best_cost = 1, math.inf
-    for k in range(1, min(MAX_BAND, max(length, 1)) + 1):
+    for k in range(1, min(MAX_BAND_COMPILED if compiled else MAX_BAND, max(length, 1)) + 1):
         nb = -(-length // k)
         steps = math.ceil(math.log2(nb)) if nb > 1 else 0
         cost = KERNEL_S * (2 * (k - 1) + 3 * steps) + samples * (

@@ -51,6 +51,7 @@ def test_chain_plan_is_gather_free() -> None:
 
 def test_band_and_trig_choice() -> None:
     assert path_band(4094, 1) <= 8 < path_band(4094, 256) <= 64
+    assert path_band(4094, 256, compiled=True) <= 8  # compile time grows with the band, never with N
     assert trig_dtype(4094, 1, torch.float32) == torch.float64
     assert trig_dtype(4094, 256, torch.float32) == torch.float32
     assert trig_dtype(4094, 1, torch.float64) == torch.float64
