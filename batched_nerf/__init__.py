@@ -13,6 +13,7 @@ private.
 
 from . import losses
 from ._autotable import nonbonded_references, perceive_connectivity
+from ._compile import compile_builder
 from ._convert import InternalCoordinates, to_cartesian, to_internal
 from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
@@ -51,6 +52,7 @@ __all__ = [
     "ZMatrix",
     "__version__",
     "apply_pose",
+    "compile_builder",
     "extract_pose",
     "from_chemcoord",
     "log_det_jacobian",

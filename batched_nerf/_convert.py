@@ -53,10 +53,9 @@ def to_cartesian(
     Differentiable to any order, compatible with ``torch.func`` (``vmap``,
     ``jacrev``, ``jacfwd``, ``hessian``) and ``torch.compile``; finite gradients
     at straight angles and collinear references (see
-    :data:`batched_nerf.EPS`). Known issue: on the CPU, torch's inductor backend
-    (checked with torch 2.13) miscompiles the *backward* of the scan engine
-    (crashes, or wrong gradients with vectorisation off; ``backend="aot_eager"``
-    and CUDA are correct): compile forward passes only on the CPU (see
+    :data:`batched_nerf.EPS`). For a compiled builder use
+    :func:`compile_builder` (forward everywhere; forward+backward of chains on any
+    torch, of other tables on CUDA or CPU torch >= 2.14.1; see
     ``docs/benchmarks.md``).
 
     Args:

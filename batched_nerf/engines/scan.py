@@ -31,11 +31,20 @@ parent pointers doubled each step, so ``ceil(log2(depth + 1))`` steps build a
 chain of any length. All pointers are static, precomputed on the CPU. Rotation
 products are written out elementwise (no ``matmul``), so TF32 settings cannot
 change results.
+
+Paths
+-----
+A round whose scanned atoms form one path below one root (a chain) skips all of
+the above: :mod:`._scan_path` composes ``3 x 3`` rotations in bands of ``K``
+(chosen per call from the path length and batch size), jumps across band tops
+in float64 and sums bond vectors with ``cumsum``, with the batch innermost and
+no index gathers (every take is a slice: see :class:`._scan_path.Take`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -44,7 +53,9 @@ from torch import Tensor
 from .._geometry import cross, nerf_frame
 from .._topology import FULL, THIRD, Topology
 from .base import Engine, Movable, as_long
+from .compiled import check_compiled_backward
 from .dispatch import BLOCK_LARGE, BLOCK_SMALL
+from .scan_path import Take, path_band, scan_path, trig_dtype
 from .seeds import SeedPlan, seed_atoms, seed_block, seed_plan
 
 
@@ -61,7 +72,7 @@ class RoundPlan(Movable):
     """
 
     n_anchor: int
-    anchor_origin: Tensor  # (n_anchor,) rows of the position pool at the anchor origin
+    anchor_origin: Take  # (n_anchor,) rows of the position pool at the anchor origin
     anchor_rot: Tensor  # (n_anchor, 3, 3) constant anchor rotations (float64)
     irregular_atoms: Tensor  # (n_irr,) atom indices
     irregular_refs: Tensor  # (n_irr * 3,) rows of the position pool for (d, a, b)
@@ -76,6 +87,7 @@ class RoundPlan(Movable):
     scan_band_root: Tensor  # (n_scan,) boundary node above each scanned node's band
     node_root: Tensor  # (n_roots + n_scan,) index of each node's root among the real roots
     pool_blocks: int  # number of position blocks the irregular gathers read
+    path: Take | None = None  # scanned atoms in path order when they form one path below one root
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,11 @@ class ScanPlan(Movable):
     rounds: tuple[RoundPlan, ...]
     inverse: Tensor  # (N,) row of cat(position blocks) holding each atom
     depth: int  # longest scanned path (for dispatch and reports)
+    seed_inputs: Take | None = None  # the inputs' columns that seed_block reads (as few slices)
+    seeds_local: SeedPlan | None = None  # `seeds` indexing those columns
+    gathers: bool = True  # the build uses index gathers (a compiled CPU backward needs torch >= 2.14.1)
+    phi_mask: Tensor | None = None  # (N,) bool: no sibling sums, phi_eff = where(mask, dihedrals, 0)
+    assemble: Take | None = None  # `inverse` as slices where it is a few runs
 
 
 def _effective_refs(refs: np.ndarray, n_refs: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
@@ -114,7 +131,9 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
     n = len(refs)
     n_refs = topo.kind
     seeds = seed_plan(topo)
-    second_atoms = set(seeds.second.tolist())
+    seed_second = np.flatnonzero(n_refs == 1)
+    seed_third = np.flatnonzero(n_refs == 2)
+    second_atoms = set(seed_second.tolist())
     eff, paths = _effective_refs(refs, n_refs)
 
     third = set(np.flatnonzero(n_refs == THIRD).tolist())
@@ -183,7 +202,10 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         depth = _depths(scanned, parent)
         round_depth = max(depth.values(), default=0)
         max_depth = max(max_depth, round_depth)
+        # one path below one root: blocked scan of _scan_path, bands chosen per call
+        is_path = len(anchors) + len(irr) == 1 and len(scanned) == round_depth > 0
         k_band = max(1, min(block, round_depth))
+        path_order = sorted(scanned, key=lambda j: depth[j]) if is_path else []
         steps_nodes = [
             sorted((j for j in scanned if (depth[j] - 1) % k_band == t), key=lambda j: (depth[j], j))
             for t in range(k_band)
@@ -224,7 +246,8 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         node_index = {("anchor", t): 1 + k for k, t in enumerate(anchors)}
         for k, j in enumerate(irr):
             node_index[("atom", j)] = 1 + len(anchors) + k
-        for k, j in enumerate(order):
+        # a path's block lists its atoms in path order (see _build_path)
+        for k, j in enumerate(path_order if is_path else order):
             node_index[("atom", j)] = n_roots + k
         n_nodes = n_roots + len(order)
         # irregular gathers read blocks 0..rnd
@@ -240,7 +263,7 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         rounds.append(
             RoundPlan(
                 n_anchor=len(anchors),
-                anchor_origin=as_long(anchor_origin),
+                anchor_origin=Take.of(anchor_origin),
                 anchor_rot=torch.tensor(anchor_rot, dtype=torch.float64).reshape(-1, 3, 3),
                 irregular_atoms=as_long(irr),
                 irregular_refs=as_long(irr_refs),
@@ -255,6 +278,7 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
                 scan_band_root=as_long([top_of[j] for j in order]),
                 node_root=as_long(node_root),
                 pool_blocks=len(block_sizes),
+                path=Take.of(path_order) if is_path else None,
             )
         )
         # this round's block: node rows (sentinel and anchors included, never read)
@@ -283,7 +307,39 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         flip_paths = np.full((n, flip_width), n, dtype=np.int64)
         for j, f in enumerate(flips):
             flip_paths[j, : len(f)] = f
+    # seed_block reads a few columns: take them as slices first (an index_select's
+    # backward is an index_add, which torch 2.13's CPU inductor miscompiles)
+    used = sorted(set(seed_second.tolist()) | set(seed_third.tolist()))
+    local = {a: k for k, a in enumerate(used)}
+    seeds_local = replace(
+        seeds,
+        second=as_long([local[a] for a in seed_second.tolist()]),
+        third=as_long([local[a] for a in seed_third.tolist()]),
+    )
+    phi_mask = (
+        torch.as_tensor(np.array([p == [j] for j, p in enumerate(paths)], dtype=bool))
+        if width == 1 and flip_paths is None and all(p in ([], [j]) for j, p in enumerate(paths))
+        else None
+    )
+    assemble = Take.of(inverse)
+    slices_only = (
+        phi_mask is not None
+        and assemble.runs is not None
+        and (not used or Take.of(used).runs is not None)
+        and all(
+            r.path is not None
+            and r.path.runs is not None
+            and r.irregular_atoms.numel() == 0
+            and (r.n_anchor == 0 or r.anchor_origin.runs is not None)
+            for r in rounds
+        )
+    )
     return ScanPlan(
+        gathers=not slices_only,
+        seed_inputs=Take.of(used) if used else None,
+        seeds_local=seeds_local if used else None,
+        phi_mask=phi_mask,
+        assemble=assemble,
         seeds=seeds,
         phi_paths=as_long(phi_paths),
         flip_paths=None if flip_paths is None else as_long(flip_paths),
@@ -445,26 +501,37 @@ def build_scan(
     relative to the root, composed in bands and across band tops by pointer
     jumping; finally ``x = origin + G s``.
     """
+    check_compiled_backward(plan.gathers, bonds.device, bonds, angles, dihedrals, fixed_xyz)
     batch = bonds.shape[:-1]
     dtype = bonds.dtype
-    blocks = [seed_block(plan.seeds, bonds, angles, fixed_xyz)]
-    padded = torch.cat((dihedrals, dihedrals.new_zeros((*batch, 1))), dim=-1)
-    if plan.phi_paths.shape[-1] == 1:
+    # position blocks, each a list of pieces (..., n, 3) concatenated only where read
+    if plan.seed_inputs is not None and plan.seed_inputs.runs is not None:
+        seeds = seed_block(
+            plan.seeds_local, plan.seed_inputs(bonds, -1), plan.seed_inputs(angles, -1), fixed_xyz
+        )
+    else:
+        seeds = seed_block(plan.seeds, bonds, angles, fixed_xyz)
+    blocks: list[list[Tensor]] = [[seeds]]
+    if plan.phi_mask is not None:
+        phi_eff = torch.where(plan.phi_mask, dihedrals, 0.0)
+    elif plan.phi_paths.shape[-1] == 1:
+        padded = torch.cat((dihedrals, dihedrals.new_zeros((*batch, 1))), dim=-1)
         phi_eff = padded.index_select(-1, plan.phi_paths[:, 0])
     else:
+        padded = torch.cat((dihedrals, dihedrals.new_zeros((*batch, 1))), dim=-1)
         phi_eff = padded.index_select(-1, plan.phi_paths.reshape(-1)).unflatten(-1, plan.phi_paths.shape)
         phi_eff = phi_eff.sum(-1)
-    if plan.flip_paths is not None:
+    if plan.phi_mask is None and plan.flip_paths is not None:
         flipped = (torch.sin(angles) < 0).to(dtype) * torch.pi  # pi in the inputs' dtype
         flipped = torch.cat((flipped, flipped.new_zeros((*batch, 1))), dim=-1)
         flips = flipped.index_select(-1, plan.flip_paths.reshape(-1)).unflatten(-1, plan.flip_paths.shape)
         phi_eff = phi_eff + flips.sum(-1)
     for rp in plan.rounds:
-        pool = blocks[0] if rp.pool_blocks == 1 else torch.cat(blocks[: rp.pool_blocks], dim=-2)
+        pool = _cat([p for blk in blocks[: rp.pool_blocks] for p in blk])
         frames, origins = [], []
         if rp.n_anchor:
             frames.append(rp.anchor_rot.to(dtype).expand(*batch, rp.n_anchor, 3, 3))
-            origins.append(pool.index_select(-2, rp.anchor_origin))
+            origins.append(rp.anchor_origin(pool, -2))
         if rp.irregular_atoms.numel():
             a, b, c = pool.index_select(-2, rp.irregular_refs).unflatten(-2, (-1, 3)).unbind(-2)
             frame = torch.stack(nerf_frame(c, b, a), dim=-1)  # columns e1, e2, e3
@@ -477,7 +544,10 @@ def build_scan(
         n_roots = 1 + rp.n_anchor + rp.irregular_atoms.numel()
         frame = torch.cat(frames, dim=-3) if len(frames) > 1 else frames[0]
         origin = torch.cat(origins, dim=-2) if len(origins) > 1 else origins[0]
-        if rp.scan_atoms.numel():
+        if rp.path is not None:
+            blocks.append(_build_path(rp, rp.path, bonds, angles, phi_eff, frame, origin))
+            continue
+        elif rp.scan_atoms.numel():
             idx = rp.scan_atoms
             r, t, p = bonds.index_select(-1, idx), angles.index_select(-1, idx), phi_eff.index_select(-1, idx)
             p = torch.where(rp.scan_phi_zero, torch.zeros_like(p), p)
@@ -498,9 +568,52 @@ def build_scan(
             x = origin.index_select(-2, rp.node_root) + _matvec3(g, s.movedim(0, -1))
         else:
             x = torch.cat((origin.new_zeros((*batch, 1, 3)), origin), dim=-2)
-        blocks.append(x)
-    xyz = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-2)
-    return xyz.index_select(-2, plan.inverse)
+        blocks.append([x])
+    pieces = [p for blk in blocks for p in blk]
+    if plan.assemble is not None and plan.assemble.runs is not None:
+        return _cat(_narrow_runs(pieces, plan.assemble.runs))
+    return _cat(pieces).index_select(-2, plan.inverse)
+
+
+def _cat(pieces: list[Tensor]) -> Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2)
+
+
+def _narrow_runs(pieces: list[Tensor], runs: tuple[tuple[int, int], ...]) -> list[Tensor]:
+    """Rows ``[start, start + n)`` of ``cat(pieces, -2)`` for each run, without the ``cat``."""
+    bounds = []
+    offset = 0
+    for p in pieces:
+        bounds.append((offset, offset + p.shape[-2], p))
+        offset += p.shape[-2]
+    out = []
+    for start, n in runs:
+        stop = start + n
+        for lo, hi, p in bounds:
+            a, b = max(lo, start), min(hi, stop)
+            if a < b:
+                out.append(p if (a, b) == (lo, hi) else p.narrow(-2, a - lo, b - a))
+    return out
+
+
+def _build_path(
+    rp: RoundPlan, path: Take, bonds: Tensor, angles: Tensor, phi: Tensor, frame: Tensor, origin: Tensor
+) -> list[Tensor]:
+    """Node rows (sentinel, root, path: ``(..., 1 | 1 | D, 3)``) of a round that is one path."""
+    batch = bonds.shape[:-1]
+    m = math.prod(batch)
+    r, t, p = (path(v, -1) for v in (bonds, angles, phi))
+    p = torch.where(rp.scan_phi_zero, 0.0, p)
+    n = r.shape[-1]
+    band = path_band(n, m, compiled=torch.compiler.is_compiling())
+    pad = -n % band
+    # batch innermost: (3, D, M), zero-padded to whole bands
+    rtp = torch.stack((r, t, p)).reshape(3, m, n).transpose(1, 2)
+    rtp = torch.cat((rtp, rtp.new_zeros((3, pad, m))), dim=1) if pad else rtp.contiguous()
+    g = frame.reshape(m, 3, 3).permute(1, 2, 0)
+    o = origin.reshape(m, 3).t()
+    x = scan_path(rtp, g, o, band, trig_dtype(n, m, rtp.dtype))[:, :n].permute(2, 1, 0).reshape(*batch, n, 3)
+    return [origin.new_zeros((*batch, 1, 3)), origin, x]
 
 
 SCAN = Engine("scan", scan_plan, build_scan, variants=(1, BLOCK_SMALL, BLOCK_LARGE))
