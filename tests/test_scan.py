@@ -99,6 +99,19 @@ def test_vmap_blocked_scan() -> None:
     torch.testing.assert_close(out, build_scan(plan, b, a, d, None))
 
 
+def testing_tree(n: int) -> np.ndarray:
+    """A random tree table: atom i hangs from one of the 8 atoms before it (depth ~ n / 4)."""
+    g = np.random.default_rng(0)
+    refs = np.full((n, 3), -1, dtype=np.int64)
+    refs[1, 0], refs[2, :2] = 0, (1, 0)
+    for i in range(3, n):
+        b = int(g.integers(max(2, i - 8), i))
+        a = int(refs[b, 0]) if refs[b, 0] >= 0 else (b - 1)
+        d = int(refs[b, 1]) if refs[b, 1] >= 0 else next(k for k in range(i) if k not in (a, b))
+        refs[i] = (b, a, d)
+    return refs
+
+
 def _choose(table: bn.ConstructionTable, samples: int) -> str:
     return auto_method(table, samples, "cpu")
 
@@ -107,6 +120,12 @@ def test_dispatch_rules() -> None:
     assert _choose(bn.ConstructionTable.chain(4096), 1) == "scan"
     assert _choose(bn.ConstructionTable.chain(3), 1) == "levels"
     assert _choose(data.load("benzene").table, 4096) == "levels"
+    alanine = data.load("alanine_dipeptide").table
+    assert {_choose(alanine, b) for b in (1, 64, 4096)} == {"levels"}  # shallow: levels at any batch
+    chain = bn.ConstructionTable.chain(512)
+    assert [_choose(chain, b) for b in (1, 256, 1024, 4096)] == ["scan", "scan", "scan", "levels"]
+    tree = bn.ConstructionTable(testing_tree(512))
+    assert [_choose(tree, b) for b in (64, 1024)] == ["scan", "levels"]  # branched: levels from B = 1024
     assert scan_block(512, 1) == 1 and scan_block(4096, 256) == 32
 
 

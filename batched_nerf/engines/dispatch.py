@@ -4,28 +4,35 @@ A pure function of plain Python values (the table's counts are fixed when it is
 made), so it adds no data-dependent control flow and is stable under
 ``torch.compile``.
 
-Cost model (constants measured on a 2-core CPU, float32, single thread; see
-``docs/benchmarks.md``): the level engine pays a fixed price per dependency
-level plus a price per atom and sample; the scan engine pays a larger fixed
-price per call and a per-element price that grows with the number of pointer
-jumping steps, but no price per level. On accelerators the price is mostly
-kernel launches, which favours the scan engine for all but the shallowest
-tables.
+The rule (CPU), fitted to side-by-side measurements of both engines on this
+project's 2-core CPU (float32, forward and forward+backward; alanine
+dipeptide, chains of 16-4,096 atoms, random trees, a protein backbone with side
+chains; ``B`` = 1 to 4,096; see ``docs/benchmarks.md``):
+
+* shallow tables (``depth <= 8``: small molecules) take the level engine, which
+  is fastest there at every batch size;
+* very large batches (``B >= 4096``, ``depth <= 512``) take the level engine:
+  its per-atom cost is lower and its per-level cost is paid once for the batch;
+* branched tables whose scan is not a single path (trees, proteins) take the
+  level engine from ``B >= 1024`` on;
+* everything else (chains at any batch below 4,096, deep branched tables at
+  small batches) takes the scan engine.
+
+On accelerators the price is mostly kernel launches, which favours the scan
+engine for all but the shallowest tables.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 __all__ = ["auto_method", "choose_method", "scan_block"]
 
-#: Seconds per dependency level (level engine) and per atom-sample.
-LEVEL_STEP_S = 4.5e-4
-LEVEL_ELEMENT_S = 1.2e-7
-#: Fixed seconds per call and per atom-sample per doubling step (scan engine).
-SCAN_CALL_S = 2e-3
-SCAN_ELEMENT_S = 1.5e-7
+#: Tables this shallow always take the level engine (CPU).
+SHALLOW_DEPTH = 8
+#: Batch sizes from which the level engine wins: any table up to LARGE_BATCH_DEPTH
+#: levels / branched tables whose scan is not one path.
+LARGE_BATCH, LARGE_BATCH_DEPTH, BRANCHED_BATCH = 4096, 512, 1024
 #: Scan band sizes by atom-samples per call: few -> pure pointer jumping.
 BLOCK_SMALL, BLOCK_LARGE = 8, 32
 BLOCK_THRESHOLDS = (2_048, 262_144)
@@ -39,28 +46,35 @@ def scan_block(n_atoms: int, n_samples: int) -> int:
     return BLOCK_SMALL if work < BLOCK_THRESHOLDS[1] else BLOCK_LARGE
 
 
-def choose_method(n_atoms: int, depth: int, scan_rounds: int, n_samples: int, device_type: str) -> str:
-    """``"levels"`` or ``"scan"`` for one call.
+def choose_method(depth: int, single_path: bool, n_samples: int, device_type: str) -> str:
+    """``"levels"`` or ``"scan"`` for one call (the rule in the module docstring).
 
     Args:
-        n_atoms, depth: the table's size and number of dependency levels.
-        scan_rounds: rounds of the scan plan (irregular rows re-root the scan once per round).
+        depth: the table's number of dependency levels.
+        single_path: every round of the scan plan is one path (chains), which
+            the scan engine builds without gathers.
         n_samples: number of builds in the batch (product of the leading shape).
         device_type: ``"cpu"``, ``"cuda"``, ...
+
+    Example:
+        >>> from batched_nerf.engines.dispatch import choose_method
+        >>> choose_method(509, True, 256, "cpu"), choose_method(6, False, 1, "cpu")
+        ('scan', 'levels')
     """
     if depth <= 2:
         return "levels"
     if device_type != "cpu":
-        return "scan" if depth > 8 else "levels"
-    work = n_atoms * max(n_samples, 1)
-    levels = depth * LEVEL_STEP_S + work * LEVEL_ELEMENT_S
-    steps = math.ceil(math.log2(depth)) / (scan_block(n_atoms, n_samples) ** 0.5)
-    scan = SCAN_CALL_S * scan_rounds + work * SCAN_ELEMENT_S * (1.0 + steps)
-    return "levels" if levels <= scan else "scan"
+        return "scan" if depth > SHALLOW_DEPTH else "levels"
+    if depth <= SHALLOW_DEPTH:
+        return "levels"
+    if n_samples >= LARGE_BATCH and depth <= LARGE_BATCH_DEPTH:
+        return "levels"
+    if n_samples >= BRANCHED_BATCH and not single_path:
+        return "levels"
+    return "scan"
 
 
 def auto_method(table: Any, n_samples: int, device_type: str) -> str:
     """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable` (read through its public view)."""
-    topo = table.topology
-    rounds = len(table.plan("scan").rounds)
-    return choose_method(topo.n_atoms, topo.depth, rounds, n_samples, device_type)
+    single_path = all(r.path is not None for r in table.plan("scan").rounds)
+    return choose_method(table.depth, single_path, n_samples, device_type)
