@@ -99,7 +99,7 @@ def test_vmap_blocked_scan() -> None:
     torch.testing.assert_close(out, build_scan(plan, b, a, d, None))
 
 
-def testing_tree(n: int) -> np.ndarray:
+def _tree_refs(n: int) -> np.ndarray:
     """A random tree table: atom i hangs from one of the 8 atoms before it (depth ~ n / 4)."""
     g = np.random.default_rng(0)
     refs = np.full((n, 3), -1, dtype=np.int64)
@@ -124,7 +124,7 @@ def test_dispatch_rules() -> None:
     assert {_choose(alanine, b) for b in (1, 64, 4096)} == {"levels"}  # shallow: levels at any batch
     chain = bn.ConstructionTable.chain(512)
     assert [_choose(chain, b) for b in (1, 256, 1024, 4096)] == ["scan", "scan", "scan", "levels"]
-    tree = bn.ConstructionTable(testing_tree(512))
+    tree = bn.ConstructionTable(_tree_refs(512))
     assert [_choose(tree, b) for b in (64, 1024)] == ["scan", "levels"]  # branched: levels from B = 1024
     assert scan_block(512, 1) == 1 and scan_block(4096, 256) == 32
 
