@@ -13,7 +13,7 @@ from benchmarks.timing import fmt_seconds
 #: time more (``run_benchmarks(engines=...)``, ``benchmarks/run.py --engines``).
 ENGINES = ("levels", "scan", "auto")
 #: Our compiled contender: ``torch.compile(fullgraph=True)`` of ``method="scan"``.
-COMPILED = "scan (torch.compile)"
+COMPILED = "compiled (auto)"
 LOOP = "torch-loop"
 #: The committor pass may take this many times the per-step limit (its column is filled where it can be).
 COMMITTOR_LIMIT_FACTOR = 2.0

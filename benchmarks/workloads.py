@@ -197,7 +197,7 @@ def default_grid(quick: bool) -> list[Workload]:
         return loads
     loads = [Workload("alanine_dipeptide", alanine_refs(), [1, 64, 1024, 4096])]
     for n in (64, 512, 4096):
-        batches = [1, 64, 256, 1024] if n in (512, 4096) else [1, 64, 1024]
+        batches = [1, 64, 256, 1024]
         loads.append(Workload("chain", chain_refs(n), batches))
     loads += [Workload("tree", tree_refs(n), [1, 64]) for n in (512, 4096)]
     loads += [Workload("protein", protein_refs(n // 6), [1, 64]) for n in (512, 4096)]
@@ -214,6 +214,8 @@ def compile_rows(quick: bool) -> set[tuple[str, int, int]]:
         ("chain", 512, 1),
         ("chain", 4096, 1),
         ("chain", 512, 256),
+        ("chain", 4096, 64),
         ("chain", 4096, 256),
+        ("chain", 512, 1024),
         ("alanine_dipeptide", 22, 4096),
     }
