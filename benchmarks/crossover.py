@@ -34,6 +34,18 @@ def tables() -> list[tuple[str, bn.ConstructionTable]]:
     return out
 
 
+def _sum_q(x: torch.Tensor) -> torch.Tensor:
+    return x.sum((-2, -1))
+
+
+def _median_ms(table: bn.ConstructionTable, method: str, ic: tuple, w: torch.Tensor) -> list[float]:
+    def build(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return bn.to_cartesian(b, a, d, table, method=method)  # type: ignore[arg-type]
+
+    steps = [timing.make_step(build, ic, pass_, w, _sum_q) for pass_ in ("forward", "forward_backward")]
+    return [timing.measure(step, 7, 30.0)[0] * 1e3 for step in steps]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256, 1024, 4096])
@@ -46,20 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ic = workloads.make_inputs(table.n_atoms, batch, torch.float32, seed=0)
             w = torch.randn(batch, table.n_atoms, 3)
-            times = {}
-            for method in ("levels", "scan"):
-                build = lambda b, a, d, m=method: bn.to_cartesian(b, a, d, table, method=m)  # noqa: E731
-                times[method] = [
-                    timing.measure(timing.make_step(build, ic, pass_, w, lambda x: x.sum((-2, -1))), 7, 30.0)[
-                        0
-                    ]
-                    for pass_ in ("forward", "forward_backward")
-                ]
+            times = {method: _median_ms(table, method, ic, w) for method in ("levels", "scan")}
             faster = min(times, key=lambda m: sum(times[m]))
             lv, sc = times["levels"], times["scan"]
+            auto = auto_method(table, batch, "cpu")
             print(
-                f"{name:18s} {table.depth:6d} {batch:6d}  {lv[0] * 1e3:8.2f} / {lv[1] * 1e3:8.2f}"
-                f"   {sc[0] * 1e3:8.2f} / {sc[1] * 1e3:8.2f}   {auto_method(table, batch, 'cpu'):7s} {faster}",
+                f"{name:18s} {table.depth:6d} {batch:6d}  {lv[0]:8.2f} / {lv[1]:8.2f}"
+                f"   {sc[0]:8.2f} / {sc[1]:8.2f}   {auto:7s} {faster}",
                 flush=True,
             )
     return 0
