@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._perceive import COVALENT_RADII, DEFAULT_SCALE, as_xyz, check_not_coincident, perceive_connectivity
+from ._topology import components
 
 __all__ = [
     "COVALENT_RADII",
@@ -312,27 +313,6 @@ def _dihedral_ref(
 
 
 # ------------------------------------------------------------------ linking
-def _components_of(refs: np.ndarray) -> np.ndarray:
-    """``(N,)`` component label of each row (atoms joined by references), ``0 .. C-1``."""
-    n = len(refs)
-    parent = list(range(n))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for i, row in enumerate(refs.tolist()):
-        for r in row:
-            if r >= 0:
-                ri, rr = find(i), find(r)
-                if ri != rr:
-                    parent[ri] = rr
-    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
-    return np.unique(roots, return_inverse=True)[1].reshape(-1).astype(np.int64)
-
-
 def link_components(
     refs: Any,
     xyz: Any,
@@ -392,7 +372,7 @@ def link_components(
     coords = as_xyz(xyz, n)
     if first is not None and not 0 <= int(first) < n:
         raise ValueError(f"first must be an atom index in [0, {n - 1}], got {first!r}")
-    comp = _components_of(arr)
+    comp = components(arr)
     n_comp = int(comp.max()) + 1 if n else 0
     is_fixed = np.zeros(n, dtype=bool)
     is_fixed[np.asarray(list(fixed) if fixed is not None else [], dtype=np.int64)] = True

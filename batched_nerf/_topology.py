@@ -19,7 +19,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FULL", "ROOT", "SECOND", "THIRD", "Topology", "analyse", "as_index_array", "build_order"]
+__all__ = [
+    "FULL",
+    "ROOT",
+    "SECOND",
+    "THIRD",
+    "Topology",
+    "analyse",
+    "as_index_array",
+    "build_order",
+    "components",
+]
 
 #: Row kinds, by number of references: root, second and third seed atom,
 #: fully referenced atom.
@@ -133,7 +143,7 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
         raise ValueError(f"fixed must be a 1-D sequence of atom indices, got shape {fixed_arr.shape}")
     _check_rows(arr, fixed_arr)
     kind = (arr >= 0).sum(1).astype(np.int64)
-    component = _components(arr)
+    component = components(arr)
     n = arr.shape[0]
     is_fixed = np.zeros(n, dtype=bool)
     is_fixed[fixed_arr] = True
@@ -235,7 +245,7 @@ def _check_rows(arr: np.ndarray, fixed: np.ndarray) -> None:
             raise ValueError(f"row {f}: fixed atom must have references (-1, -1, -1), got {arr[f].tolist()}")
 
 
-def _components(arr: np.ndarray) -> np.ndarray:
+def components(arr: np.ndarray) -> np.ndarray:
     """Connected component of each atom (atoms linked by references), numbered by first atom."""
     n = arr.shape[0]
     parent = list(range(n))

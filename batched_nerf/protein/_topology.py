@@ -37,22 +37,14 @@ class TopologyTable(NamedTuple):
     torsion_rows: Tensor
 
 
-def _from_mdtraj(top: Any) -> tuple[list, list, list, list, list, list]:
-    atoms = list(top.atoms)
-    connectivity = [(a.index, b.index) for a, b in top.bonds]
-    return (
-        [a.name for a in atoms],
-        [a.element.symbol if a.element is not None else "" for a in atoms],
-        [a.residue.name for a in atoms],
-        [a.residue.index for a in atoms],
-        [a.residue.chain.index for a in atoms],
-        connectivity,
-    )
+def _labels(top: Any) -> tuple[list, list, list, list, list, list]:
+    """Names, elements, residue names and indices, chains and bonds of an mdtraj or OpenMM topology.
 
-
-def _from_openmm(top: Any) -> tuple[list, list, list, list, list, list]:
-    atoms = list(top.atoms())
-    connectivity = [(a.index, b.index) for a, b in top.bonds()]
+    mdtraj exposes ``atoms`` and ``bonds`` as properties, OpenMM as methods.
+    """
+    atoms = list(top.atoms() if callable(top.atoms) else top.atoms)
+    bonds = top.bonds() if callable(top.bonds) else top.bonds
+    connectivity = [(a.index, b.index) for a, b in bonds]
     return (
         [a.name for a in atoms],
         [a.element.symbol if a.element is not None else "" for a in atoms],
@@ -128,10 +120,8 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
         if xyz is None:
             xyz = traj.xyz[0] * 10.0
         topology = traj.topology
-    if hasattr(topology, "bonds") and callable(topology.bonds):
-        labels = _from_openmm(topology)
-    elif hasattr(topology, "atoms") and hasattr(topology, "bonds"):
-        labels = _from_mdtraj(topology)
+    if hasattr(topology, "atoms") and hasattr(topology, "bonds"):
+        labels = _labels(topology)
     else:
         raise TypeError(
             "topology must be an mdtraj Topology, an OpenMM Topology or a file path, "
