@@ -9,8 +9,12 @@ Which passes a compiled build supports:
   the backward of index gathers (a scatter fused into the loop that reads it;
   an ``index_add`` of a transposed operand). The build refuses there with a
   ``RuntimeError`` naming the torch version, never a wrong gradient;
-* second order (``create_graph=True``, committor losses, ``gradgradcheck``):
-  not supported by ``torch.compile`` (AOTAutograd raises); use the eager
+* committor losses (``g = dq/dx`` with ``create_graph=True`` for a network ``q``,
+  then a loss of ``g``): as forward + backward, since only ``q`` is
+  differentiated twice and the builder once;
+* second order through the builder itself (``gradgradcheck``, Hessians or
+  ``create_graph=True`` with respect to the internal coordinates): not
+  supported by ``torch.compile`` (AOTAutograd raises); use the eager
   :func:`~batched_nerf.to_cartesian`.
 """
 
@@ -51,7 +55,9 @@ def compile_builder(
     Passes: forward on every table; forward + backward with the scan engine on
     single-path tables (chains) on any torch, on other tables only on CUDA or
     with torch >= 2.14.1 (otherwise a ``RuntimeError`` names the torch version);
-    no second order (``create_graph=True``): use the eager ``to_cartesian``.
+    committor losses as forward + backward (only the network is differentiated
+    twice); no second order through the builder itself: use the eager
+    ``to_cartesian`` for that.
 
     Args:
         table: the :class:`ConstructionTable`.
