@@ -102,3 +102,49 @@ def test_openmm_style_topology_and_errors(system):
     assert a.table == b.table and torch.equal(a.torsion_rows, b.torsion_rows)
     with pytest.raises(TypeError, match="topology must be an mdtraj Topology"):
         bn.protein.table_from_topology(42)
+
+
+@pytest.fixture(scope="module")
+def peptidebuilder_system(tmp_path_factory):
+    """A peptide built by PeptideBuilder (an independent tool), plus the ethanol and two waters above."""
+    pb = pytest.importorskip("PeptideBuilder", reason="PeptideBuilder is an optional test dependency")
+    from Bio.PDB import PDBIO
+    from PeptideBuilder import Geometry
+
+    rng = np.random.default_rng(11)
+    geos = []
+    for k, aa in enumerate(SEQUENCE):
+        geo = Geometry.geometry(aa)
+        geo.phi, geo.psi_im1 = float(rng.uniform(-170, -50)), float(rng.uniform(-70, 170)) if k else 0.0
+        geos.append(geo)
+    structure = pb.initialize_res(geos[0])
+    for geo in geos[1:]:
+        pb.add_residue(structure, geo)
+    pb.add_terminal_OXT(structure)
+    io = PDBIO()
+    io.set_structure(structure)
+    path = tmp_path_factory.mktemp("pb") / "peptide.pdb"
+    io.save(str(path))
+    atoms = [line for line in path.read_text().splitlines() if line.startswith("ATOM")]
+    path.write_text("\n".join(atoms) + "\nTER\n" + HETERO + "END\n")
+    return path
+
+
+@pytest.mark.parametrize("link", [True, False])
+def test_peptidebuilder_system_round_trips(peptidebuilder_system, link):
+    traj = md.load(str(peptidebuilder_system))
+    top = bn.protein.table_from_topology(peptidebuilder_system, link_fragments=link)
+    assert top.table.n_atoms == traj.n_atoms
+    assert top.table.n_components == (1 if link else 4)  # peptide, ethanol, two waters
+    xyz = torch.tensor(traj.xyz[0] * 10.0, dtype=torch.float64)
+    ic, pose = bn.to_internal(xyz, top.table, return_pose=True)
+    back = bn.to_cartesian(*ic, top.table, rotation=pose.rotation, translation=pose.translation)
+    np.testing.assert_allclose(back.numpy(), xyz.numpy(), atol=1e-6)
+    # the backbone torsions are single rows and hold mdtraj's values
+    dihedrals = ic.dihedrals.numpy()
+    for column, name in enumerate(("phi", "psi", "omega")):
+        idx, values = getattr(md, f"compute_{name}")(traj)
+        assert len(idx) == len(SEQUENCE) - 1
+        for quad, value in zip(idx, values[0]):
+            row = int(top.torsion_rows[traj.topology.atom(int(quad[1])).residue.index, column])
+            assert abs((dihedrals[row] - value + math.pi) % (2 * math.pi) - math.pi) < 1e-5, (name, row)
