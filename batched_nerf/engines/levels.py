@@ -197,17 +197,19 @@ def plain_level_loop(plan: LevelPlan, block0: Tensor, loc: Tensor) -> Tensor:
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
+#: ``torch.func`` wrapper test (a private torch function): without it every call takes the plain loop.
+_IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
 def _needs_plain(*tensors: Tensor) -> bool:
-    """True under torch.func transforms, forward-mode AD or torch.compile (the plain loop runs)."""
-    if torch.compiler.is_compiling():
+    """True under torch.func transforms, forward-mode AD or torch.compile (the plain loop runs).
+
+    Also True on a torch release without the (private) functorch wrapper test, so
+    that a transform can never meet the hand-written backward unnoticed.
+    """
+    if torch.compiler.is_compiling() or _IS_FUNCTORCH_WRAPPED is None:
         return True
-    for t in tensors:
-        if (
-            torch._C._functorch.is_functorch_wrapped_tensor(t)
-            or forward_ad.unpack_dual(t).tangent is not None
-        ):
-            return True
-    return False
+    return any(_IS_FUNCTORCH_WRAPPED(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def level_loop(plan: LevelPlan, block0: Tensor, loc: Tensor) -> Tensor:
