@@ -23,7 +23,8 @@ build at ``--error-residues`` residues (same torsions).
 
 Run with the peers' interpreter so all three import in one process::
 
-    PYTHONPATH=$PWD:/path/to/nerfax /path/to/peers-venv/bin/python benchmarks/protein.py --nerfax /path/to/nerfax
+    PYTHONPATH=$PWD:/path/to/nerfax /path/to/peers-venv/bin/python benchmarks/protein.py \\
+        --nerfax /path/to/nerfax
 """
 
 from __future__ import annotations
