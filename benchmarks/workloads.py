@@ -211,11 +211,16 @@ def compile_rows(quick: bool) -> set[tuple[str, int, int]]:
         return {("chain", 64, 1), ("chain", 512, 1)}
     return {
         ("chain", 64, 1),
+        ("chain", 64, 64),
+        ("chain", 64, 256),
+        ("chain", 64, 1024),
         ("chain", 512, 1),
+        ("chain", 512, 64),
         ("chain", 4096, 1),
         ("chain", 512, 256),
         ("chain", 4096, 64),
         ("chain", 4096, 256),
         ("chain", 512, 1024),
+        ("chain", 32768, 64),
         ("alanine_dipeptide", 22, 4096),
     }
