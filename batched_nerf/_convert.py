@@ -12,7 +12,7 @@ from . import engines
 from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
-from .engines.dispatch import auto_method, scan_block
+from .engines.dispatch import auto_method
 from .engines.inverse import InternalCoordinates
 
 __all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
@@ -123,8 +123,8 @@ def to_cartesian(
     samples = math.prod(b.shape[:-1])
     if method == "auto":
         method = auto_method(table, samples, b.device.type)
-    variant = scan_block(table.n_atoms, samples) if method == "scan" else 1
     engine = engines.get(method)
+    variant = engine.choose_variant(table.n_atoms, samples)
     xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)
     if rotation is not None or translation is not None:
         xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)

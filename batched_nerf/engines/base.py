@@ -53,9 +53,12 @@ class Engine:
             inverse map.
         variants: the plan variants (e.g. band sizes) that ``table.prepare``
             builds ahead of time.
+        choose_variant: ``(n_atoms, n_samples) -> variant`` for one call (one of
+            ``variants``); engines with a single plan return 1.
     """
 
     name: str
     plan: Callable[[Topology, int], Any]
     build: Callable[..., Any]
     variants: tuple[int, ...] = (1,)
+    choose_variant: Callable[[int, int], int] = lambda n_atoms, n_samples: 1

@@ -54,7 +54,7 @@ from .._geometry import cross, nerf_frame
 from .._topology import FULL, THIRD, Topology
 from .base import Engine, Movable, as_long
 from .compiled import check_compiled_backward
-from .dispatch import BLOCK_LARGE, BLOCK_SMALL
+from .dispatch import BLOCK_LARGE, BLOCK_SMALL, scan_block
 from .scan_path import Take, path_band, scan_path, trig_dtype
 from .seeds import SeedPlan, seed_atoms, seed_block, seed_plan
 
@@ -616,4 +616,6 @@ def _build_path(
     return [origin.new_zeros((*batch, 1, 3)), origin, x]
 
 
-SCAN = Engine("scan", scan_plan, build_scan, variants=(1, BLOCK_SMALL, BLOCK_LARGE))
+SCAN = Engine(
+    "scan", scan_plan, build_scan, variants=(1, BLOCK_SMALL, BLOCK_LARGE), choose_variant=scan_block
+)
