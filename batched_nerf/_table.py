@@ -10,6 +10,7 @@ the engines' build plans per device and other static data
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -28,6 +29,26 @@ __all__ = ["ConstructionTable"]
 EAGER_LEVELS_DEPTH = 256
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def outside_inference_mode(fn: _F) -> _F:
+    """``fn`` run with ``torch.inference_mode(False)``: what it makes can be saved for backward.
+
+    Cached tensors (plans, device copies, ``table.cached`` values) first made
+    inside ``torch.inference_mode()`` (a validation pass before training) would
+    be inference tensors, and every later backward through them would fail.
+    Skipped under ``torch.compile`` (which never builds caches).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class ConstructionTable:
@@ -251,6 +272,7 @@ class ConstructionTable:
         return cls(refs_from_xyz(xyz, elements, scale=scale, link_fragments=link_fragments).refs)
 
     # ------------------------------------------------------------------ plans
+    @outside_inference_mode  # plans made under inference_mode must still work with autograd
     def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:
         """Build plan of an engine (``"levels"``, ``"scan"`` or ``"inverse"``), cached per device.
 
@@ -310,7 +332,9 @@ class ConstructionTable:
         The one per-table memo of the package (pose layout, log-det masks and
         clash pair lists use it): ``make(table.topology)`` runs on the first
         call for ``key``, and its result is returned from then on. Use a key
-        that names the caller (e.g. the function ``make`` itself).
+        that names the caller (e.g. the function ``make`` itself). ``make``
+        runs outside ``torch.inference_mode``, so tensors it builds during an
+        inference pass can still take part in a later backward.
 
         Example:
             >>> import batched_nerf as bn
@@ -321,5 +345,5 @@ class ConstructionTable:
         try:
             return self._memo[key]
         except KeyError:
-            value = self._memo[key] = make(self._topology)
+            value = self._memo[key] = outside_inference_mode(make)(self._topology)
             return value
