@@ -510,7 +510,7 @@ def _link_seeds(
         refs[t, 2] = pick([], lambda c: (b, a, c))
 
 
-def nonbonded_references(refs: Any, connectivity: Any) -> np.ndarray:
+def nonbonded_references(refs: Any, connectivity: Any = None) -> np.ndarray:
     """Mask of the internal coordinates of a table that are not chemical ones.
 
     For row ``i`` with references ``(b, a, d)``, with "bonded" meaning a pair
@@ -528,24 +528,53 @@ def nonbonded_references(refs: Any, connectivity: Any) -> np.ndarray:
     bond angles or torsions (a flow or a force field should treat them as such).
 
     Args:
-        refs: ``(N, 3)`` integer references (numpy, lists or torch).
-        connectivity: ``(E, 2)`` bonded pairs.
+        refs: ``(N, 3)`` integer references (numpy, lists or torch), a
+            :class:`~batched_nerf.ConstructionTable` (its ``refs``) or a
+            :class:`~batched_nerf.ZMatrix` (its table's ``refs``, and its
+            ``connectivity`` unless one is given).
+        connectivity: ``(E, 2)`` bonded pairs; required unless ``refs`` is a
+            ZMatrix that has a bond graph.
 
     Returns:
         ``(N, 3)`` boolean numpy array.
 
     Raises:
-        ValueError: malformed ``refs`` or ``connectivity``.
+        TypeError: ``refs`` is none of the above (naming its type), or
+            ``connectivity`` is missing.
+        ValueError: malformed ``refs`` (not integers, ragged, not ``(N, 3)``)
+            or ``connectivity``.
 
     Example:
         >>> import batched_nerf as bn
         >>> refs = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [1, 0, 2]]   # a water and an ion
         >>> bn.nonbonded_references(refs, [(0, 1), (0, 2)]).tolist()[3]
         [True, True, True]
+        >>> bn.nonbonded_references(bn.ConstructionTable(refs), [(0, 1), (0, 2)]).tolist()[3]
+        [True, True, True]
     """
+    # duck-typed: this ground layer cannot import the table or the ZMatrix
+    if hasattr(refs, "table") and hasattr(refs, "connectivity"):  # a ZMatrix
+        if connectivity is None:
+            connectivity = refs.connectivity
+        if connectivity is None:
+            raise TypeError(
+                "nonbonded_references needs connectivity, the (E, 2) bonded pairs: this ZMatrix has none"
+            )
+        refs = refs.table
+    if hasattr(refs, "topology") and hasattr(refs.topology, "refs"):  # a ConstructionTable
+        refs = refs.topology.refs
+    if connectivity is None:
+        raise TypeError("nonbonded_references needs connectivity, the (E, 2) bonded pairs")
     if hasattr(refs, "detach"):
         refs = refs.detach().cpu().numpy()
-    arr = np.asarray(refs, dtype=np.int64)
+    try:
+        arr = np.asarray(refs, dtype=np.int64)
+    except (TypeError, ValueError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(
+            "refs must be (N, 3) integer references, a ConstructionTable or a ZMatrix, "
+            f"got {type(refs).__name__}"
+        ) from None
     if arr.ndim != 2 or arr.shape[1] != 3:
         raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
     n = len(arr)
