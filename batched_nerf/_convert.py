@@ -87,7 +87,9 @@ def to_cartesian(
         the row order of ``table``; dtype and device of the inputs.
 
     Raises:
-        TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
+        TypeError: ``table`` is not a ConstructionTable, a non-real dtype, or a
+            ``fixed_xyz``, ``rotation`` or ``translation`` tensor of a higher
+            precision than the internal coordinates (naming both dtypes).
         ValueError: the last dimension is not ``N``, the inputs do not
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.

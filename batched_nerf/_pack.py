@@ -55,27 +55,39 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
 
 
+def _n_atoms(table: ConstructionTable | int, k: int) -> int:
+    if isinstance(table, ConstructionTable):
+        return table.n_atoms
+    if isinstance(table, (int, np.integer)) and not isinstance(table, (bool, np.bool_)):
+        if table < 0:
+            raise ValueError(f"tables[{k}] = {int(table)}: an atom count must be >= 0")
+        return int(table)
+    raise TypeError(f"tables[{k}] must be a ConstructionTable or an atom count, got {type(table).__name__}")
+
+
 def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: int = -2) -> list[Tensor]:
     """Split packed per-atom values back into one tensor per molecule.
 
     Args:
         values: e.g. ``(..., N, 3)`` coordinates (``dim=-2``) or ``(..., N)``
             internal coordinates (``dim=-1``) of a packed table.
-        tables: the tables given to :func:`pack_tables`, or their atom counts.
+        tables: the tables given to :func:`pack_tables`, or their atom counts
+            (Python or numpy integers).
         dim: the atom dimension of ``values``.
 
     Returns:
         Views ``(..., N_m, 3)`` (or ``(..., N_m)``), one per molecule.
 
     Raises:
-        ValueError: the sizes do not add up to ``values.shape[dim]``.
+        TypeError: an element is neither a ConstructionTable nor an integer.
+        ValueError: a negative count, or the sizes do not add up to ``values.shape[dim]``.
 
     Example:
         >>> import torch, batched_nerf as bn
         >>> [x.shape for x in bn.split_atoms(torch.zeros(8, 7, 3), [3, 4])]
         [torch.Size([8, 3, 3]), torch.Size([8, 4, 3])]
     """
-    sizes = [t if isinstance(t, int) else t.n_atoms for t in tables]
+    sizes = [_n_atoms(t, k) for k, t in enumerate(tables)]
     if sum(sizes) != values.shape[dim]:
         raise ValueError(
             f"molecule sizes {sizes} add up to {sum(sizes)} atoms, but values of shape "
