@@ -72,7 +72,8 @@ def to_cartesian(
             table's shape, batch size and device).
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
-            about the component's root atom (see :func:`apply_pose`).
+            about the component's root atom (see :func:`apply_pose`; an
+            improper one, ``det < 0``, gives NaN rather than a mirror image).
         translation: optional ``(..., 3)`` (or ``(..., S, 3)``) position of each
             seeded component's root atom. With ``rotation`` this makes the map
             bijective; :func:`to_internal` with ``return_pose=True`` inverts it.

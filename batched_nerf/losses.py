@@ -188,7 +188,12 @@ def _graph(table: Any, connectivity: Any) -> _Graph:
     else:
         raise TypeError(f"table must be a ConstructionTable or a ZMatrix, got {type(table).__name__}")
     n = tab.n_atoms
-    pairs = np.zeros((0, 2), dtype=np.int64) if connectivity is None else as_connectivity(connectivity, n)
+    if connectivity is None:
+        pairs = np.zeros((0, 2), dtype=np.int64)
+    elif isinstance(table, ZMatrix) and connectivity is table.connectivity:
+        pairs = connectivity  # checked and normalised when the ZMatrix was made
+    else:
+        pairs = as_connectivity(connectivity, n)
     return _Graph(tab, pairs, dummies)
 
 
@@ -341,8 +346,9 @@ def clash_loss(
     closing bond is missing and the pairs across it are scored as clashes
     (benzene at its own geometry scores ``> 0`` for ``min_distance = 2.5``):
     pass the bond graph for molecules with rings (prolines and aromatic side
-    chains too). The protein layer passes the bonds of its residue templates;
-    for a table from a topology, pass the topology's bonds. Dummy rows of a
+    chains too): for a protein, the bonds of its residue templates (the
+    protein layer hands them over as ``connectivity=``); for a table from an
+    mdtraj/OpenMM topology, ``[(a.index, b.index) for a, b in top.bonds]``. Dummy rows of a
     ``ZMatrix`` (``real`` false) are never scored. The pair lists are derived
     once per table and bond graph and cached.
 
