@@ -119,7 +119,7 @@ class ZMatrix:
         self._elements = _as_names(elements, n, "elements")
         self._labels = _as_names(labels, n, "labels")
         self._real = mask
-        self._connectivity = None if connectivity is None else as_connectivity(connectivity, n)
+        self._connectivity = None if connectivity is None else _as_connectivity(connectivity, n)
         self._name = None if name is None else str(name)
         self._metadata = dict(metadata or {})
 
@@ -421,7 +421,7 @@ class ZMatrix:
         return cls(table, ic.bonds, ic.angles, ic.dihedrals, fixed, elements, labels)
 
 
-def as_connectivity(value: Any, n: int) -> np.ndarray:
+def _as_connectivity(value: Any, n: int) -> np.ndarray:
     """``(E, 2)`` bonded pairs of rows ``< n`` as sorted unique read-only int64 pairs ``i < j``.
 
     Raises:

@@ -25,7 +25,7 @@ from ._checks import as_float, check_device, check_xyz
 from ._geometry import safe_norm
 from ._table import ConstructionTable
 from ._topology import Topology
-from ._zmatrix import ZMatrix, as_connectivity
+from ._zmatrix import ZMatrix, _as_connectivity
 
 __all__ = ["clash_loss", "clash_pairs", "committor_loss"]
 
@@ -193,7 +193,7 @@ def _graph(table: Any, connectivity: Any) -> _Graph:
     elif isinstance(table, ZMatrix) and connectivity is table.connectivity:
         pairs = connectivity  # checked and normalised when the ZMatrix was made
     else:
-        pairs = as_connectivity(connectivity, n)
+        pairs = _as_connectivity(connectivity, n)
     return _Graph(tab, pairs, dummies)
 
 
