@@ -384,7 +384,8 @@ def clash_loss(
     Raises:
         TypeError: ``table`` is neither a ConstructionTable nor a ZMatrix, or
             ``min_distance`` is complex or boolean.
-        ValueError: ``xyz`` is not ``(..., N, 3)``; neither or both of
+        ValueError: ``xyz`` is not ``(..., N, 3)`` (or holds only the real
+            atoms of a ZMatrix with dummies); neither or both of
             ``min_distance`` and ``radii``; ``min_distance`` of a shape that
             does not broadcast with the batch (naming both shapes) or on
             another device; ``radii`` not ``(N,)``; ``connectivity`` not ``(E, 2)``
@@ -408,6 +409,16 @@ def clash_loss(
     """
     graph = _graph(table, connectivity)
     tab = graph.table
+    if (
+        len(graph.dummies)
+        and isinstance(xyz, Tensor)
+        and xyz.ndim >= 2
+        and xyz.shape[-2] == tab.n_atoms - len(graph.dummies)
+    ):
+        raise ValueError(
+            f"xyz has the {xyz.shape[-2]} real atoms of the ZMatrix, but clash_loss needs all "
+            f"{tab.n_atoms} rows (dummies are skipped): pass z.to_cartesian(dummies=True)"
+        )
     xyz = check_xyz(xyz, tab)
     n = tab.n_atoms
     if (min_distance is None) == (radii is None):

@@ -106,6 +106,9 @@ def test_clash_skips_the_dummy_rows_of_a_zmatrix() -> None:
     # with the ring bond 0-4, 0-3 and 1-4 are 1-3 pairs: nothing is left to score
     assert clash_pairs(z, connectivity=[(0, 4)]).tolist() == []
     assert float(clash_loss(xyz, z, connectivity=[(0, 4)], min_distance=1.0, reduction="sum")) == 0.0
+    with pytest.raises(ValueError, match=r"xyz has the 4 real atoms .* pass z.to_cartesian\(dummies=True\)"):
+        clash_loss(z.to_cartesian(), z, min_distance=1.0)
+    assert clash_loss(z.to_cartesian(dummies=True), z, min_distance=1.0).shape == ()
 
 
 def test_clash_connectivity_errors() -> None:
