@@ -8,7 +8,8 @@ import numpy as np
 
 from ..formats._common import PathOrFile, open_text
 from ._build import Protein
-from ._templates import ONE_TO_THREE
+from ._sequence import residue_names
+from ._templates import base_residue
 
 
 def _atom_line(
@@ -40,7 +41,11 @@ def write_pdb(protein: Protein, path_or_file: PathOrFile | None = None, *, chain
     for a mixed batch (:func:`build_batch`) each sequence of each batch entry is
     one model with its own atoms (readers that need one topology for all
     models, like mdtraj, load batches of one sequence). Residues are numbered
-    from 1, atoms serially per model; the chain ends with ``TER``.
+    from 1, atoms serially per model; the chain ends with ``TER``. Protonation
+    variants are written under their PDB residue names (``HID``/``HIE``/``HIP``
+    as ``HIS``, ``CYX`` as ``CYS``, ``ASH`` as ``ASP``, ``GLH`` as ``GLU``, ``LYN``
+    as ``LYS``): their hydrogens tell the state, as OpenMM reads it; caps
+    ``ACE``/``NME`` keep their names.
 
     Args:
         protein: the result of :func:`build` or :func:`build_batch`.
@@ -79,12 +84,13 @@ def write_pdb(protein: Protein, path_or_file: PathOrFile | None = None, *, chain
         names = protein.atom_names[k] if mixed else protein.atom_names
         elements = protein.elements[k] if mixed else protein.elements
         residues = (protein.residue_index[k] if mixed else protein.residue_index).tolist()
+        res_names = tuple(base_residue(r) for r in residue_names(sequence))
         lines.append(f"MODEL     {number:4d}")
         for j, (name, element) in enumerate(zip(names, elements)):
             r = residues[j]
-            lines.append(_atom_line(j + 1, name, ONE_TO_THREE[sequence[r]], chain, r + 1, coords[j], element))
+            lines.append(_atom_line(j + 1, name, res_names[r], chain, r + 1, coords[j], element))
         last = len(names)
-        lines.append(f"TER   {last + 1:5d}      {ONE_TO_THREE[sequence[-1]]:3s} {chain}{len(sequence):4d}")
+        lines.append(f"TER   {last + 1:5d}      {res_names[-1]:3s} {chain}{len(res_names):4d}")
         lines.append("ENDMDL")
     lines.append("END")
     text = "\n".join(lines) + "\n"
