@@ -1,8 +1,7 @@
-"""batched_nerf.protein with hydrogens: names, variants, caps, rotors, gradients; OpenMM amber14 when installed."""
+"""batched_nerf.protein with hydrogens: names, variants, caps, rotors, gradients, topologies."""
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -118,7 +117,9 @@ def test_all_atom_gradcheck_and_gradgradcheck():
     assert torch.autograd.gradcheck(
         lambda a, b, r: bn.protein.build(seq, a, b, hydrogens=True, rotors=r).xyz, (phi, psi, rotors)
     )
-    assert torch.autograd.gradgradcheck(lambda a, b: bn.protein.build(seq, a, b, hydrogens=True).xyz, (phi, psi))
+    assert torch.autograd.gradgradcheck(
+        lambda a, b: bn.protein.build(seq, a, b, hydrogens=True).xyz, (phi, psi)
+    )
 
 
 def test_mixed_batch_with_hydrogens_matches_single_builds():

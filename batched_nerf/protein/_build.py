@@ -44,7 +44,9 @@ class Protein(NamedTuple):
 
 def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
     if not isinstance(value, Tensor):
-        keep = isinstance(value, (np.ndarray, np.floating)) and np.issubdtype(np.asarray(value).dtype, np.floating)
+        keep = isinstance(value, (np.ndarray, np.floating)) and np.issubdtype(
+            np.asarray(value).dtype, np.floating
+        )
         if like is None and keep:  # numpy floats keep their dtype (float64 stays float64)
             value = torch.as_tensor(np.asarray(value))
         else:
@@ -209,7 +211,7 @@ def build(
     method: str = "auto",
     accumulate_dtype: torch.dtype | None = None,
 ) -> Protein:
-    r"""All heavy atoms (and with ``hydrogens=True`` every hydrogen) of a protein from its backbone and side-chain torsions.
+    r"""All heavy atoms of a protein (every atom with ``hydrogens=True``) from its torsions.
 
     Torsions follow IUPAC-IUB (1970), ``i`` the residue (0-based, ``L``
     residues), radians (degrees with ``degrees=True``), IUPAC sign::

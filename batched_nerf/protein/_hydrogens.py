@@ -45,7 +45,7 @@ TETRAHEDRAL = 109.5
 
 
 class Rotor(NamedTuple):
-    """Hydrogens ``names`` on ``parent``; the first one's dihedral ``(parent, angle_ref, dihedral_ref)`` rotates."""
+    """Hydrogens ``names`` on ``parent``; the first one's dihedral about ``parent - angle_ref`` turns."""
 
     parent: str
     angle_ref: str
@@ -206,7 +206,7 @@ def backbone_h(residue: str, first: bool) -> tuple[Group, ...]:
 
 
 class HRow(NamedTuple):
-    """One hydrogen row: name, references ``(parent, angle_ref, dihedral_ref)``, values (A, deg), rotor flag."""
+    """One hydrogen row: name, references (parent, angle_ref, dihedral_ref), values (A, deg), rotor flag."""
 
     name: str
     refs: tuple[str, str, str]
@@ -236,7 +236,9 @@ def _dihedral(p0: np.ndarray, p1: np.ndarray, p2: np.ndarray, p3: np.ndarray) ->
     return math.degrees(math.atan2(float(np.cross(n1, v) @ w), float(v @ w)))
 
 
-def _fit_tetrahedral(x: np.ndarray, neighbours: list[np.ndarray], start: list[np.ndarray]) -> list[np.ndarray]:
+def _fit_tetrahedral(
+    x: np.ndarray, neighbours: list[np.ndarray], start: list[np.ndarray]
+) -> list[np.ndarray]:
     """Unit directions of the hydrogens on an sp3 ``x``, every H-X-Y angle (Y: neighbour or H) near 109.5 deg.
 
     Least squares over the angles from ``start`` (which fixes which hydrogen is which), by L-BFGS.
@@ -297,14 +299,23 @@ def hydrogen_rows(groups: tuple[Group, ...], xyz: Callable[[str], np.ndarray]) -
             start = [math.cos(half) * out + sign * math.sin(half) * normal for sign in (1.0, -1.0)]
             for name, u in zip(g.names, _fit_tetrahedral(x, [a, b], start)):
                 h = x + bond * u
-                rows.append(HRow(name, (g.parent, g.a, g.b), bond, _angle(h, x, a), _dihedral(h, x, a, b), False))
+                rows.append(
+                    HRow(name, (g.parent, g.a, g.b), bond, _angle(h, x, a), _dihedral(h, x, a, b), False)
+                )
         elif isinstance(g, Methine):
             n = [xyz(k) for k in g.neighbours]
             bond = BOND[_element(g.parent)]
             (u,) = _fit_tetrahedral(x, n, [-_unit(sum(_unit(p - x) for p in n))])
             h = x + bond * u
             rows.append(
-                HRow(g.name, (g.parent, *g.neighbours[:2]), bond, _angle(h, x, n[0]), _dihedral(h, x, n[0], n[1]), False)
+                HRow(
+                    g.name,
+                    (g.parent, *g.neighbours[:2]),
+                    bond,
+                    _angle(h, x, n[0]),
+                    _dihedral(h, x, n[0], n[1]),
+                    False,
+                )
             )
         else:  # Planar: angle to a fitted to both targets, the ring angle fixed
             a, b = xyz(g.a), xyz(g.b)

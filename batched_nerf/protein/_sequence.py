@@ -102,6 +102,17 @@ def residue_names(sequence: str) -> tuple[str, ...]:
     return tuple(ONE_TO_THREE[s] for s in sequence)
 
 
+#: Other spellings of atom names that :meth:`ProteinTable.order_from` accepts (OpenMM / Amber / CHARMM).
+NAME_ALIASES: dict[str, tuple[str, ...]] = {
+    "H1": ("HH31", "HN1", "HT1", "1H", "H"),
+    "H2": ("HH32", "HN2", "HT2", "2H"),
+    "H3": ("HH33", "HN3", "HT3", "3H"),
+    "H": ("HN",),
+    "C": ("CH3",),
+    "OXT": ("OT2", "O2", "OC2"),
+}
+
+
 class _Block(NamedTuple):
     """The rows of one residue in context, with references as (residue offset, local index)."""
 
@@ -121,7 +132,7 @@ _PREV_ACE = {"CH3": 0, "C": 1, "O": 2}
 
 
 def _heavy(res: str, first: bool, last: bool, prev_ace: bool) -> list[tuple]:
-    """Heavy rows ``(name, refs, bond, angle, dihedral, torsion)`` of a residue; refs ``"-C"`` are the previous residue's."""
+    """Heavy rows ``(name, refs, bond, angle, dihedral, torsion)`` of a residue (``"-C"``: the previous C)."""
     base = base_residue(res)
     bb = BACKBONE["GLY" if res in ("ACE", "NME") else base]
     g = BACKBONE["ALA"]
@@ -171,7 +182,7 @@ def _heavy(res: str, first: bool, last: bool, prev_ace: bool) -> list[tuple]:
     return rows
 
 
-@functools.lru_cache(maxsize=None)  # one entry per residue name and context: a few hundred at most
+@functools.cache  # one entry per residue name and context: a few hundred at most
 def _block(res: str, first: bool, last: bool, prev_ace: bool, hydrogens: bool) -> _Block:
     rows = _heavy(res, first, last, prev_ace)
     n_heavy = len(rows)
@@ -205,7 +216,7 @@ def _block(res: str, first: bool, last: bool, prev_ace: bool, hydrogens: bool) -
     return _Block(names, delta, local, values, kind, owner, np.array(rotor, dtype=bool), chi)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _ideal_heavy_cached(res: str, first: bool, prev_ace: bool) -> tuple[dict, np.ndarray]:
     """Heavy atoms of ``res`` in a short ideal peptide (for the hydrogens' fixed rows)."""
     from .._convert import to_cartesian
@@ -384,10 +395,15 @@ class ProteinTable:
         """Permutation taking atoms listed as ``(residue, name)`` (e.g. read from a PDB file) to this table.
 
         Returns ``perm`` ``(N,)`` with ``xyz_table = xyz_other[..., perm, :]``;
-        atoms the table does not have (hydrogens, waters) are skipped.
+        atoms the table does not have (hydrogens of a heavy-atom table, waters)
+        are skipped. Hydrogens are matched by name; a name missing from the list
+        may also be found under the other spellings of :data:`NAME_ALIASES`
+        (``H`` for the N-terminal ``H1`` as OpenMM's ``Modeller.addHydrogens``
+        writes it, Amber's ``HH31``... for the caps' ``H1``...).
 
         Raises:
-            ValueError: an atom of the table is missing from the list.
+            ValueError: an atom of the table is missing from the list, or two
+                atoms of the table matched the same listed atom.
 
         Example:
             >>> import batched_nerf as bn
@@ -399,10 +415,20 @@ class ProteinTable:
         perm = []
         for k, (r, n) in enumerate(zip(self.residue_index.tolist(), self.atom_names)):
             if (r, n) not in where:
+                alias = next((a for a in NAME_ALIASES.get(n, ()) if (r, a) in where), None)
+                if alias is not None:
+                    perm.append(where[(r, alias)])
+                    continue
                 raise ValueError(
                     f"atom {k} ({n} of residue {r}, {self.residues[r]}) is missing from the list"
                 )
             perm.append(where[(r, n)])
+        if len(set(perm)) != len(perm):
+            k = next(k for k, p in enumerate(perm) if perm.count(p) > 1)
+            raise ValueError(
+                f"atom {k} ({self.atom_names[k]} of residue {int(self.residue_index[k])}) matched an atom "
+                "of the list that another atom of the table matched too (an alias); list every atom"
+            )
         return torch.tensor(perm, dtype=torch.long)
 
     def __repr__(self) -> str:

@@ -40,8 +40,9 @@ RESIDUE_NAMES = (*ONE_TO_THREE.values(), *VARIANTS, *CAPS)
 
 
 def base_residue(name: str) -> str:
-    """The standard residue whose heavy atoms a variant shares (``"HID"`` -> ``"HIS"``); caps map to themselves."""
+    """The standard residue whose heavy atoms a variant has (``"HID"`` -> ``"HIS"``), else ``name``."""
     return VARIANTS.get(name, name)
+
 
 #: Names of the side-chain torsions a user can set, in order.
 CHI_NAMES = ("chi1", "chi2", "chi3", "chi4")

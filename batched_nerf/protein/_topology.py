@@ -95,7 +95,9 @@ def _chi_quads(names, res_names, res_index) -> dict[tuple[str, int], tuple[int, 
         for atom in SIDE_CHAINS[base]:
             if isinstance(atom.dihedral, str):
                 try:
-                    quad = tuple(where[(r, x)] for x in (atom.dihedral_ref, atom.angle_ref, atom.bond_ref, atom.name))
+                    quad = tuple(
+                        where[(r, x)] for x in (atom.dihedral_ref, atom.angle_ref, atom.bond_ref, atom.name)
+                    )
                 except KeyError:
                     continue
                 quads[(atom.dihedral, r)] = quad
