@@ -223,15 +223,18 @@ def build(
                     entries beyond the residue's side chain are ignored
 
     Bond lengths and angles are Engh & Huber (1991) ideal values (or those of
-    ``geometry``). The first residue's N sits at the origin, its CA on ``+x``,
-    its C in the ``xy``-plane (``y > 0``). Every CA is L. Differentiable to any
+    ``geometry``); hydrogens take Amber ff14SB's. The first residue's N (an
+    ``ACE`` cap's CH3) sits at the origin, its CA on ``+x``,
+    its C in the ``xy``-plane (``y > 0``). Every CA is L. Caps count as residues
+    (``"ACE ALA NME"``: ``L = 3``; ALA's phi and psi at index 1). Differentiable to any
     order and ``torch.func`` compatible: the torsions enter through one gather,
     then :func:`batched_nerf.to_cartesian`. The table is analysed once per
     sequence (:func:`protein_table`, cached).
 
     Args:
-        sequence: one-letter string (``"ACDEF"``) or list of three-letter names.
-        phi, psi: ``(..., L)`` torsions.
+        sequence: one-letter string (``"ACDEF"``), or three-letter names
+            (variants, caps) separated by spaces or listed (:func:`parse_sequence`).
+        phi, psi: ``(..., L)`` torsions (numpy arrays keep their float dtype).
         omega: ``(..., L)``; default trans (``pi``) everywhere.
         chi: ``(..., L, 4)``; default one common rotamer per residue type
             (:data:`batched_nerf.protein.DEFAULT_CHI`).
@@ -261,6 +264,9 @@ def build(
         >>> p = bn.protein.build("ACD", phi, psi, degrees=True)
         >>> p.xyz.shape, p.atom_names[:5], p.residue_index[-1].item()
         (torch.Size([2, 20, 3]), ('N', 'CA', 'C', 'O', 'CB'), 2)
+        >>> dipeptide = bn.protein.build("ACE ALA NME", torch.zeros(3), torch.zeros(3), hydrogens=True)
+        >>> dipeptide.xyz.shape, dipeptide.atom_names[:4]
+        (torch.Size([22, 3]), ('CH3', 'C', 'O', 'H1'))
     """
     t = protein_table(sequence, hydrogens=hydrogens)
     torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)

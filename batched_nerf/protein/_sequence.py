@@ -250,11 +250,12 @@ def _ideal_heavy(res: str, first: bool, prev_ace: bool):
 
 
 class ProteinTable:
-    """Heavy atoms of one amino-acid sequence as a Z-matrix, with named torsion rows.
+    """The atoms of one sequence as a Z-matrix, with named torsion rows (heavy atoms, or every atom).
 
     Made by :func:`protein_table` (cached per sequence). Atoms come residue by
     residue in PDB order (``N, CA, C, O``, side chain, and ``OXT`` after the last
-    residue's side chain). Rows (``R`` = residue ``i``, ``R-1`` the previous one)::
+    residue's side chain; with ``hydrogens`` each residue's hydrogens follow its
+    heavy atoms). Rows (``R`` = residue ``i``, ``R-1`` the previous one)::
 
         N(0): root;  CA(0): (N);  C(0): (CA, N)
         N(i)   (C(i-1), CA(i-1), N(i-1))   dihedral psi(i-1)
@@ -264,23 +265,32 @@ class ProteinTable:
         OXT    (C, CA, N)                  dihedral psi(L-1)
         CB     (CA, N, C)                  L-chirality, from the three angles at CA
         side chain as in :data:`~batched_nerf.protein._templates.SIDE_CHAINS`
+        ACE    CH3 root; C (CH3); O (C, CH3); the next N (C, CH3, O) at 180 deg
+        NME    N as above; C (N, C(i-1), CA(i-1)) dihedral omega(i-1)
+        H      on their heavy atom (:mod:`~batched_nerf.protein._hydrogens`)
 
     so each of phi, psi, omega, chi1-chi4 is the dihedral of exactly one row
-    (:meth:`row`, :attr:`torsion_rows`).
+    (:meth:`row`, :attr:`torsion_rows`), and so is each hydrogen rotor
+    (:attr:`rotor_rows`).
 
     Attributes:
-        sequence: one-letter sequence, length ``L``.
+        sequence: canonical sequence (:func:`parse_sequence`): one-letter, or
+            three-letter names separated by spaces.
         residues: three-letter names, ``L``.
+        hydrogens: whether the table holds the hydrogens.
         table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
         atom_names: ``N`` PDB atom names.
         elements: ``N`` element symbols.
         residue_index: ``(N,)`` ``torch.long`` residue of each atom.
         bonds, angles, dihedrals: ``(N,)`` float64 template values (A, radians);
             the torsion rows hold the defaults (trans omega, the
-            :data:`~batched_nerf.protein._templates.DEFAULT_CHI` rotamer; phi and
-            psi ``0``, they are always given).
+            :data:`~batched_nerf.protein._templates.DEFAULT_CHI` rotamer, staggered
+            rotors; phi and psi ``0``, they are always given).
         torsion_rows: ``(L, 7)`` ``torch.long`` row of phi, psi, omega, chi1..chi4
             of each residue, ``-1`` where the residue has no such torsion.
+        rotor_rows: ``(K,)`` ``torch.long`` rows whose dihedral turns a methyl,
+            ammonium, amine, hydroxyl or thiol group (empty without hydrogens).
+        rotor_names: ``K`` ``(residue, atom name)`` of the rotor rows.
     """
 
     def __init__(self, sequence: str, hydrogens: bool = False) -> None:
@@ -321,7 +331,6 @@ class ProteinTable:
         self.torsion_rows = rows
         self.default_chi = torch.from_numpy(np.stack([b.chi for b in blocks]) * deg)
         rotor_rows = np.nonzero(rotor)[0]
-        #: rows whose dihedral turns a methyl, ammonium, amine, hydroxyl or thiol group
         self.rotor_rows = torch.from_numpy(rotor_rows)
         self.rotor_names = tuple((int(res_of[k]), names[k]) for k in rotor_rows)
         # dihedrals = cat([template (N), phi (L), psi (L), omega (L), chi (4L)])[source]
@@ -337,7 +346,7 @@ class ProteinTable:
 
     @property
     def n_atoms(self) -> int:
-        """Number of heavy atoms ``N``."""
+        """Number of atoms ``N``."""
         return len(self.atom_names)
 
     @property
