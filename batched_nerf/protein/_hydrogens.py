@@ -239,37 +239,37 @@ def _dihedral(p0: np.ndarray, p1: np.ndarray, p2: np.ndarray, p3: np.ndarray) ->
 def _fit_tetrahedral(
     x: np.ndarray, neighbours: list[np.ndarray], start: list[np.ndarray]
 ) -> list[np.ndarray]:
-    """Unit directions of the hydrogens on an sp3 ``x``, every H-X-Y angle (Y: neighbour or H) near 109.5 deg.
+    """Unit directions of the hydrogens on an sp3 ``x``: every H-X-Y angle (Y: neighbour or H) near 109.5 deg.
 
-    Least squares over the angles from ``start`` (which fixes which hydrogen is which), by L-BFGS.
+    Least squares over the angles (Levenberg-Marquardt, numeric Jacobian) from
+    the directions ``start``, which fix which hydrogen is which.
     """
-    import torch
+    nb = [_unit(p - x) for p in neighbours]
+    basis = []
+    for s0 in start:
+        e1 = _unit(np.cross(s0, nb[0]))
+        basis.append((_unit(s0), e1, np.cross(_unit(s0), e1)))
 
-    nb = torch.tensor(np.stack([_unit(p - x) for p in neighbours]), dtype=torch.float64)
-    h = torch.tensor(np.stack(start), dtype=torch.float64, requires_grad=True)
-    target = math.radians(TETRAHEDRAL)
+    def directions(p: np.ndarray) -> list[np.ndarray]:
+        return [_unit(s0 + p[2 * k] * e1 + p[2 * k + 1] * e2) for k, (s0, e1, e2) in enumerate(basis)]
 
-    def angle(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.atan2(torch.linalg.cross(u, v).norm(dim=-1), (u * v).sum(-1))
-
-    def loss() -> torch.Tensor:
-        u = h / h.norm(dim=-1, keepdim=True)
-        value = (angle(u[:, None], nb[None]) - target).square().sum()
+    def residuals(p: np.ndarray) -> np.ndarray:
+        u = directions(p)
+        out = [_angle(h, np.zeros(3), v) - TETRAHEDRAL for h in u for v in nb]
         if len(u) == 2:
-            value = value + (angle(u[0], u[1]) - target).square()
-        return value
+            out.append(_angle(u[0], np.zeros(3), u[1]) - TETRAHEDRAL)
+        return np.radians(np.array(out))
 
-    opt = torch.optim.LBFGS([h], max_iter=100, tolerance_grad=1e-12, tolerance_change=1e-14)
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        value = loss()
-        value.backward()
-        return value
-
-    opt.step(closure)
-    u = (h / h.norm(dim=-1, keepdim=True)).detach().numpy()
-    return list(u)
+    p = np.zeros(2 * len(start))
+    r = residuals(p)
+    for _ in range(50):
+        jac = np.stack([(residuals(p + 1e-7 * e) - r) / 1e-7 for e in np.eye(len(p))], axis=1)
+        step = np.linalg.solve(jac.T @ jac + 1e-9 * np.eye(len(p)), -jac.T @ r)
+        trial = residuals(p + step)
+        if trial @ trial >= r @ r:
+            break
+        p, r = p + step, trial
+    return directions(p)
 
 
 def hydrogen_rows(groups: tuple[Group, ...], xyz: Callable[[str], np.ndarray]) -> list[HRow]:

@@ -216,37 +216,65 @@ def _block(res: str, first: bool, last: bool, prev_ace: bool, hydrogens: bool) -
     return _Block(names, delta, local, values, kind, owner, np.array(rotor, dtype=bool), chi)
 
 
-@functools.cache
-def _ideal_heavy_cached(res: str, first: bool, prev_ace: bool) -> tuple[dict, np.ndarray]:
-    """Heavy atoms of ``res`` in a short ideal peptide (for the hydrogens' fixed rows)."""
-    from .._convert import to_cartesian
+def _nerf(
+    b: np.ndarray, a: np.ndarray, d: np.ndarray, bond: float, angle: float, dihedral: float
+) -> np.ndarray:
+    """One atom at ``bond`` from ``b``, at ``angle`` with ``a`` and ``dihedral`` from ``d`` (degrees)."""
+    th, ph = math.radians(angle), math.radians(dihedral)
+    bc = b - a
+    bc /= np.linalg.norm(bc)
+    n = np.cross(a - d, bc)
+    n /= np.linalg.norm(n)
+    m = np.cross(n, bc)
+    local = bond * np.array([-math.cos(th), math.sin(th) * math.cos(ph), math.sin(th) * math.sin(ph)])
+    return b + local[0] * bc + local[1] * m + local[2] * n
 
+
+@functools.cache
+def _ideal_heavy_cached(res: str, first: bool, prev_ace: bool) -> dict[str, np.ndarray]:
+    """Heavy atoms of ``res`` (``-X``: of the previous residue) in a short ideal peptide, by a small NeRF."""
     if res == "ACE":
         context, at = ["ACE", "GLY"], 0
     elif first:
         context, at = [res, "GLY"], 0
     else:
         context, at = ["ACE" if prev_ace else "GLY", res] + ([] if res == "NME" else ["GLY"]), 1
-    t = ProteinTable(_letters_or_names(context))
-    dihedrals = t.dihedrals.clone()
-    for i in range(t.n_residues):
-        for col, value in ((0, -1.2), (1, 2.4)):
-            row = int(t.torsion_rows[i, col])
-            if row >= 0:
-                dihedrals[row] = value
-    xyz = to_cartesian(t.bonds, t.angles, dihedrals, t.table).numpy()
-    index = {}
-    for k, (r, name) in enumerate(zip(t.residue_index.tolist(), t.atom_names)):
+    rows = {}
+    for i, r in enumerate(context):
+        for name, refs, bond, angle, dihedral, torsion in _heavy(
+            r, i == 0, i == len(context) - 1, i > 0 and context[i - 1] == "ACE"
+        ):
+            if torsion is not None and torsion[1] < 3:  # phi -1.2, psi 2.4, omega pi (radians)
+                dihedral = math.degrees((-1.2, 2.4, math.pi)[torsion[1]])
+            keys = [
+                (i - 1, x[1:]) if x[0] == "-" else (i + 1, x[1:]) if x[0] == "+" else (i, x) for x in refs
+            ]
+            rows[(i, name)] = (keys, bond, angle, dihedral)
+    xyz: dict[tuple[int, str], np.ndarray] = {}
+    while len(xyz) < len(rows):  # place every atom once its references are placed
+        for key, (keys, bond, angle, dihedral) in rows.items():
+            if key in xyz or not all(k in xyz for k in keys):
+                continue
+            if len(keys) == 0:
+                xyz[key] = np.zeros(3)
+            elif len(keys) == 1:
+                xyz[key] = xyz[keys[0]] + np.array([bond, 0.0, 0.0])
+            elif len(keys) == 2:
+                b, a = xyz[keys[0]], xyz[keys[1]]
+                xyz[key] = _nerf(b, a, a + np.array([0.0, -1.0, 0.0]), bond, angle, 0.0)
+            else:
+                xyz[key] = _nerf(xyz[keys[0]], xyz[keys[1]], xyz[keys[2]], bond, angle, dihedral)
+    out = {}
+    for (r, name), x in xyz.items():
         if r == at:
-            index[name] = k
+            out[name] = x
         elif r == at - 1:
-            index["-" + name] = k
-    return index, xyz
+            out["-" + name] = x
+    return out
 
 
 def _ideal_heavy(res: str, first: bool, prev_ace: bool):
-    index, xyz = _ideal_heavy_cached(res, first, prev_ace)
-    return lambda name: xyz[index[name]]
+    return _ideal_heavy_cached(res, first, prev_ace).__getitem__
 
 
 class ProteinTable:
