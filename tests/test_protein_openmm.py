@@ -75,10 +75,14 @@ def test_every_residue_matches_an_amber14_template(forcefield, res):
 
 
 def test_disulfide_pair_of_cyx(forcefield):
-    _, pdb = build_pdb("ACE CYX GLY GLY CYX NME")
-    sg = [a for a in pdb.topology.atoms() if a.name == "SG"]
-    pdb.topology.addBond(*sg)  # the SG-SG bond (the build does not close the ring)
+    p, _ = build_pdb("ACE CYX GLY GLY CYX NME")
+    text = bn.protein.write_pdb(p, disulfides=[(1, 4)])  # CONECT: the S-S bond (the build does not close it)
+    pdb = app.PDBFile(io.StringIO(text))
+    sg = {a for a in pdb.topology.atoms() if a.name == "SG"}
+    assert any({a, b} == sg for a, b in pdb.topology.bonds())
     forcefield.createSystem(pdb.topology)
+    with pytest.raises(ValueError, match=r"disulfide \(0, 4\): residue 0 has no SG"):
+        bn.protein.write_pdb(p, disulfides=[(0, 4)])
     assert not any(a.name == "HG" for a in pdb.topology.atoms())
 
 
