@@ -206,3 +206,30 @@ def test_topology_with_hydrogens_rows(tmp_path):
             hits += 1
             assert abs((float(dihedrals[row]) - value + math.pi) % (2 * math.pi) - math.pi) < 1e-5
     assert hits >= len(idx) - 4
+
+
+def test_hydrogen_chirality_and_planarity():
+    seq = "GAFW"
+    p = bn.protein.build(seq, *torsions_for(seq, (3,)), hydrogens=True)
+    t = bn.protein.protein_table(seq, hydrogens=True)
+
+    def volume(i, centre, a, b, c):
+        x0 = p.xyz[..., t.atom(i, centre), :]
+        return torch.linalg.det(torch.stack([p.xyz[..., t.atom(i, n), :] - x0 for n in (a, b, c)], -2))
+
+    # HA sits opposite CB (L): (N - CA) . ((C - CA) x (X - CA)) is positive for CB, negative for HA
+    assert (volume(1, "CA", "N", "C", "CB") > 0).all() and (volume(1, "CA", "N", "C", "HA") < 0).all()
+    # glycine's HA3 takes HA's place, HA2 CB's
+    assert (volume(0, "CA", "N", "C", "HA3") < 0).all() and (volume(0, "CA", "N", "C", "HA2") > 0).all()
+    # aromatic hydrogens lie in their ring's plane
+    for i, ring in ((2, ("CG", "CD1", "CE1", "HD1", "HE1", "HZ")), (3, ("CD2", "CE3", "CZ3", "HE3", "HZ3"))):
+        pts = p.xyz[..., [t.atom(i, n) for n in ring], :]
+        centred = pts - pts.mean(-2, keepdim=True)
+        assert torch.linalg.svdvals(centred)[..., -1].max() < 1e-6
+    # backbone H in the peptide plane, trans to O: dihedral H-N-C-O is 180 deg
+    x = p.xyz
+    h, n, c, o = (x[..., t.atom(i, name), :] for i, name in ((1, "H"), (1, "N"), (0, "C"), (0, "O")))
+    b1 = c - n
+    u, v = torch.linalg.cross(b1, h - n), torch.linalg.cross(b1, o - c)
+    cos = (u * v).sum(-1) / (u.norm(dim=-1) * v.norm(dim=-1))
+    torch.testing.assert_close(cos, torch.full_like(cos, -1.0))

@@ -24,8 +24,10 @@ Four kinds of groups, each one or a few rows of the construction table:
 The fixed (non-rotor) rows' angles and dihedrals are measured once per residue
 type on an ideal heavy-atom build (:func:`hydrogen_rows`), so hydrogens move
 rigidly with the torsions of their heavy atoms. Methylene hydrogens are named
-``2``/``3`` by the rule ``heavy atom of higher locant, H2, H3`` clockwise seen
-from the atom of lower locant (``Gly HA3`` takes the place of the L-residues' HA).
+``2``/``3`` by one geometric rule: seen from the neighbour of lower locant
+(``a``), the neighbour of higher locant (``b``), H2 and H3 run counterclockwise,
+so that ``Gly HA3`` takes the place of the L-residues' HA. (Amber treats the
+two alike; the rule is not checked against a reference structure.)
 Atom names prefixed ``-`` are the previous residue's (``-C``).
 """
 
