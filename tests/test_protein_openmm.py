@@ -197,6 +197,13 @@ def test_topology_units_and_quantity(tmp_path):
     assert listed.table == same.table
     with pytest.raises(ValueError, match="xyz looks like nanometres"):
         bn.protein.table_from_topology(pdb.topology, xyz=np.asarray(angstrom) / 10.0)
+    # an OpenMM topology with hydrogens: each hydrogen hangs on its bonded heavy atom
+    bonded = {frozenset((a.index, b.index)) for a, b in pdb.topology.bonds()}
+    refs = plain.table.refs
+    for k, e in enumerate(plain.elements):
+        if e == "H":
+            assert frozenset((k, int(refs[k, 0]))) in bonded and plain.elements[int(refs[k, 0])] != "H"
+    assert (plain.torsion_rows[1:, 0] >= 0).all() and plain.torsion_rows[2, 3] >= 0  # phi, Lys chi1
 
 
 def test_all_atom_pdb_loads_in_mdtraj_and_biopython(tmp_path):
