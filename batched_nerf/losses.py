@@ -178,7 +178,13 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 def _graph(table: Any, connectivity: Any) -> _Graph:
-    """The table and bond graph of a ``table`` argument (a ConstructionTable or a ZMatrix)."""
+    """Table and bond graph of a ``table`` argument (ConstructionTable, ZMatrix or protein table)."""
+    if not isinstance(table, (ZMatrix, ConstructionTable)) and isinstance(
+        getattr(table, "table", None), ConstructionTable
+    ):  # a container with its own bond graph, e.g. bn.protein.ProteinTable
+        if connectivity is None:
+            connectivity = getattr(table, "connectivity", None)
+        table = table.table
     if isinstance(table, ZMatrix):
         tab, dummies = table.table, np.flatnonzero(~table.real.numpy())
         if connectivity is None:
@@ -249,9 +255,10 @@ def clash_pairs(table: TableLike, *, connectivity: Any = None, exclude_14: bool 
     indices; :func:`clash_loss` itself does not.
 
     Args:
-        table: a :class:`~batched_nerf.ConstructionTable`, or a
+        table: a :class:`~batched_nerf.ConstructionTable`, a
             :class:`~batched_nerf.ZMatrix` (its table, its ``connectivity``
-            unless one is given, and its dummy rows).
+            unless one is given, and its dummy rows), or an object with
+            ``table`` and ``connectivity`` (e.g. a protein table).
         connectivity: optional ``(E, 2)`` bonded pairs (ring closures included).
         exclude_14: also exclude pairs three bonds apart.
 
@@ -346,8 +353,9 @@ def clash_loss(
     closing bond is missing and the pairs across it are scored as clashes
     (benzene at its own geometry scores ``> 0`` for ``min_distance = 2.5``):
     pass the bond graph for molecules with rings (prolines and aromatic side
-    chains too): for a protein, the bonds of its residue templates (the
-    protein layer hands them over as ``connectivity=``); for a table from an
+    chains too): for a protein, pass its
+    :class:`~batched_nerf.protein.ProteinTable` as ``table`` (its
+    ``connectivity`` holds the residue templates' ring bonds); for a table from an
     mdtraj/OpenMM topology, ``[(a.index, b.index) for a, b in top.bonds]``. Dummy rows of a
     ``ZMatrix`` (``real`` false) are never scored. The pair lists are derived
     once per table and bond graph and cached.
@@ -360,7 +368,9 @@ def clash_loss(
         xyz: ``(..., N, 3)`` coordinates of all ``N`` rows (length unit ``L``;
             for a ZMatrix with dummies, ``z.to_cartesian(dummies=True)``).
         table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms,
-            or a :class:`~batched_nerf.ZMatrix` (its table and bond graph).
+            a :class:`~batched_nerf.ZMatrix` (its table and bond graph), or any
+            object with a ``table`` and a ``connectivity`` attribute, such as
+            :class:`~batched_nerf.protein.ProteinTable`.
         connectivity: optional ``(E, 2)`` bonded pairs (numpy, lists or torch);
             overrides a ZMatrix's own.
         min_distance: minimum distance (``L``): a scalar, or one value per

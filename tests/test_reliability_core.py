@@ -447,3 +447,20 @@ def test_inference_mode_on_a_table_made_outside_it() -> None:
     loss.backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
     assert math.isfinite(float(loss.detach()))
+
+
+def test_clash_loss_protein_table_excludes_ring_bonds() -> None:
+    """A protein table brings its ring bonds: Pro, Phe, Tyr, His and Trp ring pairs are not scored."""
+    seq = "GPFYHWG"
+    pt = bn.protein.protein_table(seq)
+    n = len(seq)
+    xyz = bn.protein.build(seq, torch.full((n,), -1.2), torch.full((n,), 2.2)).xyz
+    with_rings = bn.losses.clash_pairs(pt).tolist()
+    without = bn.losses.clash_pairs(pt.table).tolist()
+    closures = [[pt.atom(1, "N"), pt.atom(1, "CD")], sorted([pt.atom(2, "CZ"), pt.atom(2, "CE2")])]
+    for pair in closures:
+        assert sorted(pair) not in with_rings
+    assert len(without) > len(with_rings)
+    # intra-ring distances (1.3-2.5 A) are not scored: the clash loss at 2.6 A drops
+    loss = bn.losses.clash_loss(xyz, pt, min_distance=2.6)
+    assert loss < bn.losses.clash_loss(xyz, pt.table, min_distance=2.6)

@@ -23,6 +23,7 @@ from ._templates import (
     L_CB_SIGN,
     ONE_TO_THREE,
     RESIDUE_NAMES,
+    RING_BONDS,
     SIDE_CHAINS,
     THREE_TO_ONE,
     Branch,
@@ -371,6 +372,32 @@ class ProteinTable:
     @functools.cached_property
     def _index(self) -> dict[tuple[int, str], int]:
         return {(r, n): k for k, (r, n) in enumerate(zip(self.residue_index.tolist(), self.atom_names))}
+
+    @functools.cached_property
+    def connectivity(self) -> np.ndarray:
+        """``(E, 2)`` ``int64`` chemical bonds ``i < j``: every row's bond reference and each ring's bonds.
+
+        The bond references of a protein table are chemical bonds that span a
+        tree; the rings of Pro (``N-CD``), Phe, Tyr, His and Trp close with
+        bonds that are no reference. :func:`batched_nerf.losses.clash_loss` reads
+        this when given the protein table, so ring atoms are not scored as clashes.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> t = bn.protein.protein_table("P")
+            >>> [t.atom(0, "N"), t.atom(0, "CD")] in t.connectivity.tolist()
+            True
+        """
+        refs = self.table.topology.refs
+        child = np.flatnonzero(refs[:, 0] >= 0)
+        pairs = [np.stack([child, refs[child, 0]], axis=1)]
+        for r, name in enumerate(self.residues):
+            for a, b in RING_BONDS.get(base_residue(name), ()):
+                pairs.append(np.array([[self._index[(r, a)], self._index[(r, b)]]], dtype=np.int64))
+        both = np.sort(np.concatenate(pairs), axis=1)
+        out = np.unique(both, axis=0) if len(both) else np.zeros((0, 2), dtype=np.int64)
+        out.setflags(write=False)
+        return out
 
     @property
     def n_atoms(self) -> int:

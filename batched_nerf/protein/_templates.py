@@ -44,6 +44,20 @@ def base_residue(name: str) -> str:
     return VARIANTS.get(name, name)
 
 
+#: Bonds of each ring, by atom name (PDB names; variants use their standard residue's).
+#: The table's bond references span a tree; these include the closing bond of each ring.
+RING_BONDS = {
+    "PRO": (("N", "CD"),),
+    "PHE": (("CG", "CD1"), ("CD1", "CE1"), ("CE1", "CZ"), ("CZ", "CE2"), ("CE2", "CD2"), ("CD2", "CG")),
+    "TYR": (("CG", "CD1"), ("CD1", "CE1"), ("CE1", "CZ"), ("CZ", "CE2"), ("CE2", "CD2"), ("CD2", "CG")),
+    "HIS": (("CG", "ND1"), ("ND1", "CE1"), ("CE1", "NE2"), ("NE2", "CD2"), ("CD2", "CG")),
+    "TRP": (
+        ("CG", "CD1"), ("CD1", "NE1"), ("NE1", "CE2"), ("CE2", "CD2"), ("CD2", "CG"),
+        ("CE2", "CZ2"), ("CZ2", "CH2"), ("CH2", "CZ3"), ("CZ3", "CE3"), ("CE3", "CD2"),
+    ),
+}  # fmt: skip
+
+
 #: Names of the side-chain torsions a user can set, in order.
 CHI_NAMES = ("chi1", "chi2", "chi3", "chi4")
 
