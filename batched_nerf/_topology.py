@@ -210,9 +210,9 @@ def concatenate(parts: Sequence[Topology]) -> Topology:
         ValueError: ``parts`` is empty.
 
     Example:
-        >>> import numpy as np, batched_nerf as bn
         >>> from batched_nerf._topology import analyse, concatenate
-        >>> water, chain = analyse([[-1, -1, -1], [0, -1, -1], [0, 1, -1]]), bn.ConstructionTable.chain(4).topology
+        >>> water = analyse([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+        >>> chain = analyse([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
         >>> both = concatenate([water, chain])
         >>> both.component.tolist(), both.order.tolist(), both.seed_root.tolist()
         ([0, 0, 0, 1, 1, 1, 1], [0, 1, 2, 3, 4, 5, 6], [0, 3])
