@@ -65,43 +65,64 @@ class LevelPlan(Movable):
 
 
 def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
-    """Level plan of ``topo``: atoms grouped by dependency level, the pools and gathers per level."""
+    """Level plan of ``topo``: atoms grouped by dependency level, the pools and gathers per level.
+
+    Whole-array passes over all levels at once: every reference a level reads
+    is an *entry* ``(level, source block, slot)``; each ``(level, block)`` pair
+    copies the whole block into the level's pool unless fewer than half its
+    rows are read, and each entry's row in the pool follows from the pairs'
+    offsets. Only the per-level tuples of the plan are assembled in Python.
+    """
     seeds = seed_plan(topo)
-    refs = topo.refs
-    level = topo.level
-    n_refs = topo.kind
-    block = np.full(len(refs), -1, dtype=np.int64)
-    slot = np.full(len(refs), -1, dtype=np.int64)
+    refs, level, n_refs = topo.refs, topo.level, topo.kind
+    n = len(refs)
+    block = np.full(n, -1, dtype=np.int64)
+    slot = np.full(n, -1, dtype=np.int64)
     block0 = seed_atoms(topo)
     block[block0] = 0
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)
     order = full[np.argsort(level[full], kind="stable")]
-    sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:]
-    block_size = [int(block0.size)] + [int(s) for s in sizes]
-    parts: list[tuple[tuple[int, Tensor | None], ...]] = []
-    gathers: list[Tensor | None] = []
-    start = 0
-    for k, size in enumerate(sizes.tolist(), start=1):
-        atoms = order[start : start + size]
-        start += size
-        block[atoms] = k
-        slot[atoms] = np.arange(size)
-        need = refs[atoms][:, ::-1].T.ravel()  # all d, all a, all b refs
-        level_parts: list[tuple[int, Tensor | None]] = []
-        pool_row = {}
-        offset = 0
-        for s in sorted(set(block[need].tolist())):
-            used = np.unique(slot[need[block[need] == s]])
-            whole = 2 * used.size >= block_size[s]  # copy the whole block unless it is mostly unused
-            rows = np.arange(block_size[s]) if whole else used
-            level_parts.append((s, None if whole else as_long(rows)))
-            pool_row.update({(s, int(r)): offset + j for j, r in enumerate(rows)})
-            offset += rows.size
-        flat = np.array([pool_row[(int(b), int(r))] for b, r in zip(block[need], slot[need])])
-        parts.append(tuple(level_parts))
-        in_order = flat.size == offset and np.array_equal(flat, np.arange(offset))
-        gathers.append(None if in_order else as_long(flat))
+    lv = level[order]
+    sizes = np.bincount(lv, minlength=int(level.max(initial=0)) + 1)[1:]
+    first = np.concatenate([[0], np.cumsum(sizes)])  # start of each level in `order`
+    block[order] = lv
+    slot[order] = np.arange(order.size) - first[lv - 1]
+    block_size = np.concatenate([[block0.size], sizes]).astype(np.int64)
+    # entries: level by level, all d, all a, all b refs of its atoms
+    lo = first[lv - 1]  # (M,) first atom of each atom's level
+    column = np.arange(3)[None, :] * sizes[lv - 1][:, None]
+    pos = 3 * lo[:, None] + column + (np.arange(order.size) - lo)[:, None]
+    need = np.empty(3 * order.size, dtype=np.int64)
+    need[pos] = refs[order][:, ::-1]
+    reader = np.repeat(np.arange(1, sizes.size + 1), 3 * sizes)  # level of each entry
+    src, src_slot = block[need], slot[need]
+    n_blocks = sizes.size + 1
+    width = int(block_size.max(initial=1)) + 1
+    pair_key = reader * n_blocks + src
+    pairs, pair_of = np.unique(pair_key, return_inverse=True)  # sorted by (level, block)
+    trips, trip_of = np.unique(pair_key * width + src_slot, return_inverse=True)
+    trip_pair = np.searchsorted(pairs, trips // width)
+    used = np.bincount(trip_pair, minlength=pairs.size)
+    pair_level, pair_block = pairs // n_blocks, pairs % n_blocks
+    whole = 2 * used >= block_size[pair_block]  # copy the whole block unless it is mostly unused
+    rows = np.where(whole, block_size[pair_block], used)
+    before = np.cumsum(rows) - rows  # pool rows before each pair, across levels
+    level_pair0 = np.searchsorted(pair_level, np.arange(1, n_blocks))  # first pair of each level
+    pair_offset = before - before[np.minimum(level_pair0, max(pairs.size - 1, 0))][pair_level - 1]
+    trip0 = np.searchsorted(trip_pair, np.arange(pairs.size))  # first used slot of each pair
+    rank = np.arange(trips.size) - trip0[trip_pair]
+    flat = pair_offset[pair_of] + np.where(whole[pair_of], src_slot, rank[trip_of])
+    pool = np.bincount(pair_level, weights=rows, minlength=n_blocks)[1:]
+    in_place = flat == np.arange(need.size) - 3 * first[reader - 1]
+    in_order = (np.bincount(reader, weights=~in_place, minlength=n_blocks)[1:] == 0) & (pool == 3 * sizes)
+    # views of two index tensors: the used rows of each partly copied pair, each gathered level's rows
+    part_rows = iter(as_long((trips % width)[~whole[trip_pair]]).split(used[~whole].tolist()))
+    pair_parts = [(s, None if w else next(part_rows)) for s, w in zip(pair_block.tolist(), whole.tolist())]
+    bounds = np.concatenate([level_pair0, [pairs.size]]).tolist()
+    parts = [tuple(pair_parts[bounds[k] : bounds[k + 1]]) for k in range(sizes.size)]
+    level_rows = iter(as_long(flat[~in_order[reader - 1]]).split((3 * sizes[~in_order]).tolist()))
+    gathers = [None if keep else next(level_rows) for keep in in_order.tolist()]
     block_start = np.concatenate([[0], np.cumsum(block_size)])
     inverse = block_start[block] + slot
     return LevelPlan(

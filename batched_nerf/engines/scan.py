@@ -616,6 +616,16 @@ def _build_path(
     return [origin.new_zeros((*batch, 1, 3)), origin, x]
 
 
+def _gathers(plan: ScanPlan) -> bool:
+    return plan.gathers
+
+
+#: Planned on first use, one band size at a time (``table.prepare`` builds all three).
 SCAN = Engine(
-    "scan", scan_plan, build_scan, variants=(1, BLOCK_SMALL, BLOCK_LARGE), choose_variant=scan_block
+    "scan",
+    scan_plan,
+    build_scan,
+    variants=(1, BLOCK_SMALL, BLOCK_LARGE),
+    choose_variant=scan_block,
+    gathers=_gathers,
 )
