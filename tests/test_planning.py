@@ -15,6 +15,7 @@ import batched_nerf as bn
 from batched_nerf import _table, data
 from batched_nerf._topology import analyse, build_order, components, concatenate
 from batched_nerf.engines.dispatch import single_path
+from batched_nerf.engines.levels import _pool_plans
 
 R = [-1, -1, -1]
 
@@ -220,3 +221,37 @@ def test_compile_needs_prepared_plans() -> None:
         fn(*ic)
     build = bn.compile_builder(bn.ConstructionTable.chain(9), method="auto")  # prepares per call
     torch.testing.assert_close(build(*ic), bn.to_cartesian(*ic, table))
+
+
+def _pool_plan_oracle(
+    need_block: np.ndarray, need_slot: np.ndarray, block_size: list[int]
+) -> tuple[list[tuple[int, list[int] | None]], list[int] | None]:
+    """One level's pool, block by block (the per-level planner the vectorised one replaces)."""
+    parts, pool_row, offset = [], np.zeros(need_block.size, dtype=np.int64), 0
+    for s in np.unique(need_block).tolist():
+        sel = need_block == s
+        used = np.unique(need_slot[sel])
+        whole = 2 * used.size >= block_size[s]
+        parts.append((s, None if whole else used.tolist()))
+        pool_row[sel] = offset + (need_slot[sel] if whole else np.searchsorted(used, need_slot[sel]))
+        offset += block_size[s] if whole else used.size
+    in_order = pool_row.size == offset and np.array_equal(pool_row, np.arange(offset))
+    return parts, None if in_order else pool_row.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    block_size=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+    seed=st.integers(0, 10_000),
+)
+def test_level_pools_match_the_per_level_planner(counts: list[int], block_size: list[int], seed: int) -> None:
+    g = np.random.default_rng(seed)
+    reader = np.repeat(np.arange(len(counts)), counts)
+    blocks = g.integers(0, len(block_size), reader.size)
+    slots = np.array([g.integers(0, block_size[b]) for b in blocks], dtype=np.int64)
+    parts, gathers = _pool_plans(reader, blocks, slots, block_size, len(counts))
+    for k in range(len(counts)):
+        want_parts, want_gather = _pool_plan_oracle(blocks[reader == k], slots[reader == k], block_size)
+        assert [(s, None if r is None else r.tolist()) for s, r in parts[k]] == want_parts
+        assert (None if gathers[k] is None else gathers[k].tolist()) == want_gather
