@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._topology import FULL, THIRD, Topology
+from .frame_tree import PARENT, frame_tree
 
 __all__ = ["auto_method", "choose_method", "scan_block", "single_path"]
 
@@ -83,11 +84,11 @@ def single_path(topo: Topology) -> bool:
 
     Whole-array passes over the rows, no plan built: the table computes it once
     when it is made, so that :func:`auto_method` reads a plain ``bool``. True
-    when every fully referenced row hangs, through the scan engine's frame tree
-    (primary rows below their bond reference, sibling links followed), in one
-    unbranched path below the table's only third seed atom; tables without
-    fully referenced rows count as one path too. Tables with rows the scan
-    engine places from positions (several rounds) count as branched.
+    when every fully referenced row is a ``PARENT`` row of the frame tree
+    (:mod:`.frame_tree`) and they form one unbranched path below the table's
+    only third seed atom; tables without fully referenced rows count as one
+    path too. Tables with rows placed from positions (several scan rounds)
+    count as branched.
 
     Example:
         >>> import batched_nerf as bn
@@ -98,29 +99,15 @@ def single_path(topo: Topology) -> bool:
         >>> single_path(bn.ConstructionTable(forked).topology)
         False
     """
-    kind, refs = topo.kind, topo.refs
-    full = kind == FULL
+    full = topo.kind == FULL
     if not full.any():
         return True
-    third = kind == THIRD
-    if int(third.sum()) != 1:
+    if int((topo.kind == THIRD).sum()) != 1:
         return False
-    n = topo.n_atoms
-    b, a, d = refs.T
-    bs, ds = np.maximum(b, 0), np.maximum(d, 0)
-    # sibling links: d is fully referenced with the same (bond, angle) references; follow to the last
-    sibling = full & full[ds] & (refs[ds, 0] == b) & (refs[ds, 1] == a)
-    last = np.where(sibling, d, np.arange(n))
-    while True:
-        nxt = last[last]
-        if np.array_equal(nxt, last):
-            break
-        last = nxt
-    eff = np.maximum(np.where(full, refs[last, 2], 0), 0)
-    primary = full & (full[bs] | third[bs]) & (refs[bs, 0] == a) & (refs[bs, 1] == eff)
-    if not primary[full].all():  # rows hanging from a seed's anchor or placed from positions
+    tree = frame_tree(topo)
+    if not (tree.frame[full] == PARENT).all():  # rows hanging from a seed's anchor or placed from positions
         return False
-    return bool(np.bincount(b[primary], minlength=n).max() <= 1)
+    return bool(np.bincount(tree.parent[full], minlength=topo.n_atoms).max() <= 1)
 
 
 def auto_method(table: Any, n_samples: int, device_type: str) -> str:
