@@ -312,13 +312,21 @@ class ConstructionTable:
         return cls(refs_from_xyz(xyz, elements, scale=scale, link_fragments=link_fragments).refs)
 
     # ------------------------------------------------------------------ plans
-    def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:
+    def plan(
+        self,
+        kind: str,
+        device: torch.device | str | None = None,
+        variant: int = 1,
+        *,
+        block: int | None = None,
+    ) -> Any:
         """Build plan of an engine (``"levels"``, ``"scan"``, ``"inverse"``, ...), cached per device.
 
         Made on first use, for this engine, variant and device only (numpy work
         on :attr:`topology`, which also runs inside ``torch.func`` transforms);
-        a plan for another device is a copy of the CPU one. ``block`` is the
-        engine's plan variant (the scan engine's band size). Plans are static:
+        a plan for another device is a copy of the CPU one. ``variant`` is the
+        engine's plan variant (the scan engine's band size; ``block=`` is its
+        old name, still accepted). Plans are static:
         they are built outside inference mode and without gradients, so a plan
         first made under ``torch.inference_mode()`` serves later backward
         passes. The table keeps at most :data:`PLAN_CACHE_SIZE` plans, least
@@ -332,7 +340,9 @@ class ConstructionTable:
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
             device = torch.device("cuda", torch.cuda.current_device())
-        key = (kind, block, device)
+        if block is not None:
+            variant = block
+        key = (kind, variant, device)
         cached = self._plans.get(key)
         if cached is not None:
             if not torch.compiler.is_compiling():
@@ -346,10 +356,10 @@ class ConstructionTable:
                 f"table.prepare({str(device)!r}) before compiling a function that uses the table"
             )
         with _static_tensors():
-            cpu_key = (kind, block, torch.device("cpu"))
+            cpu_key = (kind, variant, torch.device("cpu"))
             base = self._plans.get(cpu_key)
             if base is None:
-                base = engines.make_plan(kind, self._topology, block)
+                base = engines.make_plan(kind, self._topology, variant)
                 self._store(cpu_key, base)
             cached = base if device.type == "cpu" else base.to(device)
         self._store(key, cached)

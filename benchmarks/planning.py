@@ -24,6 +24,7 @@ measures the per-table cost, not the process's lazy imports.
 Run::
 
     PYTHONPATH=$PWD python benchmarks/planning.py --json planning.json
+    PYTHONPATH=$PWD python benchmarks/planning.py --clock cpu --threads 1   # on a busy machine
 """
 
 from __future__ import annotations
@@ -69,10 +70,15 @@ def _inputs(batch: int, n: int, rng: np.random.Generator) -> tuple[torch.Tensor,
     return bonds, angles, dihedrals
 
 
+#: The clock: wall time (``perf_counter``) or this process's CPU time (``--clock cpu``: steadier
+#: on a machine shared with other work; use it with ``--threads 1``).
+CLOCK: list[Callable[[], float]] = [time.perf_counter]
+
+
 def _time(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    start = CLOCK[0]()
     fn()
-    return time.perf_counter() - start
+    return CLOCK[0]() - start
 
 
 def _steady(fn: Callable[[], Any], repeat: int) -> float:
@@ -219,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="steady calls per row (median)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument("--rows", nargs="*", default=None, help="row functions to run (default: all)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall or process CPU time")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
+    CLOCK[0] = time.perf_counter if args.clock == "wall" else time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rows = []
     for fn in ROWS:
@@ -229,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows[-1]['row']}: {_ms(rows[-1]['first_s'])} / {_ms(rows[-1]['steady_s'])}", file=sys.stderr)
     print(markdown(rows))
     if args.json is not None:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": str(DTYPE)}
+        meta = {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "dtype": str(DTYPE),
+            "clock": args.clock,
+        }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0
 

@@ -180,8 +180,8 @@ def test_single_path_agrees_with_the_scan_plan() -> None:
 def test_plan_cache_is_bounded() -> None:
     table = bn.ConstructionTable.chain(20)
     first = table.plan("scan")
-    for block in range(2, 2 + _table.PLAN_CACHE_SIZE):
-        table.plan("scan", block=block)
+    for variant in range(2, 2 + _table.PLAN_CACHE_SIZE):
+        table.plan("scan", variant=variant)
     assert len(table._plans) == _table.PLAN_CACHE_SIZE
     again = table.plan("scan")  # dropped as the least recently used, made again
     assert again is not first and torch.equal(again.inverse, first.inverse)
