@@ -295,6 +295,9 @@ def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     rows = np.arange(n, dtype=np.int64)
     if bool((arr < rows[:, None]).all()):  # every reference before its reader: the rows' own order
         return rows, None
+    order = _grouped_order(arr, rows)
+    if order is not None:
+        return order, None
     # a heap over the rows (the lowest ready index first is inherently sequential)
     ref_rows, cols = np.nonzero(arr >= 0)
     targets = arr[ref_rows, cols]
@@ -318,6 +321,62 @@ def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     placed = np.zeros(n, dtype=bool)
     placed[out] = True
     return out, np.flatnonzero(~placed)
+
+
+def _grouped_order(arr: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """The heap's order in whole-array passes for tables with few forward references, else None.
+
+    With ``m(i)`` the largest index among ``i`` and everything it depends on,
+    the heap places the *heads* ``m(i) = i`` in increasing order, each followed
+    by the rows that waited for it (``m(i) = head``); when those rows' other
+    references within the group all point backwards they follow in increasing
+    order. So the order is the sort by ``(m(i), not head, i)``, used once it is
+    checked to be a build order (which also proves the table acyclic).
+    """
+    m = _max_ancestor(arr, rows)
+    if m is None:
+        return None
+    has = arr >= 0
+    ref = np.where(has, arr, 0)
+    group = m[:, None]
+    if (has & (m[ref] == group) & (ref != group) & (ref > rows[:, None])).any():
+        return None
+    order = np.lexsort((rows, m != rows, m))
+    pos = np.empty_like(order)
+    pos[order] = rows
+    if not (~has | (pos[ref] < pos[:, None])).all():
+        return None
+    return order
+
+
+def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 32) -> np.ndarray | None:
+    """``m(i) = max(i, m(r) for each reference r)``, by pointer jumping along critical references.
+
+    None when it does not settle (reference cycles) within ``rounds`` choices of
+    critical references or ``log2(N) + 2`` jumps.
+    """
+    n = rows.size
+    has = arr >= 0
+    ref = np.where(has, arr, rows[:, None])
+    m = rows.copy()
+    jumps = int(np.log2(max(n, 2))) + 2
+    for _ in range(rounds):
+        vals = np.where(has, m[ref], -1)
+        want = np.maximum(rows, vals.max(1))
+        if np.array_equal(want, m):
+            return m
+        parent = ref[rows, vals.argmax(1)]
+        parent = np.where(vals.max(1) > rows, parent, rows)  # only references that raise m
+        m = rows.copy()
+        for _ in range(jumps):
+            grand = parent[parent]
+            m = np.maximum(m, m[parent])
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+        else:
+            return None
+    return None
 
 
 def _row_error(arr: np.ndarray, i: int) -> str | None:
