@@ -113,8 +113,6 @@ class ConstructionTable:
 
     def _init(self, topology: Topology) -> None:
         self._topology = topology
-        self._refs = torch.from_numpy(topology.refs.copy())
-        self._fixed = torch.from_numpy(topology.fixed.copy())
         self._single_path = single_path(topology)
         self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
         self._memo: dict[Any, Any] = {}
@@ -141,12 +139,12 @@ class ConstructionTable:
     @property
     def refs(self) -> Tensor:
         """``(N, 3)`` ``torch.long`` references, ``-1`` for none (CPU, read-only copy)."""
-        return self._refs.clone()
+        return torch.from_numpy(self._topology.refs.copy())
 
     @property
     def fixed(self) -> Tensor:
         """``(F,)`` ``torch.long`` indices of the fixed atoms, in ``fixed_xyz`` order."""
-        return self._fixed.clone()
+        return torch.from_numpy(self._topology.fixed.copy())
 
     @property
     def n_atoms(self) -> int:

@@ -73,6 +73,8 @@ def _inputs(batch: int, n: int, rng: np.random.Generator) -> tuple[torch.Tensor,
 #: The clock: wall time (``perf_counter``) or this process's CPU time (``--clock cpu``: steadier
 #: on a machine shared with other work; use it with ``--threads 1``).
 CLOCK: list[Callable[[], float]] = [time.perf_counter]
+#: The ``method=`` of every build (``--method``).
+METHOD: list[Any] = ["auto"]
 
 
 def _time(fn: Callable[[], Any]) -> float:
@@ -92,11 +94,11 @@ def _row(name: str, what: str, first: float, steady: float, **extra: float) -> d
 def protein_batch(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     warm = _sequences([60, 70], rng)
-    bn.protein.build_batch(warm, *_torsions((2,), 70, rng))
+    bn.protein.build_batch(warm, *_torsions((2,), 70, rng), method=METHOD[0])
     seqs = _sequences(rng.integers(50, 151, 32).tolist(), rng)
     phi, psi = _torsions((32,), max(map(len, seqs)), rng)
-    first = _time(lambda: bn.protein.build_batch(seqs, phi, psi))
-    steady = _steady(lambda: bn.protein.build_batch(seqs, phi, psi), repeat)
+    first = _time(lambda: bn.protein.build_batch(seqs, phi, psi, method=METHOD[0]))
+    steady = _steady(lambda: bn.protein.build_batch(seqs, phi, psi, method=METHOD[0]), repeat)
     n = sum(bn.protein.protein_table(s).n_atoms for s in seqs)
     return _row(
         "protein batch", f"build_batch, 32 new sequences of 50-150 residues ({n:,} atoms)", first, steady
@@ -105,11 +107,11 @@ def protein_batch(seed: int, repeat: int) -> dict[str, Any]:
 
 def protein_single(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 1)
-    bn.protein.build(_sequences([40], rng)[0], *_torsions((), 40, rng))
+    bn.protein.build(_sequences([40], rng)[0], *_torsions((), 40, rng), method=METHOD[0])
     seq = _sequences([300], rng)[0]
     phi, psi = _torsions((), 300, rng)
-    first = _time(lambda: bn.protein.build(seq, phi, psi))
-    steady = _steady(lambda: bn.protein.build(seq, phi, psi), repeat)
+    first = _time(lambda: bn.protein.build(seq, phi, psi, method=METHOD[0]))
+    steady = _steady(lambda: bn.protein.build(seq, phi, psi, method=METHOD[0]), repeat)
     return _row("protein 300", "build, one new 300-residue sequence", first, steady)
 
 
@@ -123,7 +125,7 @@ def _molecules(rng: np.random.Generator, count: int) -> list[np.ndarray]:
 def packed_molecules(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 2)
     warm = bn.pack_tables([bn.ConstructionTable(r) for r in _molecules(rng, 2)])
-    bn.to_cartesian(*_inputs(16, warm.n_atoms, rng), warm)
+    bn.to_cartesian(*_inputs(16, warm.n_atoms, rng), warm, method=METHOD[0])
     refs = _molecules(rng, 64)
     n = sum(len(r) for r in refs)
     ic = _inputs(16, n, rng)
@@ -131,28 +133,28 @@ def packed_molecules(seed: int, repeat: int) -> dict[str, Any]:
 
     def first_call() -> None:
         holder["t"] = bn.pack_tables([bn.ConstructionTable(r) for r in refs])
-        bn.to_cartesian(*ic, holder["t"])
+        bn.to_cartesian(*ic, holder["t"], method=METHOD[0])
 
     first = _time(first_call)
-    steady = _steady(lambda: bn.to_cartesian(*ic, holder["t"]), repeat)
+    steady = _steady(lambda: bn.to_cartesian(*ic, holder["t"], method=METHOD[0]), repeat)
     return _row("pack 64", f"pack_tables of 64 new molecules of 20-60 atoms ({n:,}), B = 16", first, steady)
 
 
 def big_tree(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 3)
     warm = bn.ConstructionTable(tree_refs(2000, seed=seed + 4))
-    bn.to_cartesian(*_inputs(1, 2000, rng), warm)
+    bn.to_cartesian(*_inputs(1, 2000, rng), warm, method=METHOD[0])
     refs = tree_refs(100_000, seed=seed + 5)
     ic = _inputs(1, 100_000, rng)
     holder: dict[str, bn.ConstructionTable] = {}
 
     def first_call() -> None:
         holder["t"] = bn.ConstructionTable(refs)
-        bn.to_cartesian(*ic, holder["t"])
+        bn.to_cartesian(*ic, holder["t"], method=METHOD[0])
 
     made = _time(lambda: bn.ConstructionTable(refs))
     first = _time(first_call)
-    steady = _steady(lambda: bn.to_cartesian(*ic, holder["t"]), repeat)
+    steady = _steady(lambda: bn.to_cartesian(*ic, holder["t"], method=METHOD[0]), repeat)
     return _row(
         "tree 100k", "one new random branched table of 100,000 atoms, B = 1", first, steady, made_s=made
     )
@@ -161,7 +163,7 @@ def big_tree(seed: int, repeat: int) -> dict[str, Any]:
 def packed_proteins(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 6)
     warm = bn.pack_tables([bn.protein.protein_table(s).table for s in _sequences([30, 30], rng)])
-    bn.to_cartesian(*_inputs(1, warm.n_atoms, rng), warm)
+    bn.to_cartesian(*_inputs(1, warm.n_atoms, rng), warm, method=METHOD[0])
     seqs = _sequences([160] * 200, rng)
     tables_s = _time(lambda: [bn.protein.protein_table(s) for s in seqs])
     parts = [bn.protein.protein_table(s).table for s in seqs]
@@ -169,8 +171,8 @@ def packed_proteins(seed: int, repeat: int) -> dict[str, Any]:
     made = _time(lambda: holder.setdefault("t", bn.pack_tables(parts)))
     table = holder["t"]
     ic = _inputs(1, table.n_atoms, rng)
-    first_build = _time(lambda: bn.to_cartesian(*ic, table))
-    steady = _steady(lambda: bn.to_cartesian(*ic, table), repeat)
+    first_build = _time(lambda: bn.to_cartesian(*ic, table, method=METHOD[0]))
+    steady = _steady(lambda: bn.to_cartesian(*ic, table, method=METHOD[0]), repeat)
     planned = max(first_build - steady, 0.0)
     engine = ", ".join(sorted({key[0] for key in table._plans}))
     other = "scan" if engine == "levels" else "levels"  # the other engine's plan, for comparison
@@ -227,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", nargs="*", default=None, help="row functions to run (default: all)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall or process CPU time")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--method", default="auto", help="method= of every build (default auto)")
     args = parser.parse_args(argv)
+    METHOD[0] = args.method
     CLOCK[0] = time.perf_counter if args.clock == "wall" else time.process_time
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -245,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": torch.get_num_threads(),
             "dtype": str(DTYPE),
             "clock": args.clock,
+            "method": args.method,
         }
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     return 0

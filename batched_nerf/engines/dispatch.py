@@ -104,6 +104,8 @@ def single_path(topo: Topology) -> bool:
         return True
     if int((topo.kind == THIRD).sum()) != 1:
         return False
+    if np.bincount(topo.refs[full, 0], minlength=topo.n_atoms).max() > 1:  # a branch: cheap to see
+        return False
     tree = frame_tree(topo)
     if not (tree.frame[full] == PARENT).all():  # rows hanging from a seed's anchor or placed from positions
         return False
