@@ -1,32 +1,41 @@
 """Level engine: place atoms level by level with precomputed index gathers.
 
 One step per dependency level of the table (the longest chain of references):
-all atoms whose references are placed are built together with one NeRF call.
-Fast for shallow, wide tables (small molecules, large batches); the scan
-engine (:mod:`.scan`) takes over for deep ones.
+all atoms whose references are placed are built together. Fast for shallow,
+wide tables (small molecules, large batches); the scan engine (:mod:`.scan`)
+takes over for deep ones.
+
+Frames follow the frame tree (:mod:`.frame_tree`, the definition every engine
+shares): each level takes the placement frames ``M`` of its ``PARENT`` and
+``ANCHOR`` rows from the out-frames ``O = M L`` of earlier levels (and the
+third seeds' anchors), builds NeRF frames from reference positions only for
+its ``POSITIONS`` rows, places ``x = x_b + M l`` and, where a later level reads
+them, keeps its own out-frames. Zero bonds and straight angles therefore
+continue smoothly, exactly as in the scan engine.
 
 Layout: the batch is flattened to ``B`` and kept innermost, atoms are rows
-``(n, 3, B)``. The inputs are transposed once on entry (:mod:`.layout`), the
-local offsets of all atoms are computed in one pass, the level loop places
-each level with about 11-25 kernels, and the result is transposed once on exit.
+``(n, 3, B)``, frames ``(n, 3, 3, B)``. The inputs are transposed once on entry
+(:mod:`.layout`), the local offsets and rotations of all atoms are computed in
+one pass, the level loop places each level with a few kernels (more for
+``POSITIONS`` rows), and the result is transposed once on exit.
 
 The level loop, :class:`LevelLoop`, is an ``autograd.Function``: its forward
-keeps each level's frame; its backward walks the levels in reverse, turning
-the gradient of each placed atom into gradients of its local offset and of its
-three reference positions (reverse accumulation of forces down the reference
-tree), in about 27-40 kernels per level instead of the ~90 that autograd
-records for the same graph. It serves first derivatives only: when a graph of
-the backward is wanted (``create_graph=True``, ``gradgradcheck``) it replays
-the plain differentiable loop, so every higher derivative is the plain one;
-under ``torch.func`` transforms, forward-mode AD and ``torch.compile`` the
-plain loop runs from the start (:func:`level_loop`).
+keeps each level's frames; its backward walks the levels in reverse, turning
+the gradient of each placed atom and out-frame into gradients of its local
+offset and rotation, of its bond reference's position and of the frame it was
+placed in (reverse accumulation down the reference tree), in far fewer
+kernels than autograd records for the same graph. It serves first derivatives
+only: when a graph of the backward is wanted (``create_graph=True``,
+``gradgradcheck``) it replays the plain differentiable loop, so every higher
+derivative is the plain one; under ``torch.func`` transforms, forward-mode AD
+and ``torch.compile`` the plain loop runs from the start (:func:`level_loop`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -416,8 +425,7 @@ def level_loop_vjp(
     g_loc: list[Tensor] = [loc] * len(sizes)
     g_rot: list[Tensor] = [rot] * len(sizes)
     for k in range(len(sizes) - 1, -1, -1):
-        g = grads[k + 1]
-        assert g is not None
+        g = cast(Tensor, grads[k + 1])  # every level's adjoint is a piece of gxyz
         m, w, v, s = saved[4 * k : 4 * k + 4]
         l_k, r_k, n_pos = locs[k], rots[k], plan.n_positions[k]
         g_loc[k] = (m * g.unsqueeze(2)).sum(1)
