@@ -37,7 +37,7 @@ from .engines.dispatch import single_path
 __all__ = ["ConstructionTable"]
 
 #: Most plans a table keeps (engine x variant x device); the least recently used goes first.
-#: Every engine's variants on two devices fit (3 engines, 5 plans per device).
+#: Every variant of every engine on two devices fits (5 plans per device today).
 PLAN_CACHE_SIZE = 16
 
 _T = TypeVar("_T")
@@ -324,10 +324,10 @@ class ConstructionTable:
         on :attr:`topology`, which also runs inside ``torch.func`` transforms);
         a plan for another device is a copy of the CPU one. ``variant`` is the
         engine's plan variant (the scan engine's band size; ``block=`` is its
-        old name, still accepted). Plans are static:
-        they are built outside inference mode and without gradients, so a plan
-        first made under ``torch.inference_mode()`` serves later backward
-        passes. The table keeps at most :data:`PLAN_CACHE_SIZE` plans, least
+        old name, still accepted). Plans are static: they are built outside
+        inference mode and outside ``torch.func`` transforms, so a plan first
+        made under ``torch.inference_mode()`` or inside ``jacrev`` serves every
+        later call and backward pass. The table keeps at most :data:`PLAN_CACHE_SIZE` plans, least
         recently used dropped first.
 
         Raises:

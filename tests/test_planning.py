@@ -174,6 +174,10 @@ def test_new_table_plans_nothing_until_used() -> None:
     assert _planned(table) == {("scan", 1)}  # one variant: the one this call uses
     table.prepare()
     assert _planned(table) >= {("scan", 1), ("scan", 8), ("scan", 32), ("levels", 1), ("inverse", 1)}
+    small = bn.ConstructionTable.chain(30).prepare(methods=["levels"])
+    assert _planned(small) == {("levels", 1)}
+    with pytest.raises(ValueError, match=r"unknown engine 'fft'; expected one of \("):
+        small.prepare(methods=["fft"])
 
 
 def test_dispatch_builds_no_scan_plan() -> None:
