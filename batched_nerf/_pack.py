@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from torch import Tensor
 
 from ._checks import check_table
 from ._table import ConstructionTable
+from ._topology import concatenate
 
 
 def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
@@ -16,7 +16,9 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
 
     Atom ``k`` of ``tables[m]`` becomes atom ``offset_m + k`` of the packed
     table, with ``offset_m = sum(len(t) for t in tables[:m])``; fixed atoms keep
-    their order, table by table. Build the packed molecules in one call by
+    their order, table by table. The packed table's analysis is composed from
+    the parts' (offsets added, components and seeds renumbered, build orders
+    concatenated), not redone; its plans are made on first use. Build the packed molecules in one call by
     concatenating their values along the atom dimension (``torch.cat(...,
     dim=-1)`` for internal coordinates, ``dim=-2`` for ``fixed_xyz``), then
     :func:`split_atoms` the result.
@@ -46,13 +48,9 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     tables = list(tables)
     if not tables:
         raise ValueError("pack_tables needs at least one table")
-    refs, fixed, offset = [], [], 0
-    for k, table in enumerate(tables):
-        topo = check_table(table, f"tables[{k}]").topology
-        refs.append(np.where(topo.refs >= 0, topo.refs + offset, -1))
-        fixed.append(topo.fixed + offset)
-        offset += table.n_atoms
-    return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
+    parts = [check_table(table, f"tables[{k}]").topology for k, table in enumerate(tables)]
+    # the parts are checked and analysed: compose their analyses (no re-analysis); plans on first use
+    return ConstructionTable._from_topology(concatenate(parts))
 
 
 def _n_atoms(table: ConstructionTable | int, k: int) -> int:
