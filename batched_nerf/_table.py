@@ -63,6 +63,7 @@ def outside_inference_mode(fn: _F) -> _F:
 
     return wrapper  # type: ignore[return-value]
 
+
 try:  # a private torch helper: tensors made inside torch.func transforms are wrapped at their level
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_transforms
 except ImportError:  # pragma: no cover - other torch releases
