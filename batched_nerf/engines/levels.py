@@ -84,7 +84,8 @@ class LevelPlan(Movable):
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
     third_sign: Tensor  # (S3,) +1 where a third seed's bond reference is the second seed, else -1
     phi_paths: Tensor | None = None  # (M, W) rows of cat(dihedral rows, 0) summed into phi_eff
-    flip_paths: Tensor | None = None  # (M, W') rows of cat(angle rows, 0) whose sin < 0 adds pi
+    flip_paths: Tensor | None = None  # (M, W') rows of cat(angles[flip_rows], 0) whose sin < 0 adds pi
+    flip_rows: Tensor | None = None  # (F,) the rows (of `rows`) whose angle can turn a frame
 
 
 def _pool_plan(
@@ -172,6 +173,11 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     row[rows] = np.arange(rows.size)
     phi = _link_paths(tree.phi_from, order, row, rows.size)
     flip = _link_paths(tree.flip_on, tree.flip_on[order], row, rows.size)
+    # compact: only the angles that can turn a frame are read (the pad becomes the last row)
+    flip_rows = np.unique(flip[flip < rows.size])
+    compact = np.full(rows.size + 1, flip_rows.size, dtype=np.int64)
+    compact[flip_rows] = np.arange(flip_rows.size)
+    flip = compact[flip]
     plain_phi = phi.shape[1] <= 1 and flip.shape[1] == 0
     return LevelPlan(
         seeds=seeds,
@@ -190,6 +196,7 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
         ),
         phi_paths=None if plain_phi else as_long(phi),
         flip_paths=None if flip.shape[1] == 0 else as_long(flip),
+        flip_rows=None if flip.shape[1] == 0 else as_long(flip_rows),
     )
 
 
@@ -466,30 +473,27 @@ def _scatter(
 
 
 # ------------------------------------------------------------------- builder
-def local_frames(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tensor]:
-    """Local offsets ``(M, 3, B)`` and rotations ``(M, 3, 3, B)`` from ``(M, B)`` inputs.
+def local_frames(r: Tensor, tp: Tensor) -> tuple[Tensor, Tensor]:
+    """Local offsets ``(M, 3, B)`` and rotations ``(M, 3, 3, B)`` from bonds ``(M, 1, B)`` and
+    angles and dihedrals ``tp`` ``(M, 2, B)``.
 
     ``l = r u`` with ``u = (-cos t, sin t cos p, sin t sin p)``, and
     ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
-    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform).
+    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform)::
+
+        L = [[-c,      -g s,      0      ],
+             [ s cp,   -g c cp,  -g sp   ],
+             [ s sp,   -g c sp,   g cp   ]]      g = sign(s) (+1 at s = 0)
     """
-    cos, sin = sincos(torch.stack((theta, phi), dim=1))
+    cos, sin = sincos(tp)
     ct, cp = cos.unbind(1)
     st, sp = sin.unbind(1)
-    sig = 1.0 - 2.0 * (st < 0).to(st.dtype)
-    scp, ssp, sct = sig * cp, sig * sp, sig * ct
-    stc, sts = st * cp, st * sp
-    zero = torch.zeros_like(ct)
-    loc = torch.stack((-r * ct, r * stc, r * sts), dim=1)
-    rot = torch.stack(
-        (
-            torch.stack((-ct, -sig * st, zero), dim=1),
-            torch.stack((stc, -sct * cp, -ssp), dim=1),
-            torch.stack((sts, -sct * sp, scp), dim=1),
-        ),
-        dim=1,
-    )
-    return loc, rot
+    ng = 2.0 * (st < 0).to(st.dtype) - 1.0  # -g
+    nct = -ct
+    ngc = ng * nct  # g c
+    entries = (nct, ng * st, torch.zeros_like(ct), st * cp, -ngc * cp, ng * sp, st * sp, -ngc * sp, -ng * cp)
+    rot = torch.stack(entries, dim=1).unflatten(1, (3, 3))
+    return r * rot[:, :, 0], rot
 
 
 def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
@@ -500,19 +504,14 @@ def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
     n3, batch = theta3.shape
     if not (plan.frame_used[0] and n3):
         return theta3.new_zeros((0, 3, 3, batch))
-    sign = plan.third_sign.to(theta3.dtype).unsqueeze(-1).expand(n3, batch)
-    _, rot = local_frames(torch.ones_like(theta3), theta3, torch.zeros_like(theta3))
-    out = rot * torch.stack((sign, torch.ones_like(sign), sign), dim=1).unsqueeze(2)
-    zero, one = torch.zeros_like(sign), torch.ones_like(sign)
-    anchor = torch.stack(
-        (
-            torch.stack((sign, zero, zero), 1),
-            torch.stack((zero, one, zero), 1),
-            torch.stack((zero, zero, sign), 1),
-        ),
-        dim=1,
-    )
-    return torch.cat((anchor, out))
+    s = plan.third_sign.to(theta3.dtype).unsqueeze(-1).expand(n3, batch)
+    ct, st = torch.cos(theta3), torch.sin(theta3)
+    g = 1.0 - 2.0 * (st < 0).to(st.dtype)
+    zero, one = torch.zeros_like(ct), torch.ones_like(ct)
+    sct = s * ct
+    out = (-sct, -s * (g * st), zero, st, -g * ct, zero, zero, zero, s * g)
+    anchor = (s, zero, zero, zero, one, zero, zero, zero, s)
+    return torch.stack(anchor + out, dim=1).unflatten(1, (2, 3, 3)).transpose(0, 1).flatten(0, 1)
 
 
 def build_levels(
@@ -544,16 +543,18 @@ def build_levels(
     n2, n3 = plan.seeds.second.numel(), plan.seeds.third.numel()
     r2, r3, t3 = g_seed[:n2, 0], g_seed[n2 : n2 + n3, 0], g_seed[n2 : n2 + n3, 1]
     block0 = seed_positions(plan.seeds, r2, r3, t3, fixed, (n_samples,), rows=True)
-    r, theta, phi = g_full.unbind(1)
+    r, tp = g_full.split((1, 2), dim=1)
     if plan.phi_paths is not None:  # effective dihedrals: sibling offsets and flips
         pad = g.new_zeros((1, n_samples))
         dih = torch.cat((g[:, 2], pad))
         phi = dih.index_select(0, plan.phi_paths.reshape(-1)).unflatten(0, plan.phi_paths.shape).sum(1)
         if plan.flip_paths is not None:
-            flipped = torch.cat(((torch.sin(g[:, 1]) < 0).to(g.dtype) * torch.pi, pad))
+            turned = torch.sin(g[:, 1].index_select(0, plan.flip_rows)) < 0
+            flipped = torch.cat((turned.to(g.dtype) * torch.pi, pad))
             flips = flipped.index_select(0, plan.flip_paths.reshape(-1)).unflatten(0, plan.flip_paths.shape)
             phi = phi + flips.sum(1)
-    loc, rot = local_frames(r, theta, phi)
+        tp = torch.stack((tp[:, 0], phi), dim=1)
+    loc, rot = local_frames(r, tp)
     xyz = level_loop(plan, block0, seed_frames(plan, t3), loc, rot)
     return to_xyz(xyz, plan.inverse).reshape(*batch, n, 3)
 
