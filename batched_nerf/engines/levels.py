@@ -45,7 +45,7 @@ from torch.autograd import forward_ad
 from .._geometry import EPS
 from .._topology import FULL, SECOND, THIRD, Topology
 from .base import Engine, Movable, as_long
-from .frame_tree import ANCHOR, POSITIONS, frame_tree
+from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .layout import sincos, to_rows, to_xyz
 from .seeds import SeedPlan, seed_atoms, seed_plan, seed_positions
 
@@ -67,8 +67,11 @@ class LevelPlan(Movable):
     anchor frames and out-frames of the third seeds, block ``k`` the out-frames
     of level ``k`` (made only where ``frame_used[k]``); ``frame_parts[k]`` and
     ``frame_gathers[k]`` pick the placement frames of the level's ``PARENT`` and
-    ``ANCHOR`` rows. Every copy is at most a small multiple of the level's own
-    size, so a build does linear work in N.
+    ``ANCHOR`` rows. Per level the atoms are ordered: ``POSITIONS`` rows whose
+    out-frame is unused, those whose out-frame is read, the other rows whose
+    out-frame is read, the rest; so the out-frames made (``n_read[k]``, from
+    ``read_start[k]``) are one slice. Every copy is at most a small multiple of
+    the level's own size, so a build does linear work in N.
     """
 
     seeds: SeedPlan
@@ -81,6 +84,9 @@ class LevelPlan(Movable):
     frame_parts: tuple[tuple[tuple[int, Tensor | None], ...], ...]  # per level: (frame block, rows)
     frame_gathers: tuple[Tensor | None, ...]  # per level: rows of the frame pool, or None
     frame_used: tuple[bool, ...]  # per frame block (0: seeds, k: level k): read by a later level
+    read_start: tuple[int, ...]  # per level: first atom whose out-frame a later level reads
+    n_read: tuple[int, ...]  # per level: atoms whose out-frame is read (contiguous from read_start)
+    read_rows: Tensor  # (R,) rows of `full_atoms` whose out-frame is read (their rotations are built)
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
     third_sign: Tensor  # (S3,) +1 where a third seed's bond reference is the second seed, else -1
     phi_paths: Tensor | None = None  # (M, W) rows of cat(dihedral rows, 0) summed into phi_eff
@@ -131,7 +137,10 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)
     is_pos = tree.frame == POSITIONS
-    order = full[np.lexsort((full, ~is_pos[full], level[full]))]
+    is_read = np.zeros(n, dtype=bool)
+    is_read[tree.parent[tree.frame == PARENT]] = True
+    group = np.where(is_pos, np.where(is_read, 1, 0), np.where(is_read, 2, 3))
+    order = full[np.lexsort((full, group[full], level[full]))]
     sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:].tolist()
     second, third = np.flatnonzero(n_refs == SECOND), np.flatnonzero(n_refs == THIRD)
     n3 = third.size
@@ -141,12 +150,17 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     anchor_slot = np.full(n, -1, dtype=np.int64)
     fblock[third], fslot[third], anchor_slot[third] = 0, n3 + np.arange(n3), np.arange(n3)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    read_start, n_read, read_rows = [], [], []
     for k, size in enumerate(sizes, start=1):
         atoms = order[starts[k - 1] : starts[k - 1] + size]
         block[atoms] = fblock[atoms] = k
-        slot[atoms] = fslot[atoms] = np.arange(size)
+        slot[atoms] = np.arange(size)
+        read_start.append(int((group[atoms] == 0).sum()))
+        n_read.append(int(is_read[atoms].sum()))
+        fslot[atoms] = np.arange(size) - read_start[-1]
+        read_rows.append(starts[k - 1] + read_start[-1] + np.arange(n_read[-1]))
     block_size = [int(block0.size), *sizes]
-    fblock_size = [2 * n3, *sizes]
+    fblock_size = [2 * n3, *n_read]
     frame_used = np.zeros(len(fblock_size), dtype=bool)
     parts, gathers, frame_parts, frame_gathers, n_positions = [], [], [], [], []
     for k, size in enumerate(sizes):
@@ -190,6 +204,9 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
         frame_parts=tuple(frame_parts),
         frame_gathers=tuple(frame_gathers),
         frame_used=tuple(bool(u) for u in frame_used),
+        read_start=tuple(read_start),
+        n_read=tuple(n_read),
+        read_rows=as_long(np.concatenate([np.zeros(0, dtype=np.int64), *read_rows])),
         inverse=as_long(inverse),
         third_sign=torch.as_tensor(
             np.where(topo.refs[third, 0] == topo.seed_second[topo.seed_slot[third]], 1, -1)
@@ -263,7 +280,7 @@ def _levels(
     fblocks: list[Tensor | None] = [frame0]
     saved: list[Tensor] = []
     sizes = plan.level_sizes
-    locs, rots = loc.split(sizes), rot.split(sizes)
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
     for k, (size, l_k) in enumerate(zip(sizes, locs)):
         n_pos = plan.n_positions[k]
         pool = _take(plan.parts[k], plan.gathers[k], blocks)
@@ -281,12 +298,13 @@ def _levels(
             .addcmul(m[:, :, 1], l_k[:, 1:2])
             .addcmul(m[:, :, 2], l_k[:, 2:3])
         )
-        if plan.frame_used[k + 1]:  # out-frames O = M L
+        if plan.n_read[k]:  # out-frames O = M L of the atoms a later level reads
             r_k = rots[k]
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
             o = (
-                (m[:, :, 0:1] * r_k[:, 0:1])
-                .addcmul(m[:, :, 1:2], r_k[:, 1:2])
-                .addcmul(m[:, :, 2:3], r_k[:, 2:3])
+                (mr[:, :, 0:1] * r_k[:, 0:1])
+                .addcmul(mr[:, :, 1:2], r_k[:, 1:2])
+                .addcmul(mr[:, :, 2:3], r_k[:, 2:3])
             )
             fblocks.append(o)
         else:
@@ -397,8 +415,8 @@ def level_loop_vjp(
     grads: list[Tensor | None] = list(gxyz.split((block0.shape[0], *sizes)))
     fgrads: list[Tensor | None] = [None] * (len(sizes) + 1)
     block_size = (block0.shape[0], *sizes)
-    fblock_size = (frame0.shape[0], *sizes)
-    locs, rots = loc.split(sizes), rot.split(sizes)
+    fblock_size = (frame0.shape[0], *plan.n_read)
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
     g_loc: list[Tensor] = [loc] * len(sizes)
     g_rot: list[Tensor] = [rot] * len(sizes)
     for k in range(len(sizes) - 1, -1, -1):
@@ -410,14 +428,14 @@ def level_loop_vjp(
         go = fgrads[k + 1]
         if go is None:
             g_rot[k] = r_k.new_zeros(r_k.shape)
-        else:
-            gm = gm.addcmul(go[:, :, 0:1], r_k[:, :, 0].unsqueeze(1))
-            gm = gm.addcmul(go[:, :, 1:2], r_k[:, :, 1].unsqueeze(1)).addcmul(
-                go[:, :, 2:3], r_k[:, :, 2].unsqueeze(1)
-            )
-            gr = m[:, 0].unsqueeze(2) * go[:, 0].unsqueeze(1)
-            g_rot[k] = gr.addcmul(m[:, 1].unsqueeze(2), go[:, 1].unsqueeze(1)).addcmul(
-                m[:, 2].unsqueeze(2), go[:, 2].unsqueeze(1)
+        else:  # through O = M L of the atoms whose out-frame is read
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
+            gmr = gm.narrow(0, plan.read_start[k], plan.n_read[k])  # a view: updated in place
+            for j in range(3):
+                gmr.addcmul_(go[:, :, j : j + 1], r_k[:, :, j].unsqueeze(1))
+            gr = mr[:, 0].unsqueeze(2) * go[:, 0].unsqueeze(1)
+            g_rot[k] = gr.addcmul(mr[:, 1].unsqueeze(2), go[:, 1].unsqueeze(1)).addcmul(
+                mr[:, 2].unsqueeze(2), go[:, 2].unsqueeze(1)
             )
         if n_pos:
             e1, e2, e3 = m[:n_pos].unbind(2)
@@ -473,9 +491,9 @@ def _scatter(
 
 
 # ------------------------------------------------------------------- builder
-def local_frames(r: Tensor, tp: Tensor) -> tuple[Tensor, Tensor]:
-    """Local offsets ``(M, 3, B)`` and rotations ``(M, 3, 3, B)`` from bonds ``(M, 1, B)`` and
-    angles and dihedrals ``tp`` ``(M, 2, B)``.
+def local_frames(r: Tensor, tp: Tensor, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Local offsets ``(M, 3, B)`` and rotations ``(R, 3, 3, B)`` from bonds ``(M, 1, B)`` and
+    angles and dihedrals ``tp`` ``(M, 2, B)`` (rotations of the rows ``read``, default all).
 
     ``l = r u`` with ``u = (-cos t, sin t cos p, sin t sin p)``, and
     ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
@@ -488,12 +506,14 @@ def local_frames(r: Tensor, tp: Tensor) -> tuple[Tensor, Tensor]:
     cos, sin = sincos(tp)
     ct, cp = cos.unbind(1)
     st, sp = sin.unbind(1)
+    loc = torch.stack((-ct, st * cp, st * sp), dim=1) * r
+    if read is not None and read.numel() != tp.shape[0]:
+        ct, cp, st, sp = (v.index_select(0, read) for v in (ct, cp, st, sp))
     ng = 2.0 * (st < 0).to(st.dtype) - 1.0  # -g
     nct = -ct
     ngc = ng * nct  # g c
     entries = (nct, ng * st, torch.zeros_like(ct), st * cp, -ngc * cp, ng * sp, st * sp, -ngc * sp, -ng * cp)
-    rot = torch.stack(entries, dim=1).unflatten(1, (3, 3))
-    return r * rot[:, :, 0], rot
+    return loc, torch.stack(entries, dim=1).unflatten(1, (3, 3))
 
 
 def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
@@ -554,7 +574,7 @@ def build_levels(
             flips = flipped.index_select(0, plan.flip_paths.reshape(-1)).unflatten(0, plan.flip_paths.shape)
             phi = phi + flips.sum(1)
         tp = torch.stack((tp[:, 0], phi), dim=1)
-    loc, rot = local_frames(r, tp)
+    loc, rot = local_frames(r, tp, plan.read_rows)
     xyz = level_loop(plan, block0, seed_frames(plan, t3), loc, rot)
     return to_xyz(xyz, plan.inverse).reshape(*batch, n, 3)
 
