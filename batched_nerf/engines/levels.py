@@ -508,7 +508,7 @@ def local_frames(r: Tensor, tp: Tensor, read: Tensor | None = None) -> tuple[Ten
     st, sp = sin.unbind(1)
     loc = torch.stack((-ct, st * cp, st * sp), dim=1) * r
     if read is not None and read.numel() != tp.shape[0]:
-        ct, cp, st, sp = (v.index_select(0, read) for v in (ct, cp, st, sp))
+        (ct, cp), (st, sp) = (v.index_select(0, read).unbind(1) for v in (cos, sin))
     ng = 2.0 * (st < 0).to(st.dtype) - 1.0  # -g
     nct = -ct
     ngc = ng * nct  # g c
