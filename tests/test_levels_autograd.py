@@ -40,7 +40,11 @@ def loop_inputs(
         t[::2] = math.pi  # collinear references for the atoms built on these
     p = math.pi * (2 * torch.rand(m, batch, generator=g, dtype=F64) - 1)
     t3 = 0.6 + 1.9 * torch.rand(plan.seeds.third.numel(), batch, generator=g, dtype=F64)
-    return plan, (block0, seed_frames(plan, t3), *local_frames(r, t, p))
+    return plan, (
+        block0,
+        seed_frames(plan, t3),
+        *local_frames(r.unsqueeze(1), torch.stack((t, p), 1), plan.read_rows),
+    )
 
 
 def grads(fn, plan, inputs: tuple[torch.Tensor, ...], w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]

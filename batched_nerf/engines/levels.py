@@ -45,7 +45,7 @@ from torch.autograd import forward_ad
 from .._geometry import EPS
 from .._topology import FULL, SECOND, THIRD, Topology
 from .base import Engine, Movable, as_long
-from .frame_tree import ANCHOR, POSITIONS, frame_tree
+from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .layout import sincos, to_rows, to_xyz
 from .seeds import SeedPlan, seed_atoms, seed_plan, seed_positions
 
@@ -67,8 +67,11 @@ class LevelPlan(Movable):
     anchor frames and out-frames of the third seeds, block ``k`` the out-frames
     of level ``k`` (made only where ``frame_used[k]``); ``frame_parts[k]`` and
     ``frame_gathers[k]`` pick the placement frames of the level's ``PARENT`` and
-    ``ANCHOR`` rows. Every copy is at most a small multiple of the level's own
-    size, so a build does linear work in N.
+    ``ANCHOR`` rows. Per level the atoms are ordered: ``POSITIONS`` rows whose
+    out-frame is unused, those whose out-frame is read, the other rows whose
+    out-frame is read, the rest; so the out-frames made (``n_read[k]``, from
+    ``read_start[k]``) are one slice. Every copy is at most a small multiple of
+    the level's own size, so a build does linear work in N.
     """
 
     seeds: SeedPlan
@@ -81,10 +84,14 @@ class LevelPlan(Movable):
     frame_parts: tuple[tuple[tuple[int, Tensor | None], ...], ...]  # per level: (frame block, rows)
     frame_gathers: tuple[Tensor | None, ...]  # per level: rows of the frame pool, or None
     frame_used: tuple[bool, ...]  # per frame block (0: seeds, k: level k): read by a later level
+    read_start: tuple[int, ...]  # per level: first atom whose out-frame a later level reads
+    n_read: tuple[int, ...]  # per level: atoms whose out-frame is read (contiguous from read_start)
+    read_rows: Tensor  # (R,) rows of `full_atoms` whose out-frame is read (their rotations are built)
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
     third_sign: Tensor  # (S3,) +1 where a third seed's bond reference is the second seed, else -1
     phi_paths: Tensor | None = None  # (M, W) rows of cat(dihedral rows, 0) summed into phi_eff
-    flip_paths: Tensor | None = None  # (M, W') rows of cat(angle rows, 0) whose sin < 0 adds pi
+    flip_paths: Tensor | None = None  # (M, W') rows of cat(angles[flip_rows], 0) whose sin < 0 adds pi
+    flip_rows: Tensor | None = None  # (F,) the rows (of `rows`) whose angle can turn a frame
 
 
 def _pool_plans(
@@ -156,7 +163,10 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)
     is_pos = tree.frame == POSITIONS
-    order = full[np.lexsort((full, ~is_pos[full], level[full]))]
+    is_read = np.zeros(n, dtype=bool)
+    is_read[tree.parent[tree.frame == PARENT]] = True
+    group = np.where(is_pos, np.where(is_read, 1, 0), np.where(is_read, 2, 3))
+    order = full[np.lexsort((full, group[full], level[full]))]
     sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:].tolist()
     second, third = np.flatnonzero(n_refs == SECOND), np.flatnonzero(n_refs == THIRD)
     n3 = third.size
@@ -168,11 +178,17 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     lv = level[order]  # (M,) level of each atom in build order
     rank = np.arange(order.size) - starts[lv - 1]  # position of each atom in its level
-    block[order] = fblock[order] = lv
-    slot[order] = fslot[order] = rank
-    block_size = [int(block0.size), *sizes]
-    fblock_size = [2 * n3, *sizes]
     n_levels = len(sizes)
+    block[order] = fblock[order] = lv
+    slot[order] = rank
+    # out-frames made per level: the atoms a later level reads, one slice from read_start
+    read_start_of = np.bincount(lv - 1, weights=group[order] == 0, minlength=n_levels).astype(np.int64)
+    n_read_of = np.bincount(lv - 1, weights=is_read[order], minlength=n_levels).astype(np.int64)
+    fslot[order] = rank - read_start_of[lv - 1]
+    read_start, n_read = read_start_of.tolist(), n_read_of.tolist()
+    read_rows = np.flatnonzero(is_read[order])  # groups 1 and 2: contiguous within each level
+    block_size = [int(block0.size), *sizes]
+    fblock_size = [2 * n3, *n_read]
     # position pool entries, per level: d, a, b of its POSITIONS rows, then b of its other rows
     pos = is_pos[order]
     n_pos = np.bincount(lv[pos] - 1, minlength=n_levels)
@@ -202,6 +218,11 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     row[rows] = np.arange(rows.size)
     phi = _link_paths(tree.phi_from, order, row, rows.size)
     flip = _link_paths(tree.flip_on, tree.flip_on[order], row, rows.size)
+    # compact: only the angles that can turn a frame are read (the pad becomes the last row)
+    flip_rows = np.unique(flip[flip < rows.size])
+    compact = np.full(rows.size + 1, flip_rows.size, dtype=np.int64)
+    compact[flip_rows] = np.arange(flip_rows.size)
+    flip = compact[flip]
     plain_phi = phi.shape[1] <= 1 and flip.shape[1] == 0
     return LevelPlan(
         seeds=seeds,
@@ -214,12 +235,16 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
         frame_parts=tuple(frame_parts),
         frame_gathers=tuple(frame_gathers),
         frame_used=tuple(bool(u) for u in frame_used),
+        read_start=tuple(read_start),
+        n_read=tuple(n_read),
+        read_rows=as_long(read_rows),
         inverse=as_long(inverse),
         third_sign=torch.as_tensor(
             np.where(topo.refs[third, 0] == topo.seed_second[topo.seed_slot[third]], 1, -1)
         ),
         phi_paths=None if plain_phi else as_long(phi),
         flip_paths=None if flip.shape[1] == 0 else as_long(flip),
+        flip_rows=None if flip.shape[1] == 0 else as_long(flip_rows),
     )
 
 
@@ -286,7 +311,7 @@ def _levels(
     fblocks: list[Tensor | None] = [frame0]
     saved: list[Tensor] = []
     sizes = plan.level_sizes
-    locs, rots = loc.split(sizes), rot.split(sizes)
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
     for k, (size, l_k) in enumerate(zip(sizes, locs)):
         n_pos = plan.n_positions[k]
         pool = _take(plan.parts[k], plan.gathers[k], blocks)
@@ -304,12 +329,13 @@ def _levels(
             .addcmul(m[:, :, 1], l_k[:, 1:2])
             .addcmul(m[:, :, 2], l_k[:, 2:3])
         )
-        if plan.frame_used[k + 1]:  # out-frames O = M L
+        if plan.n_read[k]:  # out-frames O = M L of the atoms a later level reads
             r_k = rots[k]
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
             o = (
-                (m[:, :, 0:1] * r_k[:, 0:1])
-                .addcmul(m[:, :, 1:2], r_k[:, 1:2])
-                .addcmul(m[:, :, 2:3], r_k[:, 2:3])
+                (mr[:, :, 0:1] * r_k[:, 0:1])
+                .addcmul(mr[:, :, 1:2], r_k[:, 1:2])
+                .addcmul(mr[:, :, 2:3], r_k[:, 2:3])
             )
             fblocks.append(o)
         else:
@@ -420,8 +446,8 @@ def level_loop_vjp(
     grads: list[Tensor | None] = list(gxyz.split((block0.shape[0], *sizes)))
     fgrads: list[Tensor | None] = [None] * (len(sizes) + 1)
     block_size = (block0.shape[0], *sizes)
-    fblock_size = (frame0.shape[0], *sizes)
-    locs, rots = loc.split(sizes), rot.split(sizes)
+    fblock_size = (frame0.shape[0], *plan.n_read)
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
     g_loc: list[Tensor] = [loc] * len(sizes)
     g_rot: list[Tensor] = [rot] * len(sizes)
     for k in range(len(sizes) - 1, -1, -1):
@@ -433,14 +459,14 @@ def level_loop_vjp(
         go = fgrads[k + 1]
         if go is None:
             g_rot[k] = r_k.new_zeros(r_k.shape)
-        else:
-            gm = gm.addcmul(go[:, :, 0:1], r_k[:, :, 0].unsqueeze(1))
-            gm = gm.addcmul(go[:, :, 1:2], r_k[:, :, 1].unsqueeze(1)).addcmul(
-                go[:, :, 2:3], r_k[:, :, 2].unsqueeze(1)
-            )
-            gr = m[:, 0].unsqueeze(2) * go[:, 0].unsqueeze(1)
-            g_rot[k] = gr.addcmul(m[:, 1].unsqueeze(2), go[:, 1].unsqueeze(1)).addcmul(
-                m[:, 2].unsqueeze(2), go[:, 2].unsqueeze(1)
+        else:  # through O = M L of the atoms whose out-frame is read
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
+            gmr = gm.narrow(0, plan.read_start[k], plan.n_read[k])  # a view: updated in place
+            for j in range(3):
+                gmr.addcmul_(go[:, :, j : j + 1], r_k[:, :, j].unsqueeze(1))
+            gr = mr[:, 0].unsqueeze(2) * go[:, 0].unsqueeze(1)
+            g_rot[k] = gr.addcmul(mr[:, 1].unsqueeze(2), go[:, 1].unsqueeze(1)).addcmul(
+                mr[:, 2].unsqueeze(2), go[:, 2].unsqueeze(1)
             )
         if n_pos:
             e1, e2, e3 = m[:n_pos].unbind(2)
@@ -496,30 +522,29 @@ def _scatter(
 
 
 # ------------------------------------------------------------------- builder
-def local_frames(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tensor]:
-    """Local offsets ``(M, 3, B)`` and rotations ``(M, 3, 3, B)`` from ``(M, B)`` inputs.
+def local_frames(r: Tensor, tp: Tensor, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Local offsets ``(M, 3, B)`` and rotations ``(R, 3, 3, B)`` from bonds ``(M, 1, B)`` and
+    angles and dihedrals ``tp`` ``(M, 2, B)`` (rotations of the rows ``read``, default all).
 
     ``l = r u`` with ``u = (-cos t, sin t cos p, sin t sin p)``, and
     ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
-    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform).
+    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform)::
+
+        L = [[-c,      -g s,      0      ],
+             [ s cp,   -g c cp,  -g sp   ],
+             [ s sp,   -g c sp,   g cp   ]]      g = sign(s) (+1 at s = 0)
     """
-    cos, sin = sincos(torch.stack((theta, phi), dim=1))
+    cos, sin = sincos(tp)
     ct, cp = cos.unbind(1)
     st, sp = sin.unbind(1)
-    sig = 1.0 - 2.0 * (st < 0).to(st.dtype)
-    scp, ssp, sct = sig * cp, sig * sp, sig * ct
-    stc, sts = st * cp, st * sp
-    zero = torch.zeros_like(ct)
-    loc = torch.stack((-r * ct, r * stc, r * sts), dim=1)
-    rot = torch.stack(
-        (
-            torch.stack((-ct, -sig * st, zero), dim=1),
-            torch.stack((stc, -sct * cp, -ssp), dim=1),
-            torch.stack((sts, -sct * sp, scp), dim=1),
-        ),
-        dim=1,
-    )
-    return loc, rot
+    loc = torch.stack((-ct, st * cp, st * sp), dim=1) * r
+    if read is not None and read.numel() != tp.shape[0]:
+        (ct, cp), (st, sp) = (v.index_select(0, read).unbind(1) for v in (cos, sin))
+    ng = 2.0 * (st < 0).to(st.dtype) - 1.0  # -g
+    nct = -ct
+    ngc = ng * nct  # g c
+    entries = (nct, ng * st, torch.zeros_like(ct), st * cp, -ngc * cp, ng * sp, st * sp, -ngc * sp, -ng * cp)
+    return loc, torch.stack(entries, dim=1).unflatten(1, (3, 3))
 
 
 def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
@@ -530,19 +555,14 @@ def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
     n3, batch = theta3.shape
     if not (plan.frame_used[0] and n3):
         return theta3.new_zeros((0, 3, 3, batch))
-    sign = plan.third_sign.to(theta3.dtype).unsqueeze(-1).expand(n3, batch)
-    _, rot = local_frames(torch.ones_like(theta3), theta3, torch.zeros_like(theta3))
-    out = rot * torch.stack((sign, torch.ones_like(sign), sign), dim=1).unsqueeze(2)
-    zero, one = torch.zeros_like(sign), torch.ones_like(sign)
-    anchor = torch.stack(
-        (
-            torch.stack((sign, zero, zero), 1),
-            torch.stack((zero, one, zero), 1),
-            torch.stack((zero, zero, sign), 1),
-        ),
-        dim=1,
-    )
-    return torch.cat((anchor, out))
+    s = plan.third_sign.to(theta3.dtype).unsqueeze(-1).expand(n3, batch)
+    ct, st = torch.cos(theta3), torch.sin(theta3)
+    g = 1.0 - 2.0 * (st < 0).to(st.dtype)
+    zero, one = torch.zeros_like(ct), torch.ones_like(ct)
+    sct = s * ct
+    out = (-sct, -s * (g * st), zero, st, -g * ct, zero, zero, zero, s * g)
+    anchor = (s, zero, zero, zero, one, zero, zero, zero, s)
+    return torch.stack(anchor + out, dim=1).unflatten(1, (2, 3, 3)).transpose(0, 1).flatten(0, 1)
 
 
 def build_levels(
@@ -574,16 +594,18 @@ def build_levels(
     n2, n3 = plan.seeds.second.numel(), plan.seeds.third.numel()
     r2, r3, t3 = g_seed[:n2, 0], g_seed[n2 : n2 + n3, 0], g_seed[n2 : n2 + n3, 1]
     block0 = seed_positions(plan.seeds, r2, r3, t3, fixed, (n_samples,), rows=True)
-    r, theta, phi = g_full.unbind(1)
+    r, tp = g_full.split((1, 2), dim=1)
     if plan.phi_paths is not None:  # effective dihedrals: sibling offsets and flips
         pad = g.new_zeros((1, n_samples))
         dih = torch.cat((g[:, 2], pad))
         phi = dih.index_select(0, plan.phi_paths.reshape(-1)).unflatten(0, plan.phi_paths.shape).sum(1)
         if plan.flip_paths is not None:
-            flipped = torch.cat(((torch.sin(g[:, 1]) < 0).to(g.dtype) * torch.pi, pad))
+            turned = torch.sin(g[:, 1].index_select(0, plan.flip_rows)) < 0
+            flipped = torch.cat((turned.to(g.dtype) * torch.pi, pad))
             flips = flipped.index_select(0, plan.flip_paths.reshape(-1)).unflatten(0, plan.flip_paths.shape)
             phi = phi + flips.sum(1)
-    loc, rot = local_frames(r, theta, phi)
+        tp = torch.stack((tp[:, 0], phi), dim=1)
+    loc, rot = local_frames(r, tp, plan.read_rows)
     xyz = level_loop(plan, block0, seed_frames(plan, t3), loc, rot)
     return to_xyz(xyz, plan.inverse).reshape(*batch, n, 3)
 
