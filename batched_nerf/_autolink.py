@@ -32,7 +32,10 @@ LINEAR_TOLERANCE_DEG = 5.0
 _LINK_POOL = 64
 
 #: How many of those the vectorised linking looks at first (the rest only when none of these will do).
-_LINK_FEW = 8
+_LINK_FEW = 4
+
+#: Link every component one by one (the reference the vectorised linking is tested against).
+_SEQUENTIAL = False
 
 
 class _Picker:
@@ -169,23 +172,40 @@ def _nearest_earlier(
     """``(K, max(need))`` the ``need[k]`` atoms nearest to ``roots[k]`` among those of lower rank.
 
     Ordered by distance, then by placement position ``pos`` (the order of the
-    sequential build); ``-1`` pads. Searched within a radius that doubles for
-    the roots that have not found enough atoms yet, so only nearby pairs are
-    ever measured.
+    sequential build); ``-1`` pads. Only nearby atoms are ever measured: the
+    ``m`` nearest of all atoms (KD-tree), or those within a radius (cell list),
+    ``m`` or the radius growing for the roots that have not found enough yet.
     """
     width = int(need.max()) if len(need) else 0
     out = np.full((len(roots), width), -1, dtype=np.int64)
     if not len(roots):
         return out
+    tree = _kdtree()
+    kd = tree(xyz) if tree is not None else None
     lo, hi = xyz.min(0), xyz.max(0)
     volume = float(np.prod(hi - lo + 1.0))
     radius = max(1.0, (3.0 * 4 * width * volume / (4.0 * math.pi * len(xyz))) ** (1.0 / 3.0))
+    m = 4 * width
     todo = np.arange(len(roots))
     while todo.size:
-        ia, ib = pairs_within(xyz[roots[todo]], xyz, radius)
+        at = xyz[roots[todo]]
+        if kd is not None:  # the m nearest of all atoms; exact up to the m-th one's distance
+            m = min(m, len(xyz))
+            _, near = kd.query(at, k=m)
+            near = near.reshape(len(todo), m)
+            dist = np.linalg.norm(xyz[near] - at[:, None, :], axis=-1)
+            # atoms not returned are at least as far as the farthest returned one (to rounding)
+            reach = np.full(len(todo), np.inf) if m == len(xyz) else dist.max(1) * (1 - 1e-9)
+            ia = np.repeat(np.arange(len(todo)), m)
+            ib = near.reshape(-1)
+            dist = dist.reshape(-1)
+            keep = dist < reach[ia]
+            ia, ib, dist = ia[keep], ib[keep], dist[keep]
+        else:  # all atoms within the radius
+            ia, ib = pairs_within(at, xyz, radius)
+            dist = np.linalg.norm(xyz[ib] - at[ia], axis=1)
         keep = rank[ib] < rank[roots[todo]][ia]
-        ia, ib = ia[keep], ib[keep]
-        dist = np.linalg.norm(xyz[ib] - xyz[roots[todo][ia]], axis=1)
+        ia, ib, dist = ia[keep], ib[keep], dist[keep]
         o = np.lexsort((pos[ib], dist, ia))
         ia, ib = ia[o], ib[o]
         count = np.bincount(ia, minlength=len(todo))
@@ -195,6 +215,7 @@ def _nearest_earlier(
         out[todo[ia[sel]], within[sel]] = ib[sel]
         todo = todo[~done]
         radius *= 2.0
+        m *= 4
     return out
 
 
@@ -327,14 +348,16 @@ def link_components(
     second_of = groups.first_with(n_refs == 1, n_comp, comp)
     third_of = groups.first_with(n_refs == 2, n_comp, comp)
     k = 0
-    while k < len(seq) and (line is not None or n_before[k] < 3):  # the frame is not settled yet
+    while k < len(seq) and (
+        _SEQUENTIAL or line is not None or n_before[k] < 3
+    ):  # the frame is not settled yet
         placed = build[: n_before[k]]
         _link_one(arr, int(seq[k]), coords, placed, root_of, second_of, third_of, picker)
         if line is not None:
             seeds = [int(v) for v in (root_of[seq[k]], second_of[seq[k]], third_of[seq[k]]) if v >= 0]
             line = _unbend(arr, line, placed.tolist(), seeds, groups[int(seq[k])], picker)
         k += 1
-    _link_rest(arr, seq[k:], coords, build, rank, pos, n_before[k:], root_of, second_of, third_of, picker)
+    _link_rest(arr, seq[k:], coords, rank, pos, n_before[k:], root_of, second_of, third_of, picker)
     return arr
 
 
@@ -361,7 +384,6 @@ def _link_rest(
     refs: np.ndarray,
     seq: np.ndarray,
     xyz: np.ndarray,
-    build: np.ndarray,
     rank: np.ndarray,
     pos: np.ndarray,
     n_before: np.ndarray,
@@ -374,20 +396,42 @@ def _link_rest(
 
     Each component's links depend only on the atoms placed before it, so all are
     chosen together from the :data:`_LINK_FEW` nearest earlier atoms; the rare
-    component for which none of those will do is linked by :func:`_link_one`.
+    component for which none of those will do then from the :data:`_LINK_POOL`
+    nearest, all that the sequential build (:func:`_link_one`) looks at.
     """
     if not len(seq):
         return
-    tol = picker.cos_tol
+    few = np.minimum(_LINK_FEW, n_before)
+    unsure = _link_vectorised(refs, seq, xyz, rank, pos, few, root_of, second_of, third_of, picker.cos_tol)
+    # the rare component for which none of the few nearest will do: all the sequential build looks at
+    again = np.flatnonzero(unsure & (few < np.minimum(_LINK_POOL, n_before)))
+    if again.size:
+        pool = np.minimum(_LINK_POOL, n_before[again])
+        _link_vectorised(refs, seq[again], xyz, rank, pos, pool, root_of, second_of, third_of, picker.cos_tol)
+
+
+def _link_vectorised(
+    refs: np.ndarray,
+    seq: np.ndarray,
+    xyz: np.ndarray,
+    rank: np.ndarray,
+    pos: np.ndarray,
+    need: np.ndarray,
+    root_of: np.ndarray,
+    second_of: np.ndarray,
+    third_of: np.ndarray,
+    tol: float,
+) -> np.ndarray:
+    """:func:`_link_seeds` for many components at once, each from its ``need`` nearest earlier atoms.
+
+    Returns where that was not enough to be sure (no good choice among them).
+    """
     r, s, t = root_of[seq], second_of[seq], third_of[seq]
-    need = np.minimum(_LINK_FEW, n_before)
     cands = _nearest_earlier(xyz, r, rank, pos, need)
-    complete = need >= np.minimum(_LINK_POOL, n_before)
     p0 = cands[:, 0]
     p1, u1 = _pick(xyz, cands, r, p0, [p0], tol)
     p2, u2 = _pick(xyz, cands, p0, p1, [p0, p1], tol)
     refs[r] = np.stack([p0, p1, p2], axis=1)
-    unsure = u1 | u2
     has_s, has_t = s >= 0, t >= 0
     s_, t_ = np.where(has_s, s, r), np.where(has_t, t, r)  # placeholders where there is no such seed
     q0, u3 = _pick(xyz, cands, s_, r, [], tol)
@@ -396,9 +440,7 @@ def _link_rest(
     d, u5 = _pick(xyz, cands, np.where(has_t, b, r), np.where(has_t, a, p0), [], tol)
     refs[s[has_s]] = np.stack([r, q0, q1], axis=1)[has_s]
     refs[t[has_t], 2] = d[has_t]
-    unsure |= (has_s & (u3 | u4)) | (has_t & u5)
-    for k in np.flatnonzero(unsure & ~complete).tolist():
-        _link_one(refs, int(seq[k]), xyz, build[: n_before[k]], root_of, second_of, third_of, picker)
+    return u1 | u2 | (has_s & (u3 | u4)) | (has_t & u5)
 
 
 def _on_line(x: int, r0: int, s0: int, picker: _Picker) -> bool:

@@ -107,6 +107,19 @@ def _radius(symbol: str) -> float:
     return 0.0 if z == 0 else COVALENT_RADII["H" if z == 1 else symbol]
 
 
+def _symbols(elements: Sequence[Any]) -> list[str]:
+    """Canonical symbols of ``elements`` (each distinct spelling checked once), naming the first bad index."""
+    names = [str(el) for el in elements]
+    canonical: dict[str, str] = {}
+    for name in set(names):
+        try:
+            canonical[name] = element_symbol(name)
+        except ValueError:
+            k = names.index(name)
+            element_symbol(elements[k], k)  # raises, naming the index
+    return [canonical[name] for name in names]
+
+
 def as_xyz(xyz: Any, n_atoms: int | None = None, what: str = "xyz") -> np.ndarray:
     """``(N, 3)`` float64 numpy copy of coordinates (numpy, lists or torch); checks shape, finiteness."""
     if hasattr(xyz, "detach"):
@@ -316,8 +329,9 @@ def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = D
         raise ValueError(f"got {len(elements)} elements for {len(coords)} atoms")
     if not scale > 0:
         raise ValueError(f"scale must be positive, got {scale!r}")
-    symbols = [element_symbol(el, k) for k, el in enumerate(elements)]
-    radii = np.array([_radius(s) for s in symbols], dtype=np.float64).reshape(-1)
+    symbols = _symbols(elements)
+    radius = {sym: _radius(sym) for sym in set(symbols)}
+    radii = np.array([radius[sym] for sym in symbols], dtype=np.float64).reshape(-1)
     coincident = np.maximum(COINCIDENT_FRACTION / 2 * radii, 5e-5)
     reach = scale * radii
     # one neighbour search serves both tests: its reach covers either
