@@ -347,7 +347,7 @@ def link_components(
     n_before = len(placed_atoms) + np.concatenate([[0], np.cumsum(groups.sizes[seq])[:-1]])
     second_of = groups.first_with(n_refs == 1, n_comp, comp)
     third_of = groups.first_with(n_refs == 2, n_comp, comp)
-    k = 0
+    k = 0  # one by one while the frame is not settled yet
     while k < len(seq) and (
         _SEQUENTIAL or line is not None or n_before[k] < 3
     ):  # the frame is not settled yet
