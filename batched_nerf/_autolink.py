@@ -348,9 +348,7 @@ def link_components(
     second_of = groups.first_with(n_refs == 1, n_comp, comp)
     third_of = groups.first_with(n_refs == 2, n_comp, comp)
     k = 0  # one by one while the frame is not settled yet
-    while k < len(seq) and (
-        _SEQUENTIAL or line is not None or n_before[k] < 3
-    ):  # the frame is not settled yet
+    while k < len(seq) and (_SEQUENTIAL or line is not None or n_before[k] < 3):
         placed = build[: n_before[k]]
         _link_one(arr, int(seq[k]), coords, placed, root_of, second_of, third_of, picker)
         if line is not None:
