@@ -44,6 +44,9 @@ __all__ = [
 #: How many nearby earlier atoms the last-resort search considers.
 _POOL = 16
 
+#: Fragments of up to this many atoms get their rows all at once in numpy (the same rows as atom by atom).
+_SMALL = 3
+
 #: Atoms closer than this (in the unit of ``xyz``) are rejected as coincident.
 COINCIDENT_DISTANCE = 1e-4
 
@@ -168,7 +171,7 @@ def _refs_from_pairs(
     sizes = np.bincount(comp, minlength=n_comp)
     size = sizes[comp]
     atoms = np.argsort(comp, kind="stable")  # by fragment, in index order
-    general = size[atoms] > 3
+    general = size[atoms] > _SMALL
     if root is not None:
         general |= comp[atoms] == comp[root]
     # two atoms a < b: the centre is b, so a gets (b, -1, -1)
