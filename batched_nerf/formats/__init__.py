@@ -3,7 +3,7 @@
 * :mod:`.xyz`: XYZ coordinate files, single- and multi-frame.
 * :mod:`.gaussian`: Gaussian input files and Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
 * :mod:`.bgflow`: the integer z-matrices of bgflow / bgmol.
-* :mod:`.chemcoord`: chemcoord ``Zmat`` objects (needs ``chemcoord``).
+* :mod:`.chemcoord`: chemcoord ``Zmat`` objects and files (needs ``chemcoord``).
 * :mod:`.ase`: ASE ``Atoms`` (needs ``ase``).
 * :mod:`.rdkit`: construction tables and coordinates from RDKit molecules (needs ``rdkit``).
 
