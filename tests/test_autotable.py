@@ -432,3 +432,34 @@ def test_components_in_numpy_match_a_graph_search() -> None:
     n = 5000
     comp, count = components(n, np.arange(n - 1)[::-1] + 1, np.arange(n - 1)[::-1])
     assert count == 1 and not comp.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70), st.integers(0, 2**31 - 1), st.floats(0.0, 1.0), st.booleans(), st.booleans())
+def test_vectorised_linking_equals_linking_one_by_one(
+    n: int, seed: int, p_new: float, grid: bool, anchor: bool
+) -> None:
+    """Random forests at random or grid positions (exact ties and straight lines): the same rows."""
+    import batched_nerf._autolink as autolink
+
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > p_new]
+    if grid:
+        points = np.stack(np.meshgrid(*[np.arange(5.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 1.5
+        xyz = points[rng.permutation(len(points))[:n]]
+    else:
+        xyz = rng.normal(size=(n, 3)) * 4.0
+    refs = refs_from_connectivity(pairs, n, xyz=xyz, link_fragments=False).refs
+    fixed = None
+    if anchor:  # the first fragment fixed: the others link to it
+        comp = np.array(_components(_adjacency(np.array(pairs).reshape(-1, 2), n)))
+        fixed = np.flatnonzero(comp == 0)
+        refs = refs.copy()
+        refs[fixed] = -1
+    fast = autolink.link_components(refs, xyz, fixed=fixed)
+    autolink._SEQUENTIAL = True
+    try:
+        slow = autolink.link_components(refs, xyz, fixed=fixed)
+    finally:
+        autolink._SEQUENTIAL = False
+    np.testing.assert_array_equal(fast, slow)
