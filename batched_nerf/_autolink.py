@@ -5,9 +5,10 @@ from the first (shell by shell), and gives the seed rows of each references to
 the nearest atoms placed before it. Each component's links depend only on the
 atoms placed before it, so after the first few (while the build's frame is not
 yet settled) all components are linked at once in numpy: the nearest earlier
-atoms come from a cell list or KD-tree search
-(:func:`~batched_nerf._perceive.pairs_within`), never from all pairs, and the
-result is the same as linking them one by one.
+atoms come from a cell list (:func:`~batched_nerf._perceive.pairs_within`),
+the distance of each fragment to the first from a KD-tree (scipy, when
+importable) or blocks of numpy, never from all pairs at once, and the result is
+the same as linking them one by one.
 
 Also here: component labels in numpy and the reference picker that avoids
 near-linear triples (shared with :mod:`batched_nerf._autotable`).
@@ -21,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._perceive import _CHUNK, _kdtree, as_xyz, pairs_within
+from ._perceive import _CHUNK, _kdtree, as_xyz
+from ._perceive import pairs_within as _cell_pairs_within
 
 __all__ = ["LINEAR_TOLERANCE_DEG", "badness", "components", "link_components", "ref_components"]
 
@@ -172,40 +174,24 @@ def _nearest_earlier(
     """``(K, max(need))`` the ``need[k]`` atoms nearest to ``roots[k]`` among those of lower rank.
 
     Ordered by distance, then by placement position ``pos`` (the order of the
-    sequential build); ``-1`` pads. Only nearby atoms are ever measured: the
-    ``m`` nearest of all atoms (KD-tree), or those within a radius (cell list),
-    ``m`` or the radius growing for the roots that have not found enough yet.
+    sequential build); ``-1`` pads. Only nearby atoms are ever measured: those
+    within a radius (cell list), the radius doubling for the roots that have
+    not found enough yet. (A cell list beats scipy's k-nearest query here: the
+    rank filter would discard half of what the tree returns.)
     """
     width = int(need.max()) if len(need) else 0
     out = np.full((len(roots), width), -1, dtype=np.int64)
     if not len(roots):
         return out
-    tree = _kdtree()
-    kd = tree(xyz) if tree is not None else None
     lo, hi = xyz.min(0), xyz.max(0)
     volume = float(np.prod(hi - lo + 1.0))
     radius = max(1.0, (3.0 * 4 * width * volume / (4.0 * math.pi * len(xyz))) ** (1.0 / 3.0))
-    m = 4 * width
     todo = np.arange(len(roots))
     while todo.size:
-        at = xyz[roots[todo]]
-        if kd is not None:  # the m nearest of all atoms; exact up to the m-th one's distance
-            m = min(m, len(xyz))
-            _, near = kd.query(at, k=m)
-            near = near.reshape(len(todo), m)
-            dist = np.linalg.norm(xyz[near] - at[:, None, :], axis=-1)
-            # atoms not returned are at least as far as the farthest returned one (to rounding)
-            reach = np.full(len(todo), np.inf) if m == len(xyz) else dist.max(1) * (1 - 1e-9)
-            ia = np.repeat(np.arange(len(todo)), m)
-            ib = near.reshape(-1)
-            dist = dist.reshape(-1)
-            keep = dist < reach[ia]
-            ia, ib, dist = ia[keep], ib[keep], dist[keep]
-        else:  # all atoms within the radius
-            ia, ib = pairs_within(at, xyz, radius)
-            dist = np.linalg.norm(xyz[ib] - at[ia], axis=1)
-        keep = rank[ib] < rank[roots[todo]][ia]
-        ia, ib, dist = ia[keep], ib[keep], dist[keep]
+        mine = rank[roots[todo]]
+        ia, ib, dist = _cell_pairs_within(
+            xyz[roots[todo]], xyz, radius, lambda i, j, mine=mine: rank[j] < mine[i]
+        )
         o = np.lexsort((pos[ib], dist, ia))
         ia, ib = ia[o], ib[o]
         count = np.bincount(ia, minlength=len(todo))
@@ -215,7 +201,6 @@ def _nearest_earlier(
         out[todo[ia[sel]], within[sel]] = ib[sel]
         todo = todo[~done]
         radius *= 2.0
-        m *= 4
     return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,10 +183,19 @@ def _cells(points: np.ndarray, origin: np.ndarray, h: float) -> np.ndarray:
     return np.floor((points - origin) / h).astype(np.int64) + 1  # one empty layer of padding
 
 
-def _cell_candidates(a: np.ndarray, b: np.ndarray, radius: float) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Chunks of index pairs ``(ia, ib)`` of points in neighbouring cells of side ``>= radius``.
+#: The 27 cell offsets of a neighbourhood, and the 14 of a half one (each unordered cell pair once).
+_OFFSETS = list(itertools.product((-1, 0, 1), repeat=3))
+_HALF = [o for o in _OFFSETS if o >= (0, 0, 0)]
+
+
+def _cell_candidates(
+    a: np.ndarray, b: np.ndarray, radius: float, offsets: list[tuple[int, ...]] = _OFFSETS
+) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
+    """Chunks ``(ia, ib, same_cell)`` of index pairs of points in neighbouring cells of side ``>= radius``.
 
     Every pair closer than ``radius`` is among them (and more); no Python loop over points.
+    With ``a is b`` and the half neighbourhood :data:`_HALF`, the same-cell
+    chunks hold each pair in both orders, the others each pair once.
     """
     both = np.concatenate([a, b])
     lo = both.min(0)
@@ -198,10 +207,18 @@ def _cell_candidates(a: np.ndarray, b: np.ndarray, radius: float) -> Iterator[tu
     key_b = (cb[:, 0] * dims[1] + cb[:, 1]) * dims[2] + cb[:, 2]
     order = np.argsort(key_b, kind="stable")
     sorted_b = key_b[order]
-    for dx, dy, dz in itertools.product((-1, 0, 1), repeat=3):
+    n_cells = int(np.prod(dims))
+    dense = n_cells <= max(8 * len(b), 1 << 16)  # a table per cell, else binary search
+    if dense:
+        cell_count = np.bincount(key_b, minlength=n_cells)
+        cell_first = np.cumsum(cell_count) - cell_count
+    for dx, dy, dz in offsets:
         nid = key_a + (dx * dims[1] + dy) * dims[2] + dz
-        first = np.searchsorted(sorted_b, nid, "left")
-        counts = np.searchsorted(sorted_b, nid, "right") - first
+        if dense:
+            first, counts = cell_first[nid], cell_count[nid]
+        else:
+            first = np.searchsorted(sorted_b, nid, "left")
+            counts = np.searchsorted(sorted_b, nid, "right") - first
         total = np.cumsum(counts)
         start = 0
         while start < len(a):  # chunks of about _CHUNK pairs
@@ -210,29 +227,35 @@ def _cell_candidates(a: np.ndarray, b: np.ndarray, radius: float) -> Iterator[tu
             cnt = counts[start:stop]
             ia = np.repeat(np.arange(start, stop), cnt)
             offset = np.repeat(first[start:stop] - (total[start:stop] - cnt - base), cnt)
-            yield ia, order[offset + np.arange(len(ia))]
+            yield ia, order[offset + np.arange(len(ia))], (dx, dy, dz) == (0, 0, 0)
             start = stop
 
 
-def pairs_within(a: np.ndarray, b: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
-    """All index pairs ``(ia, ib)`` with ``|a[ia] - b[ib]| < radius``, sorted by ``ia`` then ``ib``."""
+def pairs_within(
+    a: np.ndarray,
+    b: np.ndarray,
+    radius: float,
+    allow: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Index pairs ``(ia, ib)`` with ``|a[ia] - b[ib]| < radius`` (and ``allow(ia, ib)``), and the distances.
+
+    Unordered; by the numpy cell list. ``allow`` filters candidates before any
+    distance is measured.
+    """
+    empty = np.zeros(0, dtype=np.int64)
     if not len(a) or not len(b) or not radius > 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty
-    tree = _kdtree()
-    if tree is not None:
-        found = tree(a).sparse_distance_matrix(tree(b), radius * (1 + 1e-9), output_type="ndarray")
-        chunks = [(found["i"].astype(np.int64), found["j"].astype(np.int64))]
-    else:
-        chunks = _cell_candidates(a, b, radius)
-    ia_all, ib_all = [], []
-    for ia, ib in chunks:
-        keep = np.linalg.norm(a[ia] - b[ib], axis=1) < radius
+        return empty, empty, np.zeros(0)
+    ia_all, ib_all, d_all = [empty], [empty], [np.zeros(0)]
+    for ia, ib, _ in _cell_candidates(a, b, radius):
+        if allow is not None:
+            keep = allow(ia, ib)
+            ia, ib = ia[keep], ib[keep]
+        dist = np.linalg.norm(b[ib] - a[ia], axis=1)
+        keep = dist < radius
         ia_all.append(ia[keep])
         ib_all.append(ib[keep])
-    ia, ib = np.concatenate(ia_all), np.concatenate(ib_all)
-    order = np.lexsort((ib, ia))
-    return ia[order], ib[order]
+        d_all.append(dist[keep])
+    return np.concatenate(ia_all), np.concatenate(ib_all), np.concatenate(d_all)
 
 
 def close_pairs(coords: np.ndarray, reach: np.ndarray) -> np.ndarray:
@@ -244,13 +267,16 @@ def close_pairs(coords: np.ndarray, reach: np.ndarray) -> np.ndarray:
     tree = _kdtree()
     if tree is not None:
         found = tree(coords).query_pairs(radius * (1 + 1e-9), output_type="ndarray").astype(np.int64)
-        chunks = [(found.min(1), found.max(1))]
+        chunks = [(found.min(1), found.max(1), True)]
     else:
-        chunks = _cell_candidates(coords, coords, radius)
+        chunks = _cell_candidates(coords, coords, radius, _HALF)
     found_i, found_j = [], []
-    for i, j in chunks:
-        keep = i < j
-        i, j = i[keep], j[keep]
+    for i, j, same_cell in chunks:
+        if same_cell:  # both orders (and i == j): keep i < j
+            keep = i < j
+            i, j = i[keep], j[keep]
+        else:  # each pair once, in either order
+            i, j = np.minimum(i, j), np.maximum(i, j)
         close = np.linalg.norm(coords[i] - coords[j], axis=1) < reach[i] + reach[j]
         found_i.append(i[close])
         found_j.append(j[close])
