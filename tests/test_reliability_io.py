@@ -62,11 +62,17 @@ def test_write_zmat_third_seed_angle_above_180_is_the_same_molecule() -> None:
     z = water_zmatrix()
     angles = z.angles.clone()
     angles[2] = math.radians(360 - 104.5)
+    odd = bn.ZMatrix(z.table, z.bonds, angles, z.dihedrals, elements=z.elements)
     out = io.StringIO()
-    write_zmat(out, bn.ZMatrix(z.table, z.bonds, angles, z.dihedrals, elements=z.elements), precision=10)
+    write_zmat(out, odd, precision=10)
     assert out.getvalue().splitlines()[2] == "H 1 0.9600000000 2 104.5000000000"
     back = read_zmat(io.StringIO(out.getvalue()))
     torch.testing.assert_close(back.angles, z.angles)
+    # the same molecule (turned about its first bond): all distances agree, chirality too
+    x, y = odd.to_cartesian(), back.to_cartesian()
+    torch.testing.assert_close(torch.cdist(x, x), torch.cdist(y, y), atol=1e-9, rtol=0)
+    volume = torch.linalg.det(torch.stack([x[1] - x[0], x[2] - x[0], x[3] - x[0]]))
+    torch.testing.assert_close(volume, torch.linalg.det(torch.stack([y[1] - y[0], y[2] - y[0], y[3] - y[0]])))
 
 
 @pytest.mark.parametrize("label", ["C 1", "", " C", "C,1", "C!", "1C"])
