@@ -152,7 +152,11 @@ def _bent(
 
 
 def _nearest_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Distance from each point of ``a`` to the nearest point of ``b`` (KD-tree or blocked numpy)."""
+    """Distance from each point of ``a`` to the nearest point of ``b`` (KD-tree or blocked numpy).
+
+    Both take a few nearest candidates and measure them as ``|a - b|``, so both
+    give the same, exact distances.
+    """
     if not len(a):
         return np.zeros(0)
     tree = _kdtree()
@@ -161,10 +165,20 @@ def _nearest_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         _, idx = tree(b).query(a, k=k)
         idx = idx.reshape(len(a), k)
         return np.linalg.norm(a[:, None, :] - b[idx], axis=-1).min(1)
+    # numpy: blocks of squared distances by matrix product pick a few candidates, measured as above
     out = np.empty(len(a))
+    k = min(4, len(b))
+    b2 = (b * b).sum(1)
     step = max(1, _CHUNK // max(len(b), 1))
-    for k in range(0, len(a), step):
-        out[k : k + step] = np.linalg.norm(a[k : k + step, None, :] - b[None, :, :], axis=-1).min(1)
+    for lo in range(0, len(a), step):
+        rows = a[lo : lo + step]
+        d2 = (rows * rows).sum(1)[:, None] + b2[None, :] - 2.0 * (rows @ b.T)
+        idx = (
+            np.argpartition(d2, k - 1, axis=1)[:, :k]
+            if k < len(b)
+            else np.broadcast_to(np.arange(k), d2.shape)
+        )
+        out[lo : lo + step] = np.linalg.norm(rows[:, None, :] - b[idx], axis=-1).min(1)
     return out
 
 
