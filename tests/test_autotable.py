@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -463,3 +465,18 @@ def test_vectorised_linking_equals_linking_one_by_one(
     finally:
         autolink._SEQUENTIAL = False
     np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize(("n_a", "n_b"), [(50, 1), (5, 3), (700, 400)])
+def test_nearest_distances_are_exact_with_either_backend(n_a: int, n_b: int) -> None:
+    """The shell order of fragment linking: distances to the first fragment, bit for bit as brute force."""
+    from batched_nerf._autolink import _nearest_distance
+    from batched_nerf._perceive import neighbour_backend
+
+    rng = np.random.default_rng(n_a)
+    a, b = rng.uniform(-40, 40, (n_a, 3)), rng.uniform(-15, 15, (n_b, 3))
+    brute = np.linalg.norm(a[:, None] - b[None], axis=-1).min(1)
+    backends = ["numpy"] + (["scipy"] if importlib.util.find_spec("scipy") else [])
+    for backend in backends:
+        with neighbour_backend(backend):
+            np.testing.assert_array_equal(_nearest_distance(a, b), brute)
