@@ -15,6 +15,12 @@ the ions of a salt, solvent molecules) are *linked* into one build by
 the nearest atoms already placed. Those references are not chemical bonds;
 :func:`nonbonded_references` marks them (and any other non-bonded reference).
 
+At scale (solvent boxes): the fragments of up to three atoms (water, ions)
+get their rows all at once in numpy, exactly the rows the per-atom rules give
+them; larger fragments go atom by atom (about 50-80 us per atom). Components,
+bond pairs and the non-bonded mask are numpy throughout; the linking lives in
+:mod:`batched_nerf._autolink`, bond perception in :mod:`batched_nerf._perceive`.
+
 This module works on numpy arrays only; :class:`~batched_nerf.ConstructionTable`
 wraps its results (``ConstructionTable.from_connectivity``, ``from_xyz``).
 """
