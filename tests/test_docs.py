@@ -139,3 +139,24 @@ def test_doc_code_runs(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             if not missing:
                 raise
             pytest.skip(f"{name}:{block.line}: needs the optional package(s) {', '.join(missing)}")
+
+
+_COMMAND = re.compile(r"`python ((?:[\w.-]+/)*[\w.-]+\.py)\b")
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+
+def test_commands_and_links_name_files_that_exist() -> None:
+    """``python path/to/script.py`` (from the repository root) and relative links point to real files."""
+    missing = []
+    for name in PAGES:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        for m in _COMMAND.finditer(text):
+            if not (ROOT / m.group(1)).is_file():
+                missing.append(f"{name}: `python {m.group(1)}`")
+        for m in _LINK.finditer(text):
+            target = m.group(1)
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not ((ROOT / name).parent / target).exists():
+                missing.append(f"{name}: link {target}")
+    assert not missing, "\n".join(missing)
