@@ -21,9 +21,10 @@ Marking a block as a fragment
     ```pycon) are never run.
 
 Optional packages
-    A block importing one of :data:`OPTIONAL` (directly, or through an adapter
-    that raises ImportError) when it is absent skips the rest of its page with a
-    reason naming the page, the line and the package.
+    A block importing one of :data:`OPTIONAL` (at its top level, or through an
+    adapter that raises ImportError) when it is absent skips the rest of its page
+    with a reason naming the page, the line and the package. A block may instead
+    guard the import itself (``try: import mdtraj`` / ``except ImportError``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ def python_blocks(text: str) -> list[Block]:
 
 
 def _imports(code: str) -> set[str]:
+    """Top-level modules of the block's unguarded imports (not those in ``try``, ``if`` or functions)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.parse(code).body:
         if isinstance(node, ast.Import):
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -160,3 +162,9 @@ def test_commands_and_links_name_files_that_exist() -> None:
             if not ((ROOT / name).parent / target).exists():
                 missing.append(f"{name}: link {target}")
     assert not missing, "\n".join(missing)
+
+
+def test_guarded_imports_are_not_requirements() -> None:
+    code = "import os\nimport rdkit.Chem\nfrom ase import Atoms\n"
+    code += "try:\n    import mdtraj\nexcept ImportError:\n    pass\n"
+    assert _imports(code) == {"os", "rdkit", "ase"}
