@@ -161,14 +161,13 @@ def _import_chemcoord() -> Any:
 
 
 def _read_chemcoord(path: str) -> ZMatrix:
-    from .formats.chemcoord import from_chemcoord
+    from .formats.chemcoord import read_chemcoord
 
-    cc = _import_chemcoord()
+    _import_chemcoord()
     if not os.path.exists(path):
         raise CliError(f"cannot read {path!r}: No such file or directory")
-    try:
-        zmat = cc.Zmat.read_zmat(path)
-        return from_chemcoord(zmat)
+    try:  # checks the lines (byte-order marks, empty or malformed files: named by line and atom)
+        return read_chemcoord(path)
     except Exception as exc:  # chemcoord raises many kinds of errors
         raise _bad_input(path, exc) from None
 
