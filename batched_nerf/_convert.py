@@ -12,12 +12,14 @@ from . import engines
 from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
+from .engines import fused_inverse
 from .engines.dispatch import auto_method
 from .engines.inverse import InternalCoordinates
 
-__all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
+__all__ = ["InternalCoordinates", "InverseMethod", "Method", "to_cartesian", "to_internal"]
 
 Method = Literal["auto", "levels", "scan"]
+InverseMethod = Literal["auto", "fused", "torch"]
 _METHODS = ("auto", *engines.METHODS)
 
 
@@ -132,7 +134,12 @@ def to_cartesian(
 
 
 def to_internal(
-    xyz: Any, table: ConstructionTable, *, degrees: bool = False, return_pose: bool = False
+    xyz: Any,
+    table: ConstructionTable,
+    *,
+    degrees: bool = False,
+    return_pose: bool = False,
+    method: InverseMethod = "auto",
 ) -> InternalCoordinates | tuple[InternalCoordinates, Pose]:
     r"""Internal coordinates of every atom from Cartesian coordinates.
 
@@ -154,6 +161,11 @@ def to_internal(
             translation)`` of the seeded components, such that
             ``to_cartesian(*ic, table, rotation=R, translation=t)`` reproduces
             ``xyz``.
+        method: ``"fused"`` (numba kernels on the CPU, float32/float64; their
+            first and second derivatives are kernels too), ``"torch"`` (torch
+            operations, any device and dtype) or ``"auto"`` (``"fused"`` where it
+            can run, else ``"torch"``). Both give the same values and derivatives
+            to rounding; under ``torch.compile`` the torch operations are traced.
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
@@ -161,7 +173,8 @@ def to_internal(
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
-        ValueError: ``xyz`` is not ``(..., N, 3)``.
+        ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``, or
+            ``method="fused"`` off the CPU, for another dtype or without numba.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -171,7 +184,9 @@ def to_internal(
         ([0.0, 0.0, 90.0, 90.0], 90.0)
     """
     x = check_xyz(xyz, check_table(table))
-    ic = engines.get("inverse").build(table.plan("inverse", x.device), x)
+    fused = fused_inverse.use_fused(method, x)
+    build = fused_inverse.internal_from_xyz if fused else engines.get("inverse").build
+    ic = build(table.plan("inverse", x.device), x)
     if degrees:
         ic = InternalCoordinates(ic.bonds, ic.angles / DEG, ic.dihedrals / DEG)
     if return_pose:
