@@ -8,8 +8,13 @@ instead of a chain of torch kernels. Derivatives are kernels too:
 * :class:`FusedInternal`: ``xyz -> (bonds, angles, dihedrals)``; its backward is
 * :class:`FusedInternalVJP`: ``(xyz, g) -> J^T g``; its backward is
 * :class:`FusedInternalSecond`: ``(xyz, g, V) -> (sum_k g_k H_k V, J V)``, whose own
-  backward (third order) and every ``jvp`` (forward mode) run the torch engine's
-  graph through :mod:`torch.func`, so every order stays exact.
+  backward (third order) runs the torch engine's graph through :mod:`torch.func`,
+  so every order stays exact.
+
+Forward mode: :class:`FusedInternal`'s ``jvp`` is ``J t`` from the second-order
+kernel; the ``jvp`` of the other two run the torch engine through
+:func:`torch.func.jvp` (``torch.func`` transforms only: plain
+``torch.autograd.forward_ad`` cannot nest it).
 
 Each Function has a ``vmap`` staticmethod (vmapped dims moved to the front; the
 kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` and
@@ -74,24 +79,46 @@ def _kernels() -> ModuleType:
     return mod
 
 
+def _forward_mode_levels() -> int:
+    """How many ``torch.func`` forward-mode transforms (``jvp``, ``jacfwd``) enclose this call."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:  # pragma: no cover - private torch API moved
+        return 0
+    return sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
 def use_fused(method: str, xyz: Tensor) -> bool:
     """Whether ``to_internal(method=method)`` runs the fused kernels on ``xyz``.
 
-    ``"auto"``: on the CPU, for float32/float64, when numba is installed and no
-    ``torch.compile`` is tracing (the kernels are opaque to it); ``"torch"``: never;
+    ``"auto"``: on the CPU, for float32/float64, when numba is installed, no
+    ``torch.compile`` is tracing (the kernels are opaque to it) and at most one
+    ``torch.func`` forward-mode transform encloses the call; ``"torch"``: never;
     ``"fused"``: always, except under ``torch.compile``, which traces the torch engine.
+
+    Nested forward mode (``jacfwd(jacfwd(f))``, ``jvp`` of ``jvp``) through an
+    autograd.Function silently drops the outer tangents in torch 2.13
+    (pytorch/pytorch#197867), so it takes the torch engine.
 
     Raises:
         ValueError: an unknown ``method``, or ``"fused"`` for inputs it cannot take
-            (not on the CPU, another dtype, numba missing).
+            (not on the CPU, another dtype, numba missing, nested forward mode).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "torch" or torch.compiler.is_compiling():
         return False
     ok = xyz.device.type == "cpu" and xyz.dtype in _DTYPES
+    nested = _forward_mode_levels() > 1
     if method == "auto":
-        return ok and available()
+        return ok and not nested and available()
+    if nested:
+        raise ValueError(
+            "method='fused' cannot run under nested forward-mode transforms (jacfwd(jacfwd(f)), jvp of "
+            "jvp): torch drops the outer tangents of an autograd.Function's jvp (pytorch/pytorch#197867); "
+            "use method='auto' or 'torch'"
+        )
     if xyz.device.type != "cpu":
         raise ValueError(f"method='fused' runs on the CPU only, got xyz on {xyz.device}")
     if xyz.dtype not in _DTYPES:
@@ -226,7 +253,8 @@ class FusedInternal(torch.autograd.Function):
     @staticmethod
     def jvp(ctx: Any, t_xyz: Tensor, _t_plan: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
         (xyz,) = ctx.saved_tensors
-        return _ref_jvp(lambda x: _ref(ctx.plan, x), (xyz,), (t_xyz,))
+        zero = xyz.new_zeros(()).expand(xyz.shape[:-1])
+        return FusedInternalSecond.apply(xyz, zero, zero, zero, t_xyz, ctx.plan)[1:]  # J t, a kernel
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], xyz: Tensor, plan: InversePlan) -> Any:  # type: ignore[override]
