@@ -17,6 +17,7 @@ pytest.importorskip("numba", reason="the fused inverse map needs numba")
 testing = pytest.importorskip("batched_nerf.testing", reason="needs hypothesis")
 
 F64 = torch.float64
+METHODS = ("fused", "torch")
 BRANCHED = bn.ConstructionTable([[4, -1, -1], [4, 0, 2], [0, 4, -1], [4, 0, 1], [-1, -1, -1], [2, 0, 4]])
 FIXED = bn.ConstructionTable(
     [[-1, -1, -1], [3, 0, 5], [1, 3, 0], [-1, -1, -1], [2, 1, 3], [-1, -1, -1]], fixed=[3, 0, 5]
@@ -37,7 +38,9 @@ def _tables() -> dict[str, bn.ConstructionTable]:
 TABLES = _tables()
 
 
-def both(x: torch.Tensor, table: bn.ConstructionTable) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+def both(
+    x: torch.Tensor, table: bn.ConstructionTable
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     return tuple(bn.to_internal(x, table, method="fused")), tuple(bn.to_internal(x, table, method="torch"))
 
 
@@ -190,7 +193,9 @@ def test_gradcheck_and_gradgradcheck(name: str) -> None:
 def test_vjp_and_second_order_match_torch_engine(name: str) -> None:
     table = TABLES[name]
     x = random_xyz(table, (3,), seed=11).requires_grad_()
-    g = [torch.randn(3, table.n_atoms, dtype=F64, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+    g = [
+        torch.randn(3, table.n_atoms, dtype=F64, generator=torch.Generator().manual_seed(k)) for k in range(3)
+    ]
     v = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(9))
     res = {}
     for method in ("fused", "torch"):
@@ -249,7 +254,9 @@ def test_torch_func_transforms() -> None:
     table = TABLES["branched"]
     x = random_xyz(table, (), seed=2)
     xs = random_xyz(table, (4,), seed=3)
-    vec = {m: (lambda x, m=m: torch.cat(tuple(bn.to_internal(x, table, method=m)))) for m in ("fused", "torch")}
+    vec = {
+        m: (lambda x, m=m: torch.cat(tuple(bn.to_internal(x, table, method=m)))) for m in ("fused", "torch")
+    }
 
     def scalar(x: torch.Tensor, m: str) -> torch.Tensor:
         ic = bn.to_internal(x, table, method=m)
@@ -270,7 +277,11 @@ def test_torch_func_transforms() -> None:
     close(jacrev(jacrev(lambda x: scalar(x, "fused")))(x), h, atol=1e-10)
     close(jacfwd(jacfwd(lambda x: scalar(x, "auto")))(x), h, atol=1e-10)  # nested forward mode: torch
     close(jacrev(jacfwd(lambda x: scalar(x, "fused")))(x), h, atol=1e-10)
-    close(vmap(hessian(lambda x: scalar(x, "fused")))(xs), vmap(hessian(lambda x: scalar(x, "torch")))(xs), atol=1e-10)
+    close(
+        vmap(hessian(lambda x: scalar(x, "fused")))(xs),
+        vmap(hessian(lambda x: scalar(x, "torch")))(xs),
+        atol=1e-10,
+    )
 
 
 def test_forward_mode_autograd() -> None:
