@@ -15,6 +15,7 @@ from batched_nerf.engines import fused_inverse
 
 pytest.importorskip("numba", reason="the fused inverse map needs numba")
 testing = pytest.importorskip("batched_nerf.testing", reason="needs hypothesis")
+numba_kernels = pytest.importorskip("batched_nerf.engines.fused_inverse_numba")
 
 F64 = torch.float64
 METHODS = ("fused", "torch")
@@ -100,6 +101,25 @@ def test_values_match_torch_engine(name: str, batch: tuple[int, ...]) -> None:
     for f, r in zip(fused, ref):
         assert f.shape == (*batch, table.n_atoms)
         close(f, r)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_parallel_schedules_match_serial(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = TABLES["protein"]
+    x = random_xyz(table, (batch,), seed=1).requires_grad_()
+    v = random_xyz(table, (batch,), seed=2)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        ic = bn.to_internal(x, table, method="fused")
+        q = (ic.bonds**2).sum() + ic.angles.sin().sum() + ic.dihedrals.cos().sum()
+        (g,) = torch.autograd.grad(q, x, create_graph=True)
+        (h,) = torch.autograd.grad(g, x, v)
+        return (*ic, g, h)
+
+    serial = run()
+    monkeypatch.setattr(numba_kernels, "PARALLEL_ROWS", 0)
+    for s, p in zip(serial, run()):
+        close(s, p)
 
 
 @given(data=st.data())
@@ -208,8 +228,14 @@ def test_vjp_and_second_order_match_torch_engine(name: str) -> None:
         close(f, r, atol=1e-11)
 
 
-@pytest.mark.parametrize("batch", [1, 64])  # one kernel path per sample count (rows buffer / by sample)
-def test_committor_pattern_matches_torch_engine(batch: int) -> None:
+@pytest.mark.parametrize("batch", [1, 64])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_committor_pattern_matches_torch_engine(
+    batch: int, parallel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every kernel schedule: serial, and in parallel by rows (B=1) and by samples (B=64, >= threads)."""
+    if parallel:
+        monkeypatch.setattr(numba_kernels, "PARALLEL_ROWS", 0)
     table = TABLES["alanine"]
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).double()

@@ -22,9 +22,10 @@ writing the caller's dtype:
   (forward-over-reverse), so it is the exact derivative of the adjoint, branch
   for branch.
 
-Scatters never race: with at least as many samples as threads a thread owns whole
-samples (atoms in sequence); with fewer, the rows' contributions are computed in
-parallel into a buffer and summed per sample afterwards.
+Calls of fewer than :data:`PARALLEL_ROWS` rows run on one thread. Scatters never
+race: with at least as many samples as threads a thread owns whole samples (atoms
+in sequence); with fewer, the rows' contributions are computed in parallel into a
+buffer and summed per sample afterwards.
 """
 
 from __future__ import annotations
@@ -395,19 +396,6 @@ def _scatter_sample(out, s, buf):  # type: ignore[no-untyped-def]
         _put(out, s, j, (buf[j, 0], buf[j, 1], buf[j, 2]))
 
 
-@pjit
-def _scatter_rows(rows, refs, out):  # type: ignore[no-untyped-def]
-    """``out[s]`` = row contributions ``rows`` ``(B, N, 4, 3)`` summed into their atoms."""
-    n = rows.shape[1]
-    for s in prange(rows.shape[0]):
-        buf = np.zeros((n, 3))
-        for i in range(n):
-            _acc(buf, i, (rows[s, i, 0, 0], rows[s, i, 0, 1], rows[s, i, 0, 2]))
-            for k in range(3):
-                _acc(buf, refs[i, k], (rows[s, i, k + 1, 0], rows[s, i, k + 1, 1], rows[s, i, k + 1, 2]))
-        _scatter_sample(out, s, buf)
-
-
 @jit
 def _store_row(rows, s, i, ci, cb, ca, cd):  # type: ignore[no-untyped-def]
     for k in range(3):
@@ -418,15 +406,22 @@ def _store_row(rows, s, i, ci, cb, ca, cd):  # type: ignore[no-untyped-def]
 
 
 # --------------------------------------------------------------------------
-# Kernels
+# Kernels: serial loops over a range of rows or samples, and parallel drivers
 # --------------------------------------------------------------------------
 
+#: Below this many rows (samples x atoms) a call runs on one thread: a parallel
+#: launch costs more than it saves (and much more on a loaded machine).
+PARALLEL_ROWS = 4096
 
-@pjit
-def forward(xyz, refs, hb, ha, hd, bonds, angles, dihedrals):  # type: ignore[no-untyped-def]
-    """``xyz`` ``(B, N, 3)`` -> ``bonds, angles, dihedrals`` ``(B, N)`` (written in place)."""
-    n_samples, n = xyz.shape[0], xyz.shape[1]
-    for k in prange(n_samples * n):
+
+def _chunks() -> int:
+    return 4 * numba.get_num_threads()
+
+
+@jit
+def _forward_range(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, k0, k1):  # type: ignore[no-untyped-def]
+    n = xyz.shape[1]
+    for k in range(k0, k1):
         s = k // n
         i = k - s * n
         r, th, ph = 0.0, 0.0, 0.0
@@ -445,10 +440,29 @@ def forward(xyz, refs, hb, ha, hd, bonds, angles, dihedrals):  # type: ignore[no
 
 
 @pjit
-def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
+def _forward_par(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, n_chunks):  # type: ignore[no-untyped-def]
+    total = xyz.shape[0] * xyz.shape[1]
+    for c in prange(n_chunks):
+        _forward_range(
+            xyz,
+            refs,
+            hb,
+            ha,
+            hd,
+            bonds,
+            angles,
+            dihedrals,
+            total * c // n_chunks,
+            total * (c + 1) // n_chunks,
+        )
+
+
+@jit
+def _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, s0, s1):  # type: ignore[no-untyped-def]
     n = xyz.shape[1]
-    for s in prange(xyz.shape[0]):
-        buf = np.zeros((n, 3))
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
         for i in range(n):
             ci, cb, ca, cd = _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd)
             _acc(buf, i, ci)
@@ -456,6 +470,12 @@ def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-u
             _acc(buf, refs[i, 1], ca)
             _acc(buf, refs[i, 2], cd)
         _scatter_sample(out, s, buf)
+
+
+@pjit
+def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
+    for s in prange(xyz.shape[0]):
+        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, s, s + 1)
 
 
 @pjit
@@ -468,11 +488,12 @@ def _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows):  # type: ignore[no-untyp
         _store_row(rows, s, i, ci, cb, ca, cd)
 
 
-@pjit
-def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
+@jit
+def _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s0, s1):  # type: ignore[no-untyped-def]
     n = xyz.shape[1]
-    for s in prange(xyz.shape[0]):
-        buf = np.zeros((n, 3))
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
         for i in range(n):
             ci, cb, ca, cd, vb, va, vd = _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd)
             _acc(buf, i, ci)
@@ -483,6 +504,12 @@ def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  #
             ja[s, i] = va
             jd[s, i] = vd
         _scatter_sample(out, s, buf)
+
+
+@pjit
+def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
+    for s in prange(xyz.shape[0]):
+        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s, s + 1)
 
 
 @pjit
@@ -498,26 +525,70 @@ def _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd):  # typ
         jd[s, i] = vd
 
 
-def _by_sample(n_samples: int) -> bool:
-    """Whole samples per thread once there are enough of them to keep every thread busy."""
-    return n_samples >= numba.get_num_threads()
+@jit
+def _scatter_rows(rows, refs, out, s0, s1):  # type: ignore[no-untyped-def]
+    """``out[s]`` = row contributions ``rows`` ``(B, N, 4, 3)`` summed into their atoms."""
+    n = rows.shape[1]
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
+        for i in range(n):
+            _acc(buf, i, (rows[s, i, 0, 0], rows[s, i, 0, 1], rows[s, i, 0, 2]))
+            for k in range(3):
+                _acc(buf, refs[i, k], (rows[s, i, k + 1, 0], rows[s, i, k + 1, 1], rows[s, i, k + 1, 2]))
+        _scatter_sample(out, s, buf)
+
+
+@pjit
+def _scatter_rows_par(rows, refs, out):  # type: ignore[no-untyped-def]
+    for s in prange(rows.shape[0]):
+        _scatter_rows(rows, refs, out, s, s + 1)
+
+
+def _schedule(n_samples: int, n_atoms: int) -> str:
+    """``"serial"`` (small calls), ``"samples"`` (a thread owns whole samples) or ``"rows"``."""
+    if n_samples * n_atoms < PARALLEL_ROWS:
+        return "serial"
+    return "samples" if n_samples >= numba.get_num_threads() else "rows"
+
+
+def forward(xyz, refs, hb, ha, hd, bonds, angles, dihedrals):  # type: ignore[no-untyped-def]
+    """``xyz`` ``(B, N, 3)`` -> ``bonds, angles, dihedrals`` ``(B, N)`` (written in place)."""
+    total = xyz.shape[0] * xyz.shape[1]
+    if total < PARALLEL_ROWS:
+        _forward_range(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, 0, total)
+    else:
+        _forward_par(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, _chunks())
+
+
+def _scatter(rows, refs, out):  # type: ignore[no-untyped-def]
+    if rows.shape[0] == 1:
+        _scatter_rows(rows, refs, out, 0, 1)
+    else:
+        _scatter_rows_par(rows, refs, out)
 
 
 def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
     """``out`` ``(B, N, 3)`` = ``J^T (gb, ga, gd)`` (each ``g`` ``(B, N)``)."""
-    if _by_sample(xyz.shape[0]):
+    how = _schedule(xyz.shape[0], xyz.shape[1])
+    if how == "serial":
+        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
+    elif how == "samples":
         _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out)
-        return
-    rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
-    _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
-    _scatter_rows(rows, refs, out)
+    else:
+        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+        _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
+        _scatter(rows, refs, out)
 
 
 def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
     """``out`` = ``sum_k g_k H_k v`` ``(B, N, 3)``; ``jb, ja, jd`` = ``J v`` ``(B, N)`` each."""
-    if _by_sample(xyz.shape[0]):
+    how = _schedule(xyz.shape[0], xyz.shape[1])
+    if how == "serial":
+        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
+    elif how == "samples":
         _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
-        return
-    rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
-    _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
-    _scatter_rows(rows, refs, out)
+    else:
+        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+        _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
+        _scatter(rows, refs, out)
