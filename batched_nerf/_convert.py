@@ -165,7 +165,10 @@ def to_internal(
             first and second derivatives are kernels too), ``"torch"`` (torch
             operations, any device and dtype) or ``"auto"`` (``"fused"`` where it
             can run, else ``"torch"``). Both give the same values and derivatives
-            to rounding; under ``torch.compile`` the torch operations are traced.
+            to rounding; under ``torch.compile`` and nested forward mode
+            (``jacfwd(jacfwd(f))``) ``"auto"`` takes the torch operations. The first
+            fused call in a new environment compiles the kernels (seconds; cached
+            on disk afterwards).
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
@@ -174,7 +177,8 @@ def to_internal(
     Raises:
         TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
         ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``, or
-            ``method="fused"`` off the CPU, for another dtype or without numba.
+            ``method="fused"`` off the CPU, for another dtype, without numba or
+            under nested forward mode.
 
     Example:
         >>> import torch, batched_nerf as bn
