@@ -100,15 +100,15 @@ def fused_rows(quick: bool) -> list[Workload]:
     """Rows of the fused comparison (fused engines, the per-atom loop and the numba floor side by side).
 
     Alanine dipeptide B = 4096, chains 64 x 1024, 512 x 256, 4096 x 1 and the
-    solvated system (:func:`solvated_refs`) x 1; quick mode: smaller batches and
-    2,000 waters.
+    solvated system (:func:`solvated_refs`) x 1; quick mode: alanine x 512, chains
+    64 x 128 and 1024 x 1, the protein with 500 waters x 1.
     """
     if quick:
         return [
             Workload("alanine_dipeptide", alanine_refs(), [512]),
             Workload("chain", chain_refs(64), [128]),
-            Workload("chain", chain_refs(4096), [1]),
-            Workload("solvated", solvated_refs(2_000), [1]),
+            Workload("chain", chain_refs(1024), [1]),
+            Workload("solvated", solvated_refs(500), [1]),
         ]
     return [
         Workload("alanine_dipeptide", alanine_refs(), [4096]),
