@@ -200,6 +200,21 @@ def test_nan_propagates_to_the_entries_that_read_it() -> None:
             assert math.isnan(values[i].item()) == (i in rows), (name, i)
 
 
+def test_nan_matches_the_torch_engine() -> None:
+    table = TABLES["alanine"]
+    x0 = random_xyz(table, (2,), seed=8)
+    x0[0, 5, 2] = float("nan")
+    out = {}
+    for method in METHODS:
+        x = x0.clone().requires_grad_()
+        ic = bn.to_internal(x, table, method=method)
+        (g,) = torch.autograd.grad(sum(c.sum() for c in ic), x)
+        out[method] = (*ic, g)
+    for f, r in zip(out["fused"], out["torch"]):
+        torch.testing.assert_close(f, r, rtol=0, atol=1e-12, equal_nan=True)
+    assert out["fused"][3][1].isfinite().all()  # the other sample is untouched
+
+
 def test_nan_in_a_seed_atom_leaves_unused_entries_zero() -> None:
     table = bn.ConstructionTable.chain(4)
     x = random_xyz(table, ())
