@@ -1,7 +1,8 @@
 """Floor probes: plain numba kernels of the library's formulas, the speed the fused engines aim at.
 
 One compiled loop per sample over the atoms (in build order for the forward
-map), samples split across the cores (``prange``), float32 in and out, float64
+map), samples split across the cores (``prange``; one sample runs without a
+parallel launch), float32 in and out, float64
 arithmetic inside; no autograd, no singular-geometry guards. They are timed in
 the same process as the library calls (``benchmarks/fused_rows.py``), so both see
 the same machine.
@@ -43,15 +44,16 @@ def _njit(parallel: bool) -> Callable[[Any], Any]:
     return numba.njit(parallel=parallel, cache=True)
 
 
-@_njit(parallel=True)
-def _cartesian(refs, bonds, angles, dihedrals, out):  # type: ignore[no-untyped-def]
+@_njit(parallel=False)
+def _cartesian_samples(refs, bonds, angles, dihedrals, out, s0, s1):  # type: ignore[no-untyped-def]
     n = refs.shape[0]
-    for s in prange(bonds.shape[0]):
-        pos = np.zeros((n, 3))
+    pos = np.zeros((n, 3))
+    for s in range(s0, s1):
         for i in range(n):
             ib, ia, idd = refs[i, 0], refs[i, 1], refs[i, 2]
             r = float(bonds[s, i])
             if ib < 0:
+                pos[i, 0] = pos[i, 1] = pos[i, 2] = 0.0
                 continue
             if ia < 0:
                 pos[i, 0] = pos[ib, 0] + r
@@ -86,9 +88,15 @@ def _cartesian(refs, bonds, angles, dihedrals, out):  # type: ignore[no-untyped-
 
 
 @_njit(parallel=True)
-def _internal(refs, xyz, bonds, angles, dihedrals):  # type: ignore[no-untyped-def]
+def _cartesian(refs, bonds, angles, dihedrals, out):  # type: ignore[no-untyped-def]
+    for s in prange(bonds.shape[0]):
+        _cartesian_samples(refs, bonds, angles, dihedrals, out, s, s + 1)
+
+
+@_njit(parallel=False)
+def _internal_samples(refs, xyz, bonds, angles, dihedrals, s0, s1):  # type: ignore[no-untyped-def]
     n = refs.shape[0]
-    for s in prange(xyz.shape[0]):
+    for s in range(s0, s1):
         for i in range(n):
             ib, ia, idd = refs[i, 0], refs[i, 1], refs[i, 2]
             r, th, ph = 0.0, 0.0, 0.0
@@ -118,6 +126,17 @@ def _internal(refs, xyz, bonds, angles, dihedrals):  # type: ignore[no-untyped-d
             dihedrals[s, i] = ph
 
 
+@_njit(parallel=True)
+def _internal(refs, xyz, bonds, angles, dihedrals):  # type: ignore[no-untyped-def]
+    for s in prange(xyz.shape[0]):
+        _internal_samples(refs, xyz, bonds, angles, dihedrals, s, s + 1)
+
+
+def _serial(n_samples: int) -> bool:
+    """One sample: no parallel launch (nothing to split, and a launch costs more than it saves)."""
+    return n_samples == 1
+
+
 def cartesian(refs: np.ndarray) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
     """``(bonds, angles, dihedrals)`` ``(B, N)`` float32 -> ``xyz`` ``(B, N, 3)``, rows of ``refs``.
 
@@ -136,7 +155,11 @@ def cartesian(refs: np.ndarray) -> Callable[[torch.Tensor, torch.Tensor, torch.T
 
     def build(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         out = torch.empty(*b.shape, 3, dtype=b.dtype)
-        _cartesian(refs, b.contiguous().numpy(), a.contiguous().numpy(), d.contiguous().numpy(), out.numpy())
+        args = (refs, b.contiguous().numpy(), a.contiguous().numpy(), d.contiguous().numpy(), out.numpy())
+        if _serial(b.shape[0]):
+            _cartesian_samples(*args, 0, b.shape[0])
+        else:
+            _cartesian(*args)
         return out
 
     return build
@@ -154,7 +177,11 @@ def internal(refs: np.ndarray) -> Callable[[torch.Tensor], tuple[torch.Tensor, t
 
     def convert(xyz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = [torch.empty(xyz.shape[:-1], dtype=xyz.dtype) for _ in range(3)]
-        _internal(refs, xyz.contiguous().numpy(), *(o.numpy() for o in out))
+        args = (refs, xyz.contiguous().numpy(), *(o.numpy() for o in out))
+        if _serial(xyz.shape[0]):
+            _internal_samples(*args, 0, xyz.shape[0])
+        else:
+            _internal(*args)
         return out[0], out[1], out[2]
 
     return convert

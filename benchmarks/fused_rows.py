@@ -121,7 +121,14 @@ def cartesian_step(wl: Workload, table: bn.ConstructionTable, method: str, batch
         def build(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
             return bn.to_cartesian(b, a, d, table, method=method)  # type: ignore[arg-type]
 
-        build(*(t[:1] for t in ic))  # raises here when this build has no such method
+        try:
+            build(*(t[:1] for t in ic))
+        except ValueError as exc:
+            if "method must be one of" in str(exc):
+                raise NotImplementedError(
+                    f"n/a: to_cartesian has no method={method!r} in this build"
+                ) from None
+            raise
     return make_step(build, ic, pass_, cotangent(batch, wl.n_atoms, torch.float32, "cpu"), Committor(q_table))
 
 
