@@ -97,11 +97,13 @@ def use_fused(method: str, xyz: Tensor) -> bool:
     ``torch.func`` forward-mode transform encloses the call; ``"torch"``: never;
     ``"fused"``: always, except under ``torch.compile``, which traces the torch engine.
 
-    The fused kernels were faster than the torch engine on every CPU row measured
-    (float32; alanine dipeptide x 1 to 4096, chains 64 x 1024, 512 x 256, 4096 x 1,
-    a 31,000-atom solvated protein x 1; forward, forward+backward and the committor
-    pass; a loaded 2-core machine, see ``benchmarks/README.md``), so ``"auto"``
-    takes them wherever they run.
+    Measured against the torch engine (float32, CPU; alanine dipeptide x 1 to 4096,
+    chains 64 x 1024, 512 x 256, 4096 x 1, a 31,000-atom solvated protein x 1; a
+    loaded 2-core machine, interleaved medians, ``benchmarks/fused_rows.py``), the
+    kernels were faster in the committor pass on every row (1.2-3.5x), in the
+    forward pass on every row (1.1-80x) and in forward+backward on all but the
+    single 4,096-atom chain (0.9x there, 1.2-8x elsewhere), so ``"auto"`` takes
+    them wherever they run.
 
     Nested forward mode (``jacfwd(jacfwd(f))``, ``jvp`` of ``jvp``) through an
     autograd.Function silently drops the outer tangents in torch 2.13
