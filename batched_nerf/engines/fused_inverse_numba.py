@@ -473,9 +473,10 @@ def _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, s0, s1):  # type: ignor
 
 
 @pjit
-def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
-    for s in prange(xyz.shape[0]):
-        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, s, s + 1)
+def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, n_chunks):  # type: ignore[no-untyped-def]
+    b = xyz.shape[0]
+    for c in prange(n_chunks):
+        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, b * c // n_chunks, b * (c + 1) // n_chunks)
 
 
 @pjit
@@ -507,9 +508,11 @@ def _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s0, s
 
 
 @pjit
-def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
-    for s in prange(xyz.shape[0]):
-        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s, s + 1)
+def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, n_chunks):  # type: ignore[no-untyped-def]
+    b = xyz.shape[0]
+    for c in prange(n_chunks):
+        s0, s1 = b * c // n_chunks, b * (c + 1) // n_chunks
+        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s0, s1)
 
 
 @pjit
@@ -574,7 +577,7 @@ def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
     if how == "serial":
         _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
     elif how == "samples":
-        _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out)
+        _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, min(_chunks(), xyz.shape[0]))
     else:
         rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
         _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
@@ -587,7 +590,7 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
     if how == "serial":
         _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
     elif how == "samples":
-        _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
+        _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, min(_chunks(), xyz.shape[0]))
     else:
         rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
         _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
