@@ -100,10 +100,10 @@ def use_fused(method: str, xyz: Tensor) -> bool:
     Measured against the torch engine (float32, CPU; alanine dipeptide x 1 to 4096,
     chains 64 x 1024, 512 x 256, 4096 x 1, a 31,000-atom solvated protein x 1; a
     loaded 2-core machine, interleaved medians, ``benchmarks/fused_rows.py``), the
-    kernels were faster in the committor pass on every row (1.2-3.5x), in the
-    forward pass on every row (1.1-80x) and in forward+backward on all but the
-    single 4,096-atom chain (0.9x there, 1.2-8x elsewhere), so ``"auto"`` takes
-    them wherever they run.
+    kernels were faster on every row and pass of the last run (forward 1.1-25x,
+    forward+backward 1.4-30x, committor pass 2-4.7x; earlier, noisier runs had
+    one 0.9x, forward+backward of the single 4,096-atom chain), so ``"auto"``
+    takes them wherever they run.
 
     Nested forward mode (``jacfwd(jacfwd(f))``, ``jvp`` of ``jvp``) through an
     autograd.Function silently drops the outer tangents in torch 2.13
