@@ -17,7 +17,7 @@ from .engines.inverse import InternalCoordinates
 
 __all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
 
-Method = Literal["auto", "levels", "scan"]
+Method = Literal["auto", "levels", "scan", "fused"]
 _METHODS = ("auto", *engines.METHODS)
 
 
