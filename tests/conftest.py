@@ -21,7 +21,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 #: Every engine `to_cartesian` can dispatch to; every core test runs on each.
-METHODS = ["levels", "scan", "auto"]
+METHODS = ["levels", "scan", "fused", "auto"]
 
 
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])

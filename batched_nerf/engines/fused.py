@@ -27,6 +27,7 @@ builds directly.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,12 +82,18 @@ class FusedPlan(Movable):
         if plan is None:
             plan = self._reference.get((block, torch.device("cpu")))
             if plan is None:
-                plan = scan_plan(self.topology, block)
+                with _no_functorch():  # made inside a transform, its tensors would escape it
+                    plan = scan_plan(self.topology, block)
                 self._reference[(block, torch.device("cpu"))] = plan
             if device.type != "cpu":
                 plan = plan.to(device)
             self._reference[key] = plan
         return plan
+
+
+def _no_functorch() -> Any:
+    guard = getattr(torch._C, "_DisableFuncTorch", None)
+    return contextlib.nullcontext() if guard is None else guard()
 
 
 def _units(topo: Topology) -> np.ndarray:
@@ -163,7 +170,7 @@ def _reference_vjp(
 def _front(x: Tensor, dim: int | None, size: int) -> Tensor:
     """``x`` with its vmapped dimension first (expanded when unbatched), leading dims flattened."""
     x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
-    return x.reshape(-1, *x.shape[2:])
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()  # no aliasing rows
 
 
 class FusedBuild(torch.autograd.Function):
@@ -196,7 +203,7 @@ class FusedBuild(torch.autograd.Function):
     def vmap(info: Any, in_dims: tuple[Any, ...], b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan):  # type: ignore[no-untyped-def]  # noqa: ANN205
         size = info.batch_size
         out = FusedBuild.apply(*(_front(x, dim, size) for x, dim in zip((b, a, d, f), in_dims[:4])), plan)
-        return out.reshape(size, -1, *out.shape[1:]), 0
+        return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
 
 
 class FusedVJP(torch.autograd.Function):
@@ -232,7 +239,7 @@ class FusedVJP(torch.autograd.Function):
         *tensors, plan = args
         size = info.batch_size
         out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan)
-        return tuple(o.reshape(size, -1, *o.shape[1:]) for o in out), (0, 0, 0, 0)
+        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0, 0, 0, 0)
 
 
 # ------------------------------------------------------------------- builder
