@@ -79,6 +79,12 @@ class FusedPlan(Movable):
         block = scan_block(self.topology.n_atoms, n_samples)
         key = (block, device)
         plan = self._reference.get(key)
+        if plan is None and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "method='fused' cannot be traced by torch.compile (its kernels are compiled already): "
+                "compile method='scan' or 'auto' (bn.compile_builder does), or call the fused build "
+                "once eagerly with gradients first"
+            )
         if plan is None:
             plan = self._reference.get((block, torch.device("cpu")))
             if plan is None:

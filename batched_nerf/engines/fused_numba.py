@@ -9,7 +9,9 @@ small calls. Every frame and position is kept in float64 scratch per thread
 
 Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
 ``L = L(theta, phi_eff)`` (columns: ``u = (-cos t, sin t cos p, sin t sin p)``
-and two more; columns 2, 3 negated when ``sin(theta) < 0``)::
+and two more; columns 2, 3 negated when ``sin(theta) < 0``, the scan engine's
+half turn, whose half-angle test agrees with ``sin(theta) < 0`` for every angle
+but negative ones within ``1e-16`` of zero)::
 
     x_j = x_b + r_j M_j u_j        O_j = M_j L_j      (out-frame, read by children)
 
@@ -85,8 +87,7 @@ def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):  # n
         ib = p[REF_B, k] - s0
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         ct, st, cp, sp = math.cos(t), math.sin(t), math.cos(phi), math.sin(phi)
-        half = 0.5 * (_PI - t)
-        fl = -1.0 if 2.0 * math.sin(half) * math.cos(half) < 0.0 else 1.0
+        fl = -1.0 if st < 0.0 else 1.0
         # L columns: (l00, l10, l20), (l01, l11, l21), (l02, l12, l22)
         l00, l10, l20 = -ct, st * cp, st * sp
         l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
@@ -192,8 +193,7 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
         phi = PE[i]
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         ct, st, cp, sp = math.cos(t), math.sin(t), math.cos(phi), math.sin(phi)
-        half = 0.5 * (_PI - t)
-        fl = -1.0 if 2.0 * math.sin(half) * math.cos(half) < 0.0 else 1.0
+        fl = -1.0 if st < 0.0 else 1.0
         l00, l10, l20 = -ct, st * cp, st * sp
         l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
         l02, l12, l22 = 0.0, -sp * fl, cp * fl
