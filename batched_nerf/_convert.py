@@ -68,8 +68,11 @@ def to_cartesian(
         fixed_xyz: ``(..., F, 3)`` positions of ``table.fixed`` atoms, in that
             order; required when the table has fixed atoms.
         method: ``"levels"`` (one step per dependency level), ``"scan"``
-            (log-depth composition of frames) or ``"auto"`` (chosen from the
-            table's shape, batch size and device).
+            (log-depth composition of frames), ``"fused"`` (one compiled kernel
+            per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
+            ``"auto"`` (chosen from the table's shape, batch size, device and
+            the installed backends: the fused engine on the CPU when numba
+            imports, see :func:`backends`).
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
             about the component's root atom (see :func:`apply_pose`).
@@ -91,6 +94,7 @@ def to_cartesian(
         ValueError: the last dimension is not ``N``, the inputs do not
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.
+        RuntimeError: ``method="fused"`` without a backend for the device.
 
     Example:
         >>> import torch, batched_nerf as bn
