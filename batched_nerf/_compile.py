@@ -84,7 +84,7 @@ def compile_builder(
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     table.prepare(device)
-    method = "scan" if method == "fused" else method  # its kernels are compiled already: compile the scan engine
+    method = "scan" if method == "fused" else method  # fused kernels are compiled already: compile scan
 
     def build(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
         return to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed_xyz, method=method)  # type: ignore[arg-type]

@@ -288,7 +288,8 @@ def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     table = TABLES["chain"]
     b, a, d = _ic(table, (2,))
     assert dispatch.auto_method(table, 2, "cpu") == "scan"
-    torch.testing.assert_close(bn.to_cartesian(b, a, d, table), bn.to_cartesian(b, a, d, table, method="scan"))
+    scan = bn.to_cartesian(b, a, d, table, method="scan")
+    torch.testing.assert_close(bn.to_cartesian(b, a, d, table), scan)
     with pytest.raises(RuntimeError, match=r"needs numba on cpu .*pip install \"batched-nerf\[fast\]\""):
         bn.to_cartesian(b, a, d, table, method="fused")
     assert not bn.backends()["fused"]["cpu"]

@@ -8,7 +8,8 @@ engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
 
 Layout: :mod:`.base` (plan mixin, engine record), :mod:`.seeds` (block 0,
 shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.fused` (compiled
-kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`. Nothing here imports the table or the public API.
+kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`. Nothing here imports
+the table or the public API.
 """
 
 from __future__ import annotations

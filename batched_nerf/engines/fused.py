@@ -206,9 +206,10 @@ class FusedBuild(torch.autograd.Function):
         return torch.func.jvp(lambda *x: _reference_build(ctx.plan, *x), primals, tangents)[1]
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan):  # type: ignore[no-untyped-def]  # noqa: ANN205
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
+        *tensors, plan = args
         size = info.batch_size
-        out = FusedBuild.apply(*(_front(x, dim, size) for x, dim in zip((b, a, d, f), in_dims[:4])), plan)
+        out = FusedBuild.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:4])), plan)
         return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
 
 
@@ -241,7 +242,7 @@ class FusedVJP(torch.autograd.Function):
         return torch.func.jvp(lambda *x: _reference_vjp(ctx.plan, *x), primals, tangents)[1]
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]  # noqa: ANN205
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
         *tensors, plan = args
         size = info.batch_size
         out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan)

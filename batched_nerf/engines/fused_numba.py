@@ -3,8 +3,8 @@
 Imported lazily (numba is the optional extra ``fast``). Each kernel walks work
 items ``(sample, unit)`` -- a unit is a run of whole components in build order,
 :func:`batched_nerf.engines.fused.fused_plan` -- split over ``nt`` threads with
-``prange`` (thread ``t`` takes items ``t, t + nt, ...``), or on one thread for
-small calls. Every frame and position is kept in float64 scratch per thread
+``prange`` (thread ``t`` takes items ``t, t + nt, ...``; ``nt = 1`` for small
+calls). Every frame and position is kept in float64 scratch per thread
 (``O(unit size)``); inputs and outputs keep their dtype (float32 or float64).
 
 Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
@@ -49,13 +49,13 @@ SERIAL_WORK = 4096
 _PI = math.pi
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _clamp(n: float) -> float:
     return n if n >= EPS else EPS
 
 
 @njit(cache=True)
-def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):  # noqa: ANN001 - numba
+def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):
     """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``phi_eff`` of plan rows ``[s0, s1)``."""
     for k in range(s0, s1):
         i = k - s0
@@ -106,8 +106,8 @@ def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):  # n
         F[i, 8] = m6 * l02 + m7 * l12 + m8 * l22
 
 
-@njit(cache=True, inline="always")
-def _frame(p, k, s0, X, F):  # noqa: ANN001
+@njit(cache=True)
+def _frame(p, k, s0, X, F):
     """Placement frame ``M`` (row-major; columns e1, e2, e3) of plan row ``k``."""
     code = p[CODE, k]
     if code == ANCHOR:
@@ -129,7 +129,7 @@ def _frame(p, k, s0, X, F):  # noqa: ANN001
 
 
 @njit(cache=True)
-def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE):  # noqa: ANN001
+def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
@@ -143,7 +143,7 @@ def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F
 
 
 @njit(cache=True, parallel=True)
-def _forward_parallel(p, starts, bonds, angles, dihedrals, fixed, out, nt, width):  # noqa: ANN001
+def _forward_parallel(p, starts, bonds, angles, dihedrals, fixed, out, nt, width):
     for t in prange(nt):
         X = np.empty((width, 3))
         F = np.empty((width, 9))
@@ -152,18 +152,9 @@ def _forward_parallel(p, starts, bonds, angles, dihedrals, fixed, out, nt, width
 
 
 @njit(cache=True)
-def _forward_serial(p, starts, bonds, angles, dihedrals, fixed, out, width):  # noqa: ANN001
-    X = np.empty((width, 3))
-    F = np.empty((width, 9))
-    PE = np.empty(width)
-    _forward_items(0, 1, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE)
-
-
-@njit(cache=True)
-def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):  # noqa: ANN001, C901
+def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):
     """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b``."""
-    X, F, PE = S[:, 0:3], S[:, 3:12], S[:, 12]
-    GX, GO, GP = S[:, 13:16], S[:, 16:25], S[:, 25]
+    X, F, PE, GX, GO, GP = S
     _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE)
     for k in range(s0, s1):
         i = k - s0
@@ -212,7 +203,6 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
         h2 = r * (m2 * g0 + m5 * g1 + m8 * g2)
         q00 = m0 * o0 + m3 * o3 + m6 * o6 + h0
         q01 = m0 * o1 + m3 * o4 + m6 * o7
-        q02 = m0 * o2 + m3 * o5 + m6 * o8
         q10 = m1 * o0 + m4 * o3 + m7 * o6 + h1
         q11 = m1 * o1 + m4 * o4 + m7 * o7
         q12 = m1 * o2 + m4 * o5 + m7 * o8
@@ -267,8 +257,8 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
         _nerf_backward(p, k, s0, X, GX, n00, n10, n20, n01, n11, n21, n02, n12, n22)
 
 
-@njit(cache=True, inline="always")
-def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):  # noqa: ANN001
+@njit(cache=True)
+def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
     """Adjoint of the NeRF frame of row ``k`` (column adjoints ``ge1, ge2, ge3``) into ``GX``."""
     ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
     u0, u1, u2 = X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2]
@@ -310,25 +300,22 @@ def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge
 
 
 @njit(cache=True)
-def _backward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):  # noqa: ANN001
+def _backward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
-        _unit_backward(p, starts[u], starts[u + 1], b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S)
+        _unit_backward(
+            p, starts[u], starts[u + 1], b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S
+        )
 
 
 @njit(cache=True, parallel=True)
-def _backward_parallel(p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, nt, width):  # noqa: ANN001
+def _backward_parallel(p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, nt, width):
     for t in prange(nt):
-        S = np.empty((width, 26))
+        S = (np.empty((width, 3)), np.empty((width, 9)), np.empty(width),
+             np.empty((width, 3)), np.empty((width, 9)), np.empty(width))  # fmt: skip
         _backward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S)
-
-
-@njit(cache=True)
-def _backward_serial(p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, width):  # noqa: ANN001
-    S = np.empty((width, 26))
-    _backward_items(0, 1, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S)
 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
@@ -356,10 +343,7 @@ def forward(
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if nt > 1:
-        _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
-    else:
-        _forward_serial(index, starts, bonds, angles, dihedrals, fixed, out, width)
+    _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
     return out
 
 
@@ -381,8 +365,5 @@ def backward(
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if nt > 1:
-        _backward_parallel(index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, nt, width)
-    else:
-        _backward_serial(index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, width)
+    _backward_parallel(index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, nt, width)
     return gb, ga, gd, gf
