@@ -3,8 +3,10 @@
 Imported lazily (numba is the optional extra ``fast``). Each kernel walks work
 items ``(sample, unit)`` -- a unit is a run of whole components in build order,
 :func:`batched_nerf.engines.fused.fused_plan` -- split over ``nt`` threads with
-``prange`` (thread ``t`` takes items ``t, t + nt, ...``; ``nt = 1`` for small
-calls). Every frame and position is kept in float64 scratch per thread
+``prange`` (thread ``t`` takes items ``t, t + nt, ...``); small calls and calls
+with a single work item run the same loop on the calling thread (a round trip
+through numba's thread pool can cost a scheduler time slice on a busy machine).
+Every frame and position is kept in float64 scratch per thread
 (``O(unit size)``); inputs and outputs keep their dtype (float32 or float64).
 
 Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
@@ -343,7 +345,11 @@ def forward(
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
+    if nt > 1:
+        _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
+    else:  # the same loop on this thread: no thread-pool round trip
+        X, F, PE = np.empty((width, 3)), np.empty((width, 9)), np.empty(width)
+        _forward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, out, X, F, PE)
     return out
 
 
@@ -365,5 +371,10 @@ def backward(
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    _backward_parallel(index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, nt, width)
+    if nt > 1:
+        args = (index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf)
+        _backward_parallel(*args, nt, width)
+    else:
+        S = tuple(np.empty(shape) for shape in ((width, 3), (width, 9), width, (width, 3), (width, 9), width))
+        _backward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, S)
     return gb, ga, gd, gf
