@@ -59,9 +59,12 @@ def to_cartesian(
     ``docs/benchmarks.md``).
 
     Args:
-        bonds: ``(..., N)`` bond lengths, any length unit.
-        angles: ``(..., N)`` bond angles in ``[0, pi]`` (radians, or degrees
-            with ``degrees=True``).
+        bonds: ``(..., N)`` bond lengths ``>= 0``, any length unit (a negative
+            bond gives NaN for its atom and every atom built from it).
+        angles: ``(..., N)`` bond angles, usually in ``[0, pi]``, any real value
+            accepted (radians, or degrees with ``degrees=True``). Zero bonds and
+            angles of ``0`` or ``pi`` follow ``docs/conventions.md`` ("Degenerate
+            inputs"): every engine gives the same result.
         dihedrals: ``(..., N)`` IUPAC dihedrals (radians, or degrees).
         table: the :class:`ConstructionTable` of the ``N`` atoms.
         degrees: read angles and dihedrals in degrees.
@@ -124,6 +127,8 @@ def to_cartesian(
             raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
+    # negative bonds are outside the domain: NaN for that atom and all built from it, in every engine
+    b = torch.where(b < 0, torch.nan, b)
     samples = math.prod(b.shape[:-1])
     if method == "auto":
         method = auto_method(table, samples, b.device.type)

@@ -213,11 +213,15 @@ def frames_to_cartesian(
     dihedrals: np.ndarray,
     fixed: Sequence[int] = (),
     fixed_xyz: np.ndarray | None = None,
-) -> np.ndarray:
+    conditioning: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """The frame-tree definition, one conformation, float64: ``(N,) x 3 -> (N, 3)``.
 
     Negative bonds give NaN (outside the domain); zero bonds and angles of 0 or
-    pi continue the frames smoothly.
+    pi continue the frames smoothly. With ``conditioning=True`` also returns an
+    ``(N,)`` bool mask of the atoms that depend on a row placed from positions
+    whose references are (nearly) coincident or collinear: there the frame is
+    decided by rounding, so engines can only agree to rounding amplified by ``1 / EPS``.
     """
     refs = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
     bonds, angles, dihedrals = (np.asarray(v, dtype=np.float64) for v in (bonds, angles, dihedrals))
@@ -228,6 +232,7 @@ def frames_to_cartesian(
     out_frame = np.full((n, 3, 3), np.nan)
     anchor = np.full((n, 3, 3), np.nan)
     phi_eff = np.zeros(n)
+    ill = np.zeros(n, dtype=bool)
     fixed = [int(f) for f in fixed]
     for k, f in enumerate(fixed):
         xyz[f] = np.asarray(fixed_xyz, dtype=np.float64)[k]
@@ -239,7 +244,7 @@ def frames_to_cartesian(
             xyz[i] = 0.0
             continue
         if a < 0:
-            xyz[i] = [bonds[i], 0.0, 0.0]
+            xyz[i] = [bonds[i], 0.0 * bonds[i], 0.0 * bonds[i]]
             continue
         if d < 0:  # third seed: constant anchor at its bond reference, dihedral 0
             s = 1.0 if refs[b, 0] >= 0 else -1.0  # bond ref is the second seed: +1, the root: -1
@@ -259,8 +264,17 @@ def frames_to_cartesian(
             elif how == ANCHOR:
                 m = anchor[tree["parent"][i]]
             else:
-                m = _nerf_frame(xyz[b], xyz[a], xyz[tree["dihedral_ref"][i]])
+                xd = xyz[tree["dihedral_ref"][i]]
+                m = _nerf_frame(xyz[b], xyz[a], xd)
+                e1 = xyz[b] - xyz[a]
+                ill[i] = ill[[a, tree["dihedral_ref"][i]]].any() or not (
+                    np.linalg.norm(e1) > 1e-6
+                    and np.linalg.norm(np.cross(xyz[a] - xd, e1)) > 1e-6 * np.linalg.norm(e1)
+                )
+            if how == PARENT:
+                ill[i] |= ill[tree["parent"][i]]
+        ill[i] |= ill[b]
         o = m @ _local_rotation(angles[i], phi_eff[i])
         out_frame[i] = o
         xyz[i] = xyz[b] + bonds[i] * o[:, 0]
-    return xyz
+    return (xyz, ill) if conditioning else xyz
