@@ -74,10 +74,10 @@ def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):
             X[i, 2] = 0.0
             continue
         r = np.float64(bonds[b, atom])
-        if code == SECOND:
+        if code == SECOND:  # (r, 0, 0); a NaN bond makes the whole atom NaN
             X[i, 0] = r
-            X[i, 1] = 0.0
-            X[i, 2] = 0.0
+            X[i, 1] = 0.0 * r
+            X[i, 2] = 0.0 * r
             continue
         t = np.float64(angles[b, atom])
         phi = 0.0 if p[THIRD, k] else np.float64(dihedrals[b, atom])
@@ -172,7 +172,7 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
         code = p[CODE, k]
         g0, g1, g2 = GX[i, 0], GX[i, 1], GX[i, 2]
         if code <= SECOND:
-            gb[b, atom] = g0 if code == SECOND else 0.0
+            gb[b, atom] = g0 + 0.0 * (g1 + g2) if code == SECOND else 0.0
             ga[b, atom] = 0.0
             gd[b, atom] = 0.0
             if code == FIXED:
