@@ -61,7 +61,8 @@ def compile_builder(
 
     Args:
         table: the :class:`ConstructionTable`.
-        method: ``"scan"`` (default), ``"levels"`` or ``"auto"``.
+        method: ``"scan"`` (default), ``"levels"``, ``"auto"`` or ``"fused"`` (which compiles
+            as ``"scan"``: its kernels are compiled already).
         device: device whose plans to prepare (default CPU).
         compile_options: passed to :func:`torch.compile`.
 
@@ -83,6 +84,7 @@ def compile_builder(
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     table.prepare(device)
+    method = "scan" if method == "fused" else method  # fused kernels are compiled already: compile scan
 
     def build(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
         return to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed_xyz, method=method)  # type: ignore[arg-type]
@@ -94,9 +96,8 @@ def compile_builder(
         inputs = (bonds, angles, dihedrals, fixed_xyz)
         if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
             b = bonds if isinstance(bonds, Tensor) else torch.as_tensor(bonds)
-            engine = (
-                method if method != "auto" else auto_method(table, math.prod(b.shape[:-1]), b.device.type)
-            )
+            samples = math.prod(b.shape[:-1])
+            engine = method if method != "auto" else auto_method(table, samples, b.device.type, compiled=True)
             gathers = engine != "scan" or table.plan("scan", b.device).gathers
             check_compiled_backward(gathers, b.device, *inputs, tracing=False)  # type: ignore[arg-type]
         return compiled(bonds, angles, dihedrals, fixed_xyz)

@@ -18,7 +18,7 @@ from .engines.inverse import InternalCoordinates
 
 __all__ = ["InternalCoordinates", "InverseMethod", "Method", "to_cartesian", "to_internal"]
 
-Method = Literal["auto", "levels", "scan"]
+Method = Literal["auto", "levels", "scan", "fused"]
 InverseMethod = Literal["auto", "fused", "torch"]
 _METHODS = ("auto", *engines.METHODS)
 
@@ -61,17 +61,23 @@ def to_cartesian(
     ``docs/benchmarks.md``).
 
     Args:
-        bonds: ``(..., N)`` bond lengths, any length unit.
-        angles: ``(..., N)`` bond angles in ``[0, pi]`` (radians, or degrees
-            with ``degrees=True``).
+        bonds: ``(..., N)`` bond lengths ``>= 0``, any length unit (a negative
+            bond gives NaN for its atom and every atom built from it).
+        angles: ``(..., N)`` bond angles, usually in ``[0, pi]``, any real value
+            accepted (radians, or degrees with ``degrees=True``). Zero bonds and
+            angles of ``0`` or ``pi`` follow ``docs/conventions.md`` ("Degenerate
+            inputs"): every engine gives the same result.
         dihedrals: ``(..., N)`` IUPAC dihedrals (radians, or degrees).
         table: the :class:`ConstructionTable` of the ``N`` atoms.
         degrees: read angles and dihedrals in degrees.
         fixed_xyz: ``(..., F, 3)`` positions of ``table.fixed`` atoms, in that
             order; required when the table has fixed atoms.
         method: ``"levels"`` (one step per dependency level), ``"scan"``
-            (log-depth composition of frames) or ``"auto"`` (chosen from the
-            table's shape, batch size and device).
+            (log-depth composition of frames), ``"fused"`` (one compiled kernel
+            per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
+            ``"auto"`` (chosen from the table's shape, batch size, device and
+            the installed backends: the fused engine on the CPU when numba
+            imports, see :func:`backends`).
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
             about the component's root atom (see :func:`apply_pose`).
@@ -93,6 +99,7 @@ def to_cartesian(
         ValueError: the last dimension is not ``N``, the inputs do not
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.
+        RuntimeError: ``method="fused"`` without a backend for the device.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -122,6 +129,8 @@ def to_cartesian(
             raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
+    # negative bonds are outside the domain: NaN for that atom and all built from it, in every engine
+    b = torch.where(b < 0, torch.nan, b)
     samples = math.prod(b.shape[:-1])
     if method == "auto":
         method = auto_method(table, samples, b.device.type)

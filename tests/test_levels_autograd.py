@@ -9,7 +9,7 @@ import torch
 from torch.func import jacrev, vmap
 
 import batched_nerf as bn
-from batched_nerf.engines.levels import LevelLoop, level_loop, plain_level_loop
+from batched_nerf.engines.levels import LevelLoop, level_loop, local_frames, plain_level_loop, seed_frames
 
 F64 = torch.float64
 TABLES = {
@@ -26,8 +26,9 @@ TABLES = {
 
 def loop_inputs(
     name: str, batch: int = 3, seed: int = 0, straight: bool = False
-) -> tuple[bn.ConstructionTable, torch.Tensor, torch.Tensor]:
-    """Block 0 ``(n0, 3, B)`` and local offsets ``(M, 3, B)`` of a table's level plan, float64."""
+) -> tuple[bn.ConstructionTable, tuple[torch.Tensor, ...]]:
+    """Inputs of a table's level loop, float64: block 0 ``(n0, 3, B)``, third-seed frames
+    ``(2 S3, 3, 3, B)``, local offsets ``(M, 3, B)`` and rotations ``(M, 3, 3, B)``."""
     table = TABLES[name]
     plan = table.plan("levels", torch.device("cpu"))
     g = torch.Generator().manual_seed(seed)
@@ -38,23 +39,39 @@ def loop_inputs(
     if straight:
         t[::2] = math.pi  # collinear references for the atoms built on these
     p = math.pi * (2 * torch.rand(m, batch, generator=g, dtype=F64) - 1)
-    loc = torch.stack((-r * t.cos(), r * t.sin() * p.cos(), r * t.sin() * p.sin()), dim=1)
-    return plan, block0, loc
+    t3 = 0.6 + 1.9 * torch.rand(plan.seeds.third.numel(), batch, generator=g, dtype=F64)
+    return plan, (
+        block0,
+        seed_frames(plan, t3),
+        *local_frames(r.unsqueeze(1), torch.stack((t, p), 1), plan.read_rows),
+    )
 
 
-def grads(fn, plan, block0: torch.Tensor, loc: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
-    leaves = (block0.clone().requires_grad_(), loc.clone().requires_grad_())
+def grads(fn, plan, inputs: tuple[torch.Tensor, ...], w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
+    leaves = tuple(x.clone().requires_grad_() for x in inputs)
     out = fn(plan, *leaves)
-    return (out.detach(), *torch.autograd.grad((out * w).sum(), leaves))
+    return (
+        out.detach(),
+        *torch.autograd.grad((out * w).sum(), leaves, allow_unused=True, materialize_grads=True),
+    )
+
+
+def fast_loop(plan, *inputs):  # type: ignore[no-untyped-def]
+    return LevelLoop.apply(*inputs, plan)[0]
+
+
+def _weights(inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    block0, loc = inputs[0], inputs[2]
+    return torch.randn(block0.shape[0] + loc.shape[0], 3, block0.shape[-1], dtype=F64)
 
 
 @pytest.mark.parametrize("name", list(TABLES))
 @pytest.mark.parametrize("straight", [False, True], ids=["generic", "straight"])
 def test_backward_matches_plain_autograd(name: str, straight: bool) -> None:
-    plan, block0, loc = loop_inputs(name, straight=straight)
-    w = torch.randn(block0.shape[0] + loc.shape[0], 3, block0.shape[-1], dtype=F64)
-    fast = grads(lambda p, b, l: LevelLoop.apply(b, l, p)[0], plan, block0, loc, w)
-    plain = grads(plain_level_loop, plan, block0, loc, w)
+    plan, inputs = loop_inputs(name, straight=straight)
+    w = _weights(inputs)
+    fast = grads(fast_loop, plan, inputs, w)
+    plain = grads(plain_level_loop, plan, inputs, w)
     for f, p in zip(fast, plain):
         assert torch.isfinite(f).all()
         if not straight:
@@ -64,11 +81,11 @@ def test_backward_matches_plain_autograd(name: str, straight: bool) -> None:
 
 
 def test_backward_finite_for_coincident_atoms() -> None:
-    plan, block0, loc = loop_inputs("fixed")
-    block0 = torch.zeros_like(block0)  # every fixed atom at the origin
-    w = torch.randn(block0.shape[0] + loc.shape[0], 3, block0.shape[-1], dtype=F64)
-    fast = grads(lambda p, b, l: LevelLoop.apply(b, l, p)[0], plan, block0, loc, w)
-    plain = grads(plain_level_loop, plan, block0, loc, w)
+    plan, inputs = loop_inputs("fixed")
+    inputs = (torch.zeros_like(inputs[0]), *inputs[1:])  # every fixed atom at the origin
+    w = _weights(inputs)
+    fast = grads(fast_loop, plan, inputs, w)
+    plain = grads(plain_level_loop, plan, inputs, w)
     for f, p in zip(fast, plain):
         assert torch.isfinite(f).all()
         torch.testing.assert_close(f, p, rtol=1e-10, atol=1e-10)
@@ -76,24 +93,29 @@ def test_backward_finite_for_coincident_atoms() -> None:
 
 @pytest.mark.parametrize("name", ["branched", "fixed"])
 def test_gradcheck_and_gradgradcheck(name: str) -> None:
-    plan, block0, loc = loop_inputs(name, batch=2)
-    inputs = (block0.requires_grad_(), loc.requires_grad_())
-    fn = lambda b, l: LevelLoop.apply(b, l, plan)[0]  # noqa: E731
+    plan, inputs = loop_inputs(name, batch=2)
+    inputs = tuple(x.requires_grad_() for x in inputs)
+    fn = lambda *t: fast_loop(plan, *t)  # noqa: E731
     assert torch.autograd.gradcheck(fn, inputs)
     assert torch.autograd.gradgradcheck(fn, inputs)
 
 
 def test_vmap_and_jacrev_of_the_function_agree_with_plain() -> None:
-    plan, block0, loc = loop_inputs("branched", batch=2)
-    fast = lambda b, l: LevelLoop.apply(b, l, plan)[0]  # noqa: E731
-    plain = lambda b, l: plain_level_loop(plan, b, l)  # noqa: E731
-    stacked = (block0.expand(4, *block0.shape) + 0.1 * torch.arange(4.0, dtype=F64)[:, None, None, None], loc)
-    torch.testing.assert_close(
-        vmap(fast, in_dims=(0, None))(*stacked), vmap(plain, in_dims=(0, None))(*stacked), rtol=0, atol=1e-12
+    plan, inputs = loop_inputs("branched", batch=2)
+    fast = lambda *t: fast_loop(plan, *t)  # noqa: E731
+    plain = lambda *t: plain_level_loop(plan, *t)  # noqa: E731
+    block0 = inputs[0]
+    stacked = (
+        block0.expand(4, *block0.shape) + 0.1 * torch.arange(4.0, dtype=F64)[:, None, None, None],
+        *inputs[1:],
     )
-    for argnum in (0, 1):
+    dims = (0, None, None, None)
+    torch.testing.assert_close(
+        vmap(fast, in_dims=dims)(*stacked), vmap(plain, in_dims=dims)(*stacked), rtol=0, atol=1e-12
+    )
+    for argnum in range(4):
         torch.testing.assert_close(
-            jacrev(fast, argnums=argnum)(block0, loc), jacrev(plain, argnums=argnum)(block0, loc)
+            jacrev(fast, argnums=argnum)(*inputs), jacrev(plain, argnums=argnum)(*inputs)
         )
 
 
@@ -110,8 +132,8 @@ def test_to_cartesian_runs_the_hand_written_backward() -> None:
     assert any(type(node).__name__ == "LevelLoopBackward" for node in seen)
     # without gradients the plain loop runs (no frames kept)
     with torch.no_grad():
-        plan, block0, loc = loop_inputs("chain")
-        assert isinstance(level_loop(plan, block0, loc), torch.Tensor)
+        plan, inputs = loop_inputs("chain")
+        assert isinstance(level_loop(plan, *inputs), torch.Tensor)
 
 
 # ---------------------------------------------------------- entry / exit layout maps

@@ -18,8 +18,9 @@ kernel; the ``jvp`` of the other two run the torch engine through
 
 Each Function has a ``vmap`` staticmethod (vmapped dims moved to the front; the
 kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` and
-``hessian`` work. numba is optional: :func:`available` says whether the kernels
-can run, :func:`unavailable_reason` why not.
+``hessian`` work. numba is optional (found through :mod:`.backends`, like the
+fused ``to_cartesian`` engine): :func:`available` says whether the kernels can
+run, :func:`unavailable_reason` why not.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import backends
 from .inverse import InternalCoordinates, InversePlan
 from .inverse import internal_from_xyz as torch_internal_from_xyz
 
@@ -56,10 +58,12 @@ _DTYPES = (torch.float32, torch.float64)
 
 @functools.cache
 def _load() -> tuple[ModuleType | None, str]:
+    if not backends.available("cpu"):
+        return None, f"the CPU backend (numba) is not available; install it with {backends.INSTALL}"
     try:
         return importlib.import_module(f"{__package__}.fused_inverse_numba"), ""
-    except ImportError as exc:  # numba missing (or broken)
-        return None, f"numba is not importable ({exc}); install it with `pip install numba`"
+    except ImportError as exc:  # pragma: no cover - numba imports but these kernels do not
+        return None, f"the fused inverse kernels do not load ({exc}); install numba with {backends.INSTALL}"
 
 
 def available() -> bool:

@@ -1,32 +1,41 @@
 """Level engine: place atoms level by level with precomputed index gathers.
 
 One step per dependency level of the table (the longest chain of references):
-all atoms whose references are placed are built together with one NeRF call.
-Fast for shallow, wide tables (small molecules, large batches); the scan
-engine (:mod:`.scan`) takes over for deep ones.
+all atoms whose references are placed are built together. Fast for shallow,
+wide tables (small molecules, large batches); the scan engine (:mod:`.scan`)
+takes over for deep ones.
+
+Frames follow the frame tree (:mod:`.frame_tree`, the definition every engine
+shares): each level takes the placement frames ``M`` of its ``PARENT`` and
+``ANCHOR`` rows from the out-frames ``O = M L`` of earlier levels (and the
+third seeds' anchors), builds NeRF frames from reference positions only for
+its ``POSITIONS`` rows, places ``x = x_b + M l`` and, where a later level reads
+them, keeps its own out-frames. Zero bonds and straight angles therefore
+continue smoothly, exactly as in the scan engine.
 
 Layout: the batch is flattened to ``B`` and kept innermost, atoms are rows
-``(n, 3, B)``. The inputs are transposed once on entry (:mod:`.layout`), the
-local offsets of all atoms are computed in one pass, the level loop places
-each level with about 11-25 kernels, and the result is transposed once on exit.
+``(n, 3, B)``, frames ``(n, 3, 3, B)``. The inputs are transposed once on entry
+(:mod:`.layout`), the local offsets and rotations of all atoms are computed in
+one pass, the level loop places each level with a few kernels (more for
+``POSITIONS`` rows), and the result is transposed once on exit.
 
 The level loop, :class:`LevelLoop`, is an ``autograd.Function``: its forward
-keeps each level's frame; its backward walks the levels in reverse, turning
-the gradient of each placed atom into gradients of its local offset and of its
-three reference positions (reverse accumulation of forces down the reference
-tree), in about 27-40 kernels per level instead of the ~90 that autograd
-records for the same graph. It serves first derivatives only: when a graph of
-the backward is wanted (``create_graph=True``, ``gradgradcheck``) it replays
-the plain differentiable loop, so every higher derivative is the plain one;
-under ``torch.func`` transforms, forward-mode AD and ``torch.compile`` the
-plain loop runs from the start (:func:`level_loop`).
+keeps each level's frames; its backward walks the levels in reverse, turning
+the gradient of each placed atom and out-frame into gradients of its local
+offset and rotation, of its bond reference's position and of the frame it was
+placed in (reverse accumulation down the reference tree), in far fewer
+kernels than autograd records for the same graph. It serves first derivatives
+only: when a graph of the backward is wanted (``create_graph=True``,
+``gradgradcheck``) it replays the plain differentiable loop, so every higher
+derivative is the plain one; under ``torch.func`` transforms, forward-mode AD
+and ``torch.compile`` the plain loop runs from the start (:func:`level_loop`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -36,6 +45,7 @@ from torch.autograd import forward_ad
 from .._geometry import EPS
 from .._topology import FULL, SECOND, THIRD, Topology
 from .base import Engine, Movable, as_long
+from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .layout import sincos, to_rows, to_xyz
 from .seeds import SeedPlan, seed_atoms, seed_plan, seed_positions
 
@@ -48,72 +58,162 @@ class LevelPlan(Movable):
 
     The engine works atom-major, ``(n, 3, B)`` with the batch innermost. Block 0
     holds fixed atoms, roots, second and third seed atoms (the order of
-    ``seeds.atoms``); block ``k >= 1`` the atoms of level ``k``. Level ``k``
-    concatenates ``parts[k]`` (each a whole earlier block, or some of its rows)
-    and then, unless ``gathers[k]`` is None, picks the rows ``all d, all a,
-    all b`` refs of its atoms from that pool. Every copy is at most a small
-    multiple of the level's own size, so a build does linear work in N.
+    ``seeds.atoms``); block ``k >= 1`` the atoms of level ``k``, the
+    ``POSITIONS`` rows of the frame tree first. Level ``k`` concatenates
+    ``parts[k]`` (each a whole earlier block, or some of its rows) and then,
+    unless ``gathers[k]`` is None, picks the rows ``d, a, b`` of its
+    ``POSITIONS`` rows and ``b`` of its other rows from that pool. Frames
+    ``(n, 3, 3, B)`` (columns ``e1, e2, e3``) live in frame blocks: block 0 the
+    anchor frames and out-frames of the third seeds, block ``k`` the out-frames
+    of level ``k`` (made only where ``frame_used[k]``); ``frame_parts[k]`` and
+    ``frame_gathers[k]`` pick the placement frames of the level's ``PARENT`` and
+    ``ANCHOR`` rows. Per level the atoms are ordered: ``POSITIONS`` rows whose
+    out-frame is unused, those whose out-frame is read, the other rows whose
+    out-frame is read, the rest; so the out-frames made (``n_read[k]``, from
+    ``read_start[k]``) are one slice. Every copy is at most a small multiple of
+    the level's own size, so a build does linear work in N.
     """
 
     seeds: SeedPlan
     rows: Tensor  # (S2 + S3 + M,) atoms whose (bond, angle, dihedral) are read: seconds, thirds, full
-    full_atoms: Tensor  # (M,) fully referenced atoms in build order
+    full_atoms: Tensor  # (M,) fully referenced atoms in build order (per level: POSITIONS rows first)
     level_sizes: tuple[int, ...]  # atoms per level, summing to M
+    n_positions: tuple[int, ...]  # per level: POSITIONS rows (placed from reference positions)
     parts: tuple[tuple[tuple[int, Tensor | None], ...], ...]  # per level: (block, rows or None = all)
-    gathers: tuple[Tensor | None, ...]  # per level: (3 * n_k,) rows of the pool, or None if in order
+    gathers: tuple[Tensor | None, ...]  # per level: rows of the pool, or None if in order
+    frame_parts: tuple[tuple[tuple[int, Tensor | None], ...], ...]  # per level: (frame block, rows)
+    frame_gathers: tuple[Tensor | None, ...]  # per level: rows of the frame pool, or None
+    frame_used: tuple[bool, ...]  # per frame block (0: seeds, k: level k): read by a later level
+    read_start: tuple[int, ...]  # per level: first atom whose out-frame a later level reads
+    n_read: tuple[int, ...]  # per level: atoms whose out-frame is read (contiguous from read_start)
+    read_rows: Tensor  # (R,) rows of `full_atoms` whose out-frame is read (their rotations are built)
     inverse: Tensor  # (N,) position of each atom in cat(all blocks)
+    third_sign: Tensor  # (S3,) +1 where a third seed's bond reference is the second seed, else -1
+    phi_paths: Tensor | None = None  # (M, W) rows of cat(dihedral rows, 0) summed into phi_eff
+    flip_paths: Tensor | None = None  # (M, W') rows of cat(angles[flip_rows], 0) whose sin < 0 adds pi
+    flip_rows: Tensor | None = None  # (F,) the rows (of `rows`) whose angle can turn a frame
+
+
+def _pool_plan(
+    need_block: np.ndarray, need_slot: np.ndarray, block_size: list[int]
+) -> tuple[tuple[tuple[int, Tensor | None], ...], Tensor | None]:
+    """Blocks (whole, or the rows used) concatenated into a pool, and the gather of ``need`` from it."""
+    parts: list[tuple[int, Tensor | None]] = []
+    pool_row = np.zeros(need_block.size, dtype=np.int64)
+    offset = 0
+    for s in np.unique(need_block).tolist():
+        sel = need_block == s
+        used = np.unique(need_slot[sel])
+        whole = 2 * used.size >= block_size[s]  # copy the whole block unless it is mostly unused
+        parts.append((s, None if whole else as_long(used)))
+        pool_row[sel] = offset + (need_slot[sel] if whole else np.searchsorted(used, need_slot[sel]))
+        offset += block_size[s] if whole else used.size
+    in_order = pool_row.size == offset and np.array_equal(pool_row, np.arange(offset))
+    return tuple(parts), None if in_order else as_long(pool_row)
+
+
+def _link_paths(link: np.ndarray, start: np.ndarray, row: np.ndarray, pad: int) -> np.ndarray:
+    """``(M, W)`` rows of ``start, link[start], link[link[start]], ...`` (``pad`` past a chain's end)."""
+    cols = []
+    cur = start
+    while (cur >= 0).any():
+        cols.append(np.where(cur >= 0, row[np.maximum(cur, 0)], pad))
+        cur = np.where(cur >= 0, link[np.maximum(cur, 0)], -1)
+    return np.stack(cols, axis=1) if cols else np.zeros((start.size, 0), dtype=np.int64)
 
 
 def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     """Level plan of ``topo``: atoms grouped by dependency level, the pools and gathers per level."""
     seeds = seed_plan(topo)
+    tree = frame_tree(topo)
     refs = topo.refs
     level = topo.level
     n_refs = topo.kind
-    block = np.full(len(refs), -1, dtype=np.int64)
-    slot = np.full(len(refs), -1, dtype=np.int64)
+    n = len(refs)
+    block = np.full(n, -1, dtype=np.int64)
+    slot = np.full(n, -1, dtype=np.int64)
     block0 = seed_atoms(topo)
     block[block0] = 0
     slot[block0] = np.arange(block0.size)
     full = np.flatnonzero(n_refs == FULL)
-    order = full[np.argsort(level[full], kind="stable")]
-    sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:]
-    block_size = [int(block0.size)] + [int(s) for s in sizes]
-    parts: list[tuple[tuple[int, Tensor | None], ...]] = []
-    gathers: list[Tensor | None] = []
-    start = 0
-    for k, size in enumerate(sizes.tolist(), start=1):
-        atoms = order[start : start + size]
-        start += size
-        block[atoms] = k
+    is_pos = tree.frame == POSITIONS
+    is_read = np.zeros(n, dtype=bool)
+    is_read[tree.parent[tree.frame == PARENT]] = True
+    group = np.where(is_pos, np.where(is_read, 1, 0), np.where(is_read, 2, 3))
+    order = full[np.lexsort((full, group[full], level[full]))]
+    sizes = np.bincount(level[order], minlength=int(level.max(initial=0)) + 1)[1:].tolist()
+    second, third = np.flatnonzero(n_refs == SECOND), np.flatnonzero(n_refs == THIRD)
+    n3 = third.size
+    # out-frame of each atom (frame block, slot); third seeds' anchors are slots 0..S3-1 of block 0
+    fblock = np.full(n, -1, dtype=np.int64)
+    fslot = np.full(n, -1, dtype=np.int64)
+    anchor_slot = np.full(n, -1, dtype=np.int64)
+    fblock[third], fslot[third], anchor_slot[third] = 0, n3 + np.arange(n3), np.arange(n3)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    read_start, n_read, read_rows = [], [], []
+    for k, size in enumerate(sizes, start=1):
+        atoms = order[starts[k - 1] : starts[k - 1] + size]
+        block[atoms] = fblock[atoms] = k
         slot[atoms] = np.arange(size)
-        need = refs[atoms][:, ::-1].T.ravel()  # all d, all a, all b refs
-        level_parts: list[tuple[int, Tensor | None]] = []
-        pool_row = {}
-        offset = 0
-        for s in sorted(set(block[need].tolist())):
-            used = np.unique(slot[need[block[need] == s]])
-            whole = 2 * used.size >= block_size[s]  # copy the whole block unless it is mostly unused
-            rows = np.arange(block_size[s]) if whole else used
-            level_parts.append((s, None if whole else as_long(rows)))
-            pool_row.update({(s, int(r)): offset + j for j, r in enumerate(rows)})
-            offset += rows.size
-        flat = np.array([pool_row[(int(b), int(r))] for b, r in zip(block[need], slot[need])])
-        parts.append(tuple(level_parts))
-        in_order = flat.size == offset and np.array_equal(flat, np.arange(offset))
-        gathers.append(None if in_order else as_long(flat))
+        read_start.append(int((group[atoms] == 0).sum()))
+        n_read.append(int(is_read[atoms].sum()))
+        fslot[atoms] = np.arange(size) - read_start[-1]
+        read_rows.append(starts[k - 1] + read_start[-1] + np.arange(n_read[-1]))
+    block_size = [int(block0.size), *sizes]
+    fblock_size = [2 * n3, *n_read]
+    frame_used = np.zeros(len(fblock_size), dtype=bool)
+    parts, gathers, frame_parts, frame_gathers, n_positions = [], [], [], [], []
+    for k, size in enumerate(sizes):
+        atoms = order[starts[k] : starts[k] + size]
+        n_pos = int(is_pos[atoms].sum())
+        pos, framed = atoms[:n_pos], atoms[n_pos:]
+        need = np.concatenate([tree.dihedral_ref[pos], refs[pos, 1], refs[pos, 0], refs[framed, 0]])
+        level_parts, gather = _pool_plan(block[need], slot[need], block_size)
+        parts.append(level_parts)
+        gathers.append(gather)
+        n_positions.append(n_pos)
+        p = tree.parent[framed]
+        anchored = tree.frame[framed] == ANCHOR
+        fb = np.where(anchored, 0, fblock[p])
+        fs = np.where(anchored, anchor_slot[p], fslot[p])
+        frame_used[fb] = True
+        f_parts, f_gather = _pool_plan(fb, fs, fblock_size) if framed.size else ((), None)
+        frame_parts.append(f_parts)
+        frame_gathers.append(f_gather)
     block_start = np.concatenate([[0], np.cumsum(block_size)])
     inverse = block_start[block] + slot
+    rows = np.concatenate([second, third, order])
+    row = np.full(n, -1, dtype=np.int64)
+    row[rows] = np.arange(rows.size)
+    phi = _link_paths(tree.phi_from, order, row, rows.size)
+    flip = _link_paths(tree.flip_on, tree.flip_on[order], row, rows.size)
+    # compact: only the angles that can turn a frame are read (the pad becomes the last row)
+    flip_rows = np.unique(flip[flip < rows.size])
+    compact = np.full(rows.size + 1, flip_rows.size, dtype=np.int64)
+    compact[flip_rows] = np.arange(flip_rows.size)
+    flip = compact[flip]
+    plain_phi = phi.shape[1] <= 1 and flip.shape[1] == 0
     return LevelPlan(
         seeds=seeds,
-        rows=as_long(
-            np.concatenate([np.flatnonzero(n_refs == SECOND), np.flatnonzero(n_refs == THIRD), order])
-        ),
+        rows=as_long(rows),
         full_atoms=as_long(order),
-        level_sizes=tuple(int(s) for s in sizes),
+        level_sizes=tuple(sizes),
+        n_positions=tuple(n_positions),
         parts=tuple(parts),
         gathers=tuple(gathers),
+        frame_parts=tuple(frame_parts),
+        frame_gathers=tuple(frame_gathers),
+        frame_used=tuple(bool(u) for u in frame_used),
+        read_start=tuple(read_start),
+        n_read=tuple(n_read),
+        read_rows=as_long(np.concatenate([np.zeros(0, dtype=np.int64), *read_rows])),
         inverse=as_long(inverse),
+        third_sign=torch.as_tensor(
+            np.where(topo.refs[third, 0] == topo.seed_second[topo.seed_slot[third]], 1, -1)
+        ),
+        phi_paths=None if plain_phi else as_long(phi),
+        flip_paths=None if flip.shape[1] == 0 else as_long(flip),
+        flip_rows=None if flip.shape[1] == 0 else as_long(flip_rows),
     )
 
 
@@ -166,34 +266,59 @@ def frames(refs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     return en, cross(e3, e1, 1), w, v, s
 
 
-def _pool(plan: LevelPlan, k: int, blocks: list[Tensor]) -> Tensor:
-    """Reference positions of level ``k + 1``: ``(3 n, 3, B)``, all d, all a, all b."""
-    pieces = [blocks[s] if rows is None else blocks[s].index_select(0, rows) for s, rows in plan.parts[k]]
+def _take(parts: tuple[tuple[int, Tensor | None], ...], gather: Tensor | None, blocks: list[Any]) -> Tensor:
+    """The pool of ``parts`` (whole blocks or some of their rows), gathered if ``gather`` is given."""
+    pieces = [blocks[s] if rows is None else blocks[s].index_select(0, rows) for s, rows in parts]
     pool = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    gather = plan.gathers[k]
     return pool if gather is None else pool.index_select(0, gather)
 
 
-def _levels(plan: LevelPlan, block0: Tensor, loc: Tensor, keep: bool) -> tuple[list[Tensor], list[Any]]:
+def _levels(
+    plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot: Tensor, keep: bool
+) -> tuple[list[Tensor], list[Tensor]]:
     blocks = [block0]
-    saved = []
+    fblocks: list[Tensor | None] = [frame0]
+    saved: list[Tensor] = []
     sizes = plan.level_sizes
-    # every level's offset components as views, made in three calls rather than one per level
-    l1s, l2s, l3s = (x.split(sizes) for x in loc.split(1, dim=1))
-    for k, (size, l1, l2, l3) in enumerate(zip(sizes, l1s, l2s, l3s)):
-        refs = _pool(plan, k, blocks).unflatten(0, (3, size))
-        en, e2, w, v, s = frames(refs)
-        c = refs[2]
-        e1, e3 = en.unbind(1)
-        blocks.append(c.addcmul(l1, e1).addcmul(l2, e2).addcmul(l3, e3))
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
+    for k, (size, l_k) in enumerate(zip(sizes, locs)):
+        n_pos = plan.n_positions[k]
+        pool = _take(plan.parts[k], plan.gathers[k], blocks)
+        frames_k = []
+        if n_pos:  # POSITIONS rows: NeRF frames of the reference positions
+            en, e2, w, v, s = frames(pool[: 3 * n_pos].unflatten(0, (3, n_pos)))
+            e1, e3 = en.unbind(1)
+            frames_k.append(torch.stack((e1, e2, e3), dim=2))
+        if size > n_pos:  # PARENT and ANCHOR rows: out-frames and anchors
+            frames_k.append(_take(plan.frame_parts[k], plan.frame_gathers[k], fblocks))
+        m = frames_k[0] if len(frames_k) == 1 else torch.cat(frames_k)
+        xb = pool[2 * n_pos :]
+        blocks.append(
+            xb.addcmul(m[:, :, 0], l_k[:, 0:1])
+            .addcmul(m[:, :, 1], l_k[:, 1:2])
+            .addcmul(m[:, :, 2], l_k[:, 2:3])
+        )
+        if plan.n_read[k]:  # out-frames O = M L of the atoms a later level reads
+            r_k = rots[k]
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
+            o = (
+                (mr[:, :, 0:1] * r_k[:, 0:1])
+                .addcmul(mr[:, :, 1:2], r_k[:, 1:2])
+                .addcmul(mr[:, :, 2:3], r_k[:, 2:3])
+            )
+            fblocks.append(o)
+        else:
+            fblocks.append(None)
         if keep:
-            saved.append((torch.cat((en[:, :1], e2.unsqueeze(1), en[:, 1:]), dim=1), w, v, s))
+            if not n_pos:
+                w = v = s = m.new_zeros(0)
+            saved.extend((m, w, v, s))
     return blocks, saved
 
 
-def plain_level_loop(plan: LevelPlan, block0: Tensor, loc: Tensor) -> Tensor:
-    """The level loop in plain differentiable torch ops: ``(n0, 3, B), (M, 3, B) -> (n0 + M, 3, B)``."""
-    blocks, _ = _levels(plan, block0, loc, keep=False)
+def plain_level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot: Tensor) -> Tensor:
+    """The level loop in plain differentiable torch ops: ``(n0, 3, B), ..., (M, 3, B) -> (n0 + M, 3, B)``."""
+    blocks, _ = _levels(plan, block0, frame0, loc, rot, keep=False)
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
@@ -212,24 +337,24 @@ def _needs_plain(*tensors: Tensor) -> bool:
     return any(_IS_FUNCTORCH_WRAPPED(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
-def level_loop(plan: LevelPlan, block0: Tensor, loc: Tensor) -> Tensor:
+def level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot: Tensor) -> Tensor:
     """Positions of every block, ``(n0 + M, 3, B)`` in block order.
 
     Args:
         plan: the table's :class:`~batched_nerf.engines.levels.LevelPlan`.
         block0: ``(n0, 3, B)`` positions of fixed, root and seed atoms.
+        frame0: ``(2 S3, 3, 3, B)`` anchor frames, then out-frames, of the third
+            seeds (:func:`seed_frames`; ``(0, 3, 3, B)`` when no row reads them).
         loc: ``(M, 3, B)`` local offsets ``r (-cos(theta), sin(theta) cos(phi),
             sin(theta) sin(phi))`` of the fully referenced atoms in build order.
+        rot: ``(M, 3, 3, B)`` their local rotations ``L(theta, phi)`` (:func:`local_frames`).
     """
     if not plan.level_sizes:
         return block0
-    if (
-        (block0.requires_grad or loc.requires_grad)
-        and torch.is_grad_enabled()
-        and not _needs_plain(block0, loc)
-    ):
-        return LevelLoop.apply(block0, loc, plan)[0]
-    return plain_level_loop(plan, block0, loc)
+    inputs = (block0, frame0, loc, rot)
+    if any(t.requires_grad for t in inputs) and torch.is_grad_enabled() and not _needs_plain(*inputs):
+        return LevelLoop.apply(*inputs, plan)[0]
+    return plain_level_loop(plan, *inputs)
 
 
 class LevelLoop(torch.autograd.Function):
@@ -238,90 +363,177 @@ class LevelLoop(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(block0: Tensor, loc: Tensor, plan: LevelPlan) -> tuple[Tensor, ...]:  # type: ignore[override]
-        blocks, saved = _levels(plan, block0, loc, keep=True)
-        # each level's frame is returned (non-differentiable) so that backward can reuse it
-        return (torch.cat(blocks), *(t for level in saved for t in level))
+    def forward(
+        block0: Tensor, frame0: Tensor, loc: Tensor, rot: Tensor, plan: LevelPlan
+    ) -> tuple[Tensor, ...]:  # type: ignore[override]
+        blocks, saved = _levels(plan, block0, frame0, loc, rot, keep=True)
+        # each level's frames are returned (non-differentiable) so that backward can reuse them
+        return (torch.cat(blocks), *saved)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-        block0, loc, plan = inputs
+        *tensors, plan = inputs
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(block0, loc, *output)
+        ctx.save_for_backward(*tensors, *output[1:])
         ctx.plan = plan
 
     @staticmethod
-    def backward(ctx: Any, gxyz: Tensor | None, *_: Any) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
-        block0, loc, xyz, *frames_ = ctx.saved_tensors
+    def backward(ctx: Any, gxyz: Tensor | None, *_: Any) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        block0, frame0, loc, rot, *saved = ctx.saved_tensors
         plan = ctx.plan
         if gxyz is None:
-            return None, None, None
+            return None, None, None, None, None
         if torch.is_grad_enabled():
             # a graph of the backward is wanted: differentiate the plain loop again
             # (torch.func.vjp composes with autograd and with outer torch.func transforms)
-            _, vjp = torch.func.vjp(lambda b0, lc: plain_level_loop(plan, b0, lc), block0, loc)
-            gb0, glc = vjp(gxyz)
-            return gb0, glc, None
-        return (*level_loop_vjp(plan, block0, loc, frames_, gxyz), None)
+            _, vjp = torch.func.vjp(lambda *t: plain_level_loop(plan, *t), block0, frame0, loc, rot)
+            return (*vjp(gxyz), None)
+        return (*level_loop_vjp(plan, block0, frame0, loc, rot, saved, gxyz), None)
 
 
 def level_loop_vjp(
-    plan: LevelPlan, block0: Tensor, loc: Tensor, saved: list[Tensor], gxyz: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Reverse accumulation through the levels: gradients of ``block0`` and ``loc``.
+    plan: LevelPlan,
+    block0: Tensor,
+    frame0: Tensor,
+    loc: Tensor,
+    rot: Tensor,
+    saved: list[Tensor],
+    gxyz: Tensor,
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    """Reverse accumulation through the levels: gradients of ``block0``, ``frame0``, ``loc``, ``rot``.
 
-    For ``x = c + sum_k l_k e_k`` the adjoint ``g`` of ``x`` gives
-    ``dl_k = g . e_k``, ``de_k = l_k g``; through ``e2 = e3 x e1``:
-    ``de3 += e1 x de2``, ``de1 += de2 x e3``; through ``e = w s``:
-    ``dw = s (de - [|w| > EPS] (e . de) e)``; through ``m = v x u``:
-    ``dv = u x dm``, ``du += dm x v``; and ``da = -dv``, ``db = dv - du``,
-    ``dc = g + du``, scattered into the reference atoms' adjoints.
+    For ``x = x_b + M l`` and ``O = M L`` the adjoints ``g`` of ``x`` and ``G`` of
+    ``O`` give ``dl = M^T g``, ``dM = g l^T + G L^T``, ``dL = M^T G``, ``dx_b = g``;
+    ``dM`` goes to the out-frame it was read from, or, for ``POSITIONS`` rows,
+    through the NeRF frame: with ``e2 = e3 x e1``: ``de3 += e1 x de2``,
+    ``de1 += de2 x e3``; through ``e = w s``: ``dw = s (de - [|w| > EPS] (e . de) e)``;
+    through ``m = v x u``: ``dv = u x dm``, ``du += dm x v``; and ``da = -dv``,
+    ``db = dv - du``, ``dc = du``, scattered into the reference atoms' adjoints.
     """
-    sizes = (block0.shape[0], *plan.level_sizes)
-    grads = list(gxyz.split(sizes))
-    e_all, w_all, v_all, s_all = (saved[i::4] for i in range(4))
-    l_all = loc.split(plan.level_sizes)
-    g_loc: list[Tensor] = [loc] * len(plan.level_sizes)
-    for k in range(len(plan.level_sizes) - 1, -1, -1):
-        g = grads[k + 1]
-        e, w, v, s, l_k = e_all[k], w_all[k], v_all[k], s_all[k], l_all[k]
-        g_loc[k] = (e * g.unsqueeze(1)).sum(2)
-        ge = l_k.unsqueeze(2) * g.unsqueeze(1)  # (n, 3, 3, B): adjoints of e1, e2, e3
-        e1, e3 = e[:, 0], e[:, 2]
-        ge2 = ge[:, 1]
-        # [de2 x e3, e1 x de2]: adjoints of e1, e3 through e2 = e3 x e1
-        gen = ge[:, 0::2] + cross(torch.stack((ge2, e1), 1), torch.stack((e3, ge2), 1), 2)
-        en = e[:, 0::2]
-        keep = (w * w).sum(2, keepdim=True) >= _EPS2  # |w| >= EPS: the norm is not clamped
-        dot = torch.where(keep, (en * gen).sum(2, keepdim=True), 0.0)
-        gw = s * (gen - dot * en)
-        u, gm = w[:, 0], gw[:, 1]
-        # [u x dm, dm x v]: adjoints of v, u through m = v x u
-        uv = cross(torch.stack((u, gm), 1), torch.stack((gm, v), 1), 2)
-        gv = uv[:, 0]
-        gu = gw[:, 0] + uv[:, 1]
-        g_refs = torch.cat((-gv, gv - gu, g + gu))  # adjoints of all d, all a, all b refs
-        _scatter(plan, k, grads, g_refs)
-    return grads[0], torch.cat(g_loc)
+    sizes = plan.level_sizes
+    grads: list[Tensor | None] = list(gxyz.split((block0.shape[0], *sizes)))
+    fgrads: list[Tensor | None] = [None] * (len(sizes) + 1)
+    block_size = (block0.shape[0], *sizes)
+    fblock_size = (frame0.shape[0], *plan.n_read)
+    locs, rots = loc.split(sizes), rot.split(plan.n_read)
+    g_loc: list[Tensor] = [loc] * len(sizes)
+    g_rot: list[Tensor] = [rot] * len(sizes)
+    for k in range(len(sizes) - 1, -1, -1):
+        g = cast(Tensor, grads[k + 1])  # every level's adjoint is a piece of gxyz
+        m, w, v, s = saved[4 * k : 4 * k + 4]
+        l_k, r_k, n_pos = locs[k], rots[k], plan.n_positions[k]
+        g_loc[k] = (m * g.unsqueeze(2)).sum(1)
+        gm = g.unsqueeze(2) * l_k.unsqueeze(1)  # (n, 3, 3, B): adjoint of M through x
+        go = fgrads[k + 1]
+        if go is None:
+            g_rot[k] = r_k.new_zeros(r_k.shape)
+        else:  # through O = M L of the atoms whose out-frame is read
+            mr = m.narrow(0, plan.read_start[k], plan.n_read[k])
+            gmr = gm.narrow(0, plan.read_start[k], plan.n_read[k])  # a view: updated in place
+            for j in range(3):
+                gmr.addcmul_(go[:, :, j : j + 1], r_k[:, :, j].unsqueeze(1))
+            gr = mr[:, 0].unsqueeze(2) * go[:, 0].unsqueeze(1)
+            g_rot[k] = gr.addcmul(mr[:, 1].unsqueeze(2), go[:, 1].unsqueeze(1)).addcmul(
+                mr[:, 2].unsqueeze(2), go[:, 2].unsqueeze(1)
+            )
+        if n_pos:
+            e1, e2, e3 = m[:n_pos].unbind(2)
+            ge = gm[:n_pos]
+            ge2 = ge[:, :, 1]
+            # [de2 x e3, e1 x de2]: adjoints of e1, e3 through e2 = e3 x e1
+            gen = torch.stack((ge[:, :, 0], ge[:, :, 2]), 1) + cross(
+                torch.stack((ge2, e1), 1), torch.stack((e3, ge2), 1), 2
+            )
+            en = torch.stack((e1, e3), 1)
+            keep = (w * w).sum(2, keepdim=True) >= _EPS2  # |w| >= EPS: the norm is not clamped
+            dot = torch.where(keep, (en * gen).sum(2, keepdim=True), 0.0)
+            gw = s * (gen - dot * en)
+            u, gmm = w[:, 0], gw[:, 1]
+            # [u x dm, dm x v]: adjoints of v, u through m = v x u
+            uv = cross(torch.stack((u, gmm), 1), torch.stack((gmm, v), 1), 2)
+            gv = uv[:, 0]
+            gu = gw[:, 0] + uv[:, 1]
+            g_refs = torch.cat(
+                (-gv, gv - gu, g[:n_pos] + gu, g[n_pos:])
+            )  # d, a, b of POSITIONS rows, b of others
+        else:
+            g_refs = g
+        _scatter(plan.parts[k], plan.gathers[k], grads, block_size, g_refs)
+        if sizes[k] > n_pos:
+            _scatter(plan.frame_parts[k], plan.frame_gathers[k], fgrads, fblock_size, gm[n_pos:])
+    return grads[0], fgrads[0], torch.cat(g_loc), torch.cat(g_rot)  # type: ignore[return-value]
 
 
-def _scatter(plan: LevelPlan, k: int, grads: list[Tensor], g_refs: Tensor) -> None:
-    """Add the reference adjoints of level ``k + 1`` to the adjoints of the blocks they came from."""
-    gather = plan.gathers[k]
-    parts = plan.parts[k]
+def _scatter(
+    parts: tuple[tuple[int, Tensor | None], ...],
+    gather: Tensor | None,
+    grads: list[Tensor | None],
+    block_size: tuple[int, ...],
+    g_pool: Tensor,
+) -> None:
+    """Add the adjoints of a pool to the adjoints of the blocks it was taken from (None: zero)."""
     if gather is not None:
-        n_pool = sum(grads[s].shape[0] if rows is None else rows.numel() for s, rows in parts)
-        g_refs = g_refs.new_zeros((n_pool, *g_refs.shape[1:])).index_add(0, gather, g_refs)
+        n_pool = sum(block_size[s] if rows is None else rows.numel() for s, rows in parts)
+        g_pool = g_pool.new_zeros((n_pool, *g_pool.shape[1:])).index_add(0, gather, g_pool)
     start = 0
     for s, rows in parts:
-        size = grads[s].shape[0] if rows is None else rows.numel()
-        piece = g_refs[start : start + size]
+        size = block_size[s] if rows is None else rows.numel()
+        piece = g_pool[start : start + size]
         start += size
-        grads[s] = grads[s] + piece if rows is None else grads[s].index_add(0, rows, piece)
+        cur = grads[s]
+        if rows is None:
+            grads[s] = piece if cur is None else cur + piece
+        else:
+            if cur is None:
+                cur = piece.new_zeros((block_size[s], *piece.shape[1:]))
+            grads[s] = cur.index_add(0, rows, piece)
 
 
 # ------------------------------------------------------------------- builder
+def local_frames(r: Tensor, tp: Tensor, read: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Local offsets ``(M, 3, B)`` and rotations ``(R, 3, 3, B)`` from bonds ``(M, 1, B)`` and
+    angles and dihedrals ``tp`` ``(M, 2, B)`` (rotations of the rows ``read``, default all).
+
+    ``l = r u`` with ``u = (-cos t, sin t cos p, sin t sin p)``, and
+    ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
+    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform)::
+
+        L = [[-c,      -g s,      0      ],
+             [ s cp,   -g c cp,  -g sp   ],
+             [ s sp,   -g c sp,   g cp   ]]      g = sign(s) (+1 at s = 0)
+    """
+    cos, sin = sincos(tp)
+    ct, cp = cos.unbind(1)
+    st, sp = sin.unbind(1)
+    loc = torch.stack((-ct, st * cp, st * sp), dim=1) * r
+    if read is not None and read.numel() != tp.shape[0]:
+        (ct, cp), (st, sp) = (v.index_select(0, read).unbind(1) for v in (cos, sin))
+    ng = 2.0 * (st < 0).to(st.dtype) - 1.0  # -g
+    nct = -ct
+    ngc = ng * nct  # g c
+    entries = (nct, ng * st, torch.zeros_like(ct), st * cp, -ngc * cp, ng * sp, st * sp, -ngc * sp, -ng * cp)
+    return loc, torch.stack(entries, dim=1).unflatten(1, (3, 3))
+
+
+def seed_frames(plan: LevelPlan, theta3: Tensor) -> Tensor:
+    """Anchor frames, then out-frames ``O_T = A L(theta_T, 0)``, of the third seeds: ``(2 S3, 3, 3, B)``.
+
+    The anchor of third seed ``T`` is ``A = diag(s, 1, s)``, ``s = plan.third_sign``.
+    """
+    n3, batch = theta3.shape
+    if not (plan.frame_used[0] and n3):
+        return theta3.new_zeros((0, 3, 3, batch))
+    s = plan.third_sign.to(theta3.dtype).unsqueeze(-1).expand(n3, batch)
+    ct, st = torch.cos(theta3), torch.sin(theta3)
+    g = 1.0 - 2.0 * (st < 0).to(st.dtype)
+    zero, one = torch.zeros_like(ct), torch.ones_like(ct)
+    sct = s * ct
+    out = (-sct, -s * (g * st), zero, st, -g * ct, zero, zero, zero, s * g)
+    anchor = (s, zero, zero, zero, one, zero, zero, zero, s)
+    return torch.stack(anchor + out, dim=1).unflatten(1, (2, 3, 3)).transpose(0, 1).flatten(0, 1)
+
+
 def build_levels(
     plan: LevelPlan,
     bonds: Tensor,
@@ -334,7 +546,8 @@ def build_levels(
     Works atom-major with the batch flattened and innermost, ``(n, 3, B)``: every
     reference gather copies whole rows of ``B`` values and every elementwise
     kernel runs on contiguous rows. The inputs are transposed once at entry
-    and the result (contiguous) once at exit.
+    and the result (contiguous) once at exit. Placement frames follow the frame
+    tree (:mod:`.frame_tree`), as in every engine.
     """
     batch = bonds.shape[:-1]
     n = bonds.shape[-1]
@@ -350,14 +563,19 @@ def build_levels(
     n2, n3 = plan.seeds.second.numel(), plan.seeds.third.numel()
     r2, r3, t3 = g_seed[:n2, 0], g_seed[n2 : n2 + n3, 0], g_seed[n2 : n2 + n3, 1]
     block0 = seed_positions(plan.seeds, r2, r3, t3, fixed, (n_samples,), rows=True)
-    # local offsets r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi)) of every full atom at once
     r, tp = g_full.split((1, 2), dim=1)
-    cos, sin = sincos(tp)
-    cos_t, cos_p = cos.split(1, dim=1)
-    sin_t, sin_p = sin.split(1, dim=1)
-    rs = r * sin_t
-    loc = torch.cat((-r * cos_t, rs * cos_p, rs * sin_p), dim=1)
-    xyz = level_loop(plan, block0, loc)
+    if plan.phi_paths is not None:  # effective dihedrals: sibling offsets and flips
+        pad = g.new_zeros((1, n_samples))
+        dih = torch.cat((g[:, 2], pad))
+        phi = dih.index_select(0, plan.phi_paths.reshape(-1)).unflatten(0, plan.phi_paths.shape).sum(1)
+        if plan.flip_paths is not None:
+            turned = torch.sin(g[:, 1].index_select(0, plan.flip_rows)) < 0
+            flipped = torch.cat((turned.to(g.dtype) * torch.pi, pad))
+            flips = flipped.index_select(0, plan.flip_paths.reshape(-1)).unflatten(0, plan.flip_paths.shape)
+            phi = phi + flips.sum(1)
+        tp = torch.stack((tp[:, 0], phi), dim=1)
+    loc, rot = local_frames(r, tp, plan.read_rows)
+    xyz = level_loop(plan, block0, seed_frames(plan, t3), loc, rot)
     return to_xyz(xyz, plan.inverse).reshape(*batch, n, 3)
 
 

@@ -120,7 +120,8 @@ def local_rotations(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tens
     nc = -c
     ngc = g * nc
     zero = s.new_zeros(()).expand_as(s)
-    entries = (nc, -s.abs(), zero, cp * s, cp * ngc, -g * sp, sp * s, sp * ngc, g * cp)
+    # -g s (not -|s|): the same value, and at s = 0 the derivative of the branch taken, as in every engine
+    entries = (nc, -g * s, zero, cp * s, cp * ngc, -g * sp, sp * s, sp * ngc, g * cp)
     return torch.stack(entries).unflatten(0, (3, 3)), r
 
 

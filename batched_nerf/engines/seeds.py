@@ -93,8 +93,9 @@ def seed_positions(
     if plan.n_roots:
         shape = (plan.n_roots, 3, *batch) if rows else (*batch, plan.n_roots, 3)
         parts.append(r2.new_zeros(shape))
+    # the zero components are written as `0 * value` so that a NaN input makes the whole atom NaN
     if plan.second.numel():
-        z2 = zero.expand_as(r2)
+        z2 = 0.0 * r2
         parts.append(torch.stack((r2, z2, z2), dim=comp_dim))
     if plan.third.numel():
         from_second = (
@@ -102,8 +103,9 @@ def seed_positions(
         )
         rc = r3 * torch.cos(t3)
         xb = r2.index_select(values_dim, plan.third_second_slot)
+        z3 = 0.0 * (torch.where(from_second, xb, zero) + r3 * t3)
         x0 = torch.where(from_second, xb - rc, rc)
-        parts.append(torch.stack((x0, r3 * torch.sin(t3), zero.expand_as(r3)), dim=comp_dim))
+        parts.append(torch.stack((x0 + z3, r3 * torch.sin(t3) + z3, z3), dim=comp_dim))
     if not parts:
         return r2.new_zeros((0, 3, *batch) if rows else (*batch, 0, 3))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=atoms_dim)
