@@ -26,7 +26,7 @@ backend (``fused=True``: the CPU with numba; see :mod:`.backends`) and
 ``torch.compile`` is not tracing: on the CPU it was fastest on every shape
 measured, forward and forward+backward (alanine dipeptide x 4,096, chains of
 64 x 1,024, 512 x 256, 4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1
-and x 64, small molecules x 1; ``docs/benchmarks.md``), so it has no crossover.
+and x 64, small molecules x 1; ``docs/architecture.md``), so it has no crossover.
 """
 
 from __future__ import annotations
