@@ -8,8 +8,9 @@ Both maps on the rows of :func:`benchmarks.workloads.fused_rows`:
   coordinates; ``g = dq/dx`` with ``create_graph=True``; ``(g**2).sum().backward()``)
   and ``flow`` (``to_internal`` + :func:`batched_nerf.log_det_jacobian`, a prior on
   the internal coordinates, backward);
-* forward map (``to_cartesian``): ``fused`` (where this build offers it), ``auto``,
-  the per-atom torch loop and the floor probe (forward only), passes ``forward``,
+* forward map (``to_cartesian``): ``fused`` (where this build offers it), the torch
+  engines ``scan`` and ``levels``, the per-atom torch loop and the floor probe
+  (forward only), passes ``forward``,
   ``forward_backward`` and ``committor`` of :func:`benchmarks.timing.make_step`.
 
 numba kernels and torch share the cores, so the contenders of one pass run in
@@ -35,7 +36,7 @@ from benchmarks.workloads import Workload, in_build_order, make_inputs
 INVERSE_PASSES = ("forward", "forward_backward", "committor", "flow")
 CARTESIAN_PASSES = ("forward", "forward_backward", "committor")
 INVERSE_METHODS = ("fused", "torch", "floor")
-CARTESIAN_METHODS = ("fused", "auto", "torch-loop", "floor")
+CARTESIAN_METHODS = ("fused", "scan", "levels", "torch-loop", "floor")
 Step = Callable[[], object]
 
 
@@ -273,6 +274,11 @@ def _cell(r: dict[str, Any] | None) -> str:
     return fmt_seconds(r["median_s"]) if r["status"] == "ok" and r["median_s"] is not None else r["status"]
 
 
+def _fastest(cands: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    ok = [c for c in cands if c and c.get("status") == "ok" and c.get("median_s")]
+    return min(ok, key=lambda c: c["median_s"]) if ok else None
+
+
 def _ratio(num: dict[str, Any] | None, den: dict[str, Any] | None) -> str:
     if not (num and den and num.get("median_s") and den.get("median_s")):
         return "-"
@@ -289,10 +295,11 @@ def markdown(recs: list[dict[str, Any]]) -> list[str]:
         "`fused / floor` > 1: slower than the plain numba loop.",
         "",
     ]
-    for kind, methods, ref in (
-        ("inverse", INVERSE_METHODS, "torch"),
-        ("cartesian", CARTESIAN_METHODS, "auto"),
+    for kind, methods, refs in (
+        ("inverse", INVERSE_METHODS, ("torch",)),
+        ("cartesian", CARTESIAN_METHODS, ("scan", "levels")),
     ):
+        ref = " or ".join(refs) if len(refs) == 1 else f"best of {'/'.join(refs)}"
         keys = [k for k in dict.fromkeys(_key(r) for r in recs) if k[0] == kind]
         if not keys:
             continue
@@ -301,7 +308,8 @@ def markdown(recs: list[dict[str, Any]]) -> list[str]:
         lines.append("|" + "---|" * (len(methods) + 4))
         for key in keys:
             cells = [_cell(_get(recs, key, m)) for m in methods]
-            fused, other, flo = (_get(recs, key, m) for m in ("fused", ref, "floor"))
+            fused, flo = _get(recs, key, "fused"), _get(recs, key, "floor")
+            other = _fastest([_get(recs, key, m) for m in refs])
             row = f"{key[1]} N={key[2]} B={key[3]}"
             lines.append(
                 f"| {row} | {key[4]} | "
