@@ -24,6 +24,7 @@ from ._table import ConstructionTable
 from ._topology import Topology
 from ._version import __version__
 from ._zmatrix import ZMatrix
+from .engines.backends import backends
 
 _LAZY_SUBMODULES = ("data", "formats", "protein", "testing")
 # Adapters live in `formats` (which the core never imports): loaded on first use.
@@ -52,6 +53,7 @@ __all__ = [
     "ZMatrix",
     "__version__",
     "apply_pose",
+    "backends",
     "compile_builder",
     "extract_pose",
     "from_chemcoord",

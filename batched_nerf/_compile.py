@@ -51,7 +51,7 @@ def _call_plan(table: ConstructionTable, method: str, inputs: tuple[Any, ...]) -
         samples = math.prod(np.broadcast_shapes(*shapes)) if shapes else 1
     except ValueError:
         return None, None
-    name = method if method != "auto" else auto_method(table, samples, device.type)
+    name = method if method != "auto" else auto_method(table, samples, device.type, compiled=True)
     engine = engines.get(name)
     return engine, table.plan(name, device, engine.choose_variant(table.n_atoms, samples))
 
@@ -84,7 +84,8 @@ def compile_builder(
 
     Args:
         table: the :class:`ConstructionTable`.
-        method: ``"scan"`` (default), ``"levels"`` or ``"auto"``.
+        method: ``"scan"`` (default), ``"levels"``, ``"auto"`` or ``"fused"`` (which compiles
+            as ``"scan"``: its kernels are compiled already).
         device: prepare every plan of ``method`` for this device now (default:
             none ahead; each call makes the plan it uses).
         compile_options: passed to :func:`torch.compile`.
@@ -106,6 +107,7 @@ def compile_builder(
     check_table(table)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    method = "scan" if method == "fused" else method  # fused kernels are compiled already: compile scan
     if device is not None:
         table.prepare(device, methods=engines.METHODS if method == "auto" else (method,))
 

@@ -12,12 +12,14 @@ from . import engines
 from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
+from .engines import fused_inverse
 from .engines.dispatch import auto_method
 from .engines.inverse import InternalCoordinates
 
-__all__ = ["InternalCoordinates", "Method", "to_cartesian", "to_internal"]
+__all__ = ["InternalCoordinates", "InverseMethod", "Method", "to_cartesian", "to_internal"]
 
-Method = Literal["auto", "levels", "scan"]
+Method = Literal["auto", "levels", "scan", "fused"]
+InverseMethod = Literal["auto", "fused", "torch"]
 _METHODS = ("auto", *engines.METHODS)
 
 
@@ -71,8 +73,11 @@ def to_cartesian(
         fixed_xyz: ``(..., F, 3)`` positions of ``table.fixed`` atoms, in that
             order; required when the table has fixed atoms.
         method: ``"levels"`` (one step per dependency level), ``"scan"``
-            (log-depth composition of frames) or ``"auto"`` (chosen from the
-            table's shape, batch size and device).
+            (log-depth composition of frames), ``"fused"`` (one compiled kernel
+            per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
+            ``"auto"`` (chosen from the table's shape, batch size, device and
+            the installed backends: the fused engine on the CPU when numba
+            imports, see :func:`backends`).
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
             about the component's root atom (see :func:`apply_pose`; an
@@ -97,6 +102,7 @@ def to_cartesian(
         ValueError: the last dimension is not ``N``, the inputs do not
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.
+        RuntimeError: ``method="fused"`` without a backend for the device.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -140,7 +146,12 @@ def to_cartesian(
 
 
 def to_internal(
-    xyz: Any, table: ConstructionTable, *, degrees: bool = False, return_pose: bool = False
+    xyz: Any,
+    table: ConstructionTable,
+    *,
+    degrees: bool = False,
+    return_pose: bool = False,
+    method: InverseMethod = "auto",
 ) -> InternalCoordinates | tuple[InternalCoordinates, Pose]:
     r"""Internal coordinates of every atom from Cartesian coordinates.
 
@@ -162,6 +173,14 @@ def to_internal(
             translation)`` of the seeded components, such that
             ``to_cartesian(*ic, table, rotation=R, translation=t)`` reproduces
             ``xyz``.
+        method: ``"fused"`` (numba kernels on the CPU, float32/float64; their
+            first and second derivatives are kernels too), ``"torch"`` (torch
+            operations, any device and dtype) or ``"auto"`` (``"fused"`` where it
+            can run, else ``"torch"``). Both give the same values and derivatives
+            to rounding; under ``torch.compile`` and nested forward mode
+            (``jacfwd(jacfwd(f))``) ``"auto"`` takes the torch operations. The first
+            fused call in a new environment compiles the kernels (seconds; cached
+            on disk afterwards).
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
@@ -169,7 +188,9 @@ def to_internal(
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
-        ValueError: ``xyz`` is not ``(..., N, 3)``.
+        ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``, or
+            ``method="fused"`` off the CPU, for another dtype, without numba or
+            under nested forward mode.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -179,7 +200,9 @@ def to_internal(
         ([0.0, 0.0, 90.0, 90.0], 90.0)
     """
     x = check_xyz(xyz, check_table(table))
-    ic = engines.get("inverse").build(table.plan("inverse", x.device), x)
+    fused = fused_inverse.use_fused(method, x)
+    build = fused_inverse.internal_from_xyz if fused else engines.get("inverse").build
+    ic = build(table.plan("inverse", x.device), x)
     if degrees:
         ic = InternalCoordinates(ic.bonds, ic.angles / DEG, ic.dihedrals / DEG)
     if return_pose:

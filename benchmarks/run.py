@@ -5,6 +5,7 @@ Usage::
     python benchmarks/run.py [--quick] [--out DIR] [--nerfax PATH] [--bgflow PATH]
                              [--device cpu|cuda] [--no-peers] [--compile | --no-compile]
                              [--no-progress] [--time-budget SECONDS] [--engines NAME ...]
+                             [--fused | --no-fused]
 
 Prints the Markdown report; with ``--out DIR`` also writes ``results.md``,
 ``results.json``, ``time_vs_atoms.png`` and ``error_vs_atoms.png`` there.
@@ -44,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="time scan under torch.compile (default: on in full mode, off with --quick)",
     )
+    parser.add_argument(
+        "--fused",
+        dest="fused",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="time the fused rows (fused, torch, per-atom loop, numba floor; default: on for CPU runs)",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.add_argument(
         "--time-budget", type=float, default=None, metavar="SECONDS", help="seconds for the timing part"
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         time_budget_s=args.time_budget,
         engines=tuple(args.engines),
+        fused=args.fused,
     )
     print(report)
     return 0

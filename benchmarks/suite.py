@@ -8,11 +8,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from benchmarks import accuracy, contenders, report, summary
+from benchmarks import accuracy, contenders, fused_rows, report, summary
 from benchmarks.memory import measure_memory
 from benchmarks.records import COMPILED, ENGINES, LOOP, MEMORY_BUDGET_BYTES, State
 from benchmarks.timing import PASSES, Progress
 from benchmarks.workloads import Workload, chain_refs, compile_rows, default_grid
+from benchmarks.workloads import fused_rows as fused_grid
 
 #: Peers of the quick mode (NeRFax's fastest mode when ``nerfax`` is given); full mode runs them all.
 QUICK_PEERS = (LOOP, "nerfax-fully_sequential")
@@ -36,6 +37,7 @@ def run_benchmarks(
     workloads: list[str] | None = None,
     errors: bool = True,
     engines: tuple[str, ...] = ENGINES,
+    fused: bool | None = None,
 ) -> str:
     """Run the benchmark suite and return its results as a Markdown report.
 
@@ -82,6 +84,9 @@ def run_benchmarks(
         errors: measure the float32 error (and error-vs-length curve).
         engines: our ``method=`` names to time (default ``("levels", "scan", "auto")``;
             add any other engine the package offers).
+        fused: time the fused rows (:mod:`benchmarks.fused_rows`: fused engines, torch
+            engines, the per-atom loop and the numba floor, interleaved; CPU only).
+            ``None``: on for CPU runs without ``sizes``.
 
     Returns:
         The Markdown report (also ``results.md`` when ``out_dir`` is given).
@@ -109,9 +114,17 @@ def run_benchmarks(
     peers_mod, peers_list = _select_peers(state, peers, quick, nerfax, bgflow)
     rows_c = _compiled_rows(state, quick, (not quick) if compile is None else bool(compile))
     n_err = 0 if not errors else len(sizes) if sizes is not None else (3 if quick else 6)
-    bar = Progress(_count_steps(state, grid, peers_list, rows_c) + n_err, progress)
+    with_fused = (sizes is None and device == "cpu") if fused is None else bool(fused)
+    f_rows = fused_grid(quick) if with_fused else []
+    n_fused = fused_rows.count_steps(f_rows)
+    bar = Progress(_count_steps(state, grid, peers_list, rows_c) + n_err + n_fused, progress)
+    fused_recs: list[dict[str, Any]] = []
     try:
         _time_grid(state, grid, peers_mod, peers_list, rows_c, bar)
+        if f_rows:
+            fused_recs = fused_rows.time_fused_rows(
+                f_rows, state.repeats, state.budget_s, state.step_limit_s, progress=bar
+            )
         err = _errors(state, peers_mod, peers_list, bar, sizes) if errors else accuracy.not_measured()
         mem = _memory(state, grid, peers_list, bar, sizes is not None) if memory else []
     finally:
@@ -124,6 +137,8 @@ def run_benchmarks(
     headline = summary.headline(state, mem)
     targets = summary.targets(headline, mem)
     text = report.markdown(state, machine, err, mem, speedups, headline, targets)
+    if fused_recs:
+        text += "\n" + "\n".join(fused_rows.markdown(fused_recs)) + "\n"
     if out_dir is None:
         return text
     payload = {
@@ -136,6 +151,7 @@ def run_benchmarks(
         "memory": mem,
         "targets": targets,
         "notes": state.notes,
+        "fused_rows": fused_recs,
     }
     return report.write(Path(out_dir), text, payload, state, err)
 

@@ -79,6 +79,46 @@ def alanine_refs() -> np.ndarray:
     return molecule_refs("alanine_dipeptide")
 
 
+#: Heavy-atom protein of the solvated system (160 residues: every amino acid 8 times).
+SOLVATED_SEQUENCE = "ACDEFGHIKLMNPQRSTVWY" * 8
+WATER_REFS = np.array([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+
+
+def solvated_refs(n_waters: int = 10_000) -> np.ndarray:
+    """A protein (heavy atoms of :data:`SOLVATED_SEQUENCE`) and ``n_waters`` waters, packed.
+
+    ``bn.pack_tables`` of the protein's table and ``n_waters`` three-atom water
+    tables (O, H1 on O, H2 on O at an angle to H1): about 31,300 atoms for the
+    default, each water its own seeded component.
+    """
+    protein = bn.protein.protein_table(SOLVATED_SEQUENCE).table
+    packed = bn.pack_tables([protein] + [bn.ConstructionTable(WATER_REFS)] * n_waters)
+    return np.asarray(packed.refs, dtype=np.int64)
+
+
+def fused_rows(quick: bool) -> list[Workload]:
+    """Rows of the fused comparison (fused engines, the per-atom loop and the numba floor side by side).
+
+    Alanine dipeptide B = 4096, chains 64 x 1024, 512 x 256, 4096 x 1 and the
+    solvated system (:func:`solvated_refs`) x 1; quick mode: alanine x 512, chains
+    64 x 128 and 1024 x 1, the protein with 500 waters x 1.
+    """
+    if quick:
+        return [
+            Workload("alanine_dipeptide", alanine_refs(), [512]),
+            Workload("chain", chain_refs(64), [128]),
+            Workload("chain", chain_refs(1024), [1]),
+            Workload("solvated", solvated_refs(500), [1]),
+        ]
+    return [
+        Workload("alanine_dipeptide", alanine_refs(), [4096]),
+        Workload("chain", chain_refs(64), [1024]),
+        Workload("chain", chain_refs(512), [256]),
+        Workload("chain", chain_refs(4096), [1]),
+        Workload("solvated", solvated_refs(), [1]),
+    ]
+
+
 def build_order(refs: np.ndarray) -> np.ndarray:
     """An atom order in which every atom comes after its references."""
     n = len(refs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -21,7 +22,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 #: Every engine `to_cartesian` can dispatch to; every core test runs on each.
-METHODS = ["levels", "scan", "auto"]
+#: (``fused`` where numba is installed: ``pip install -e ".[test]"`` brings it; tests/test_fused.py
+#: says so when it is absent)
+METHODS = ["levels", "scan", *(["fused"] if importlib.util.find_spec("numba") else []), "auto"]
 
 
 @pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])

@@ -77,3 +77,54 @@ def test_reference_xyz_matches_float64_build() -> None:
         ref = reference_xyz(b[0].numpy(), a[0].numpy(), d[0].numpy(), refs)
         ours = bn.to_cartesian(b, a, d, bn.ConstructionTable(refs), method="levels")[0].numpy()
         np.testing.assert_allclose(ours, ref, atol=1e-9)
+
+
+def test_floor_probes_match_the_library() -> None:
+    floor = pytest.importorskip("benchmarks.floor")
+    if not floor.available():
+        pytest.skip("the floor probes need numba")
+    from benchmarks.workloads import in_build_order
+
+    ordered, _ = in_build_order(alanine_refs())
+    table = bn.ConstructionTable(ordered)
+    b, a, d = make_inputs(len(ordered), 4, torch.float32, 2)
+    xyz = bn.to_cartesian(b, a, d, table)
+    torch.testing.assert_close(floor.cartesian(ordered)(b, a, d), xyz, rtol=0, atol=1e-5)
+    for got, want in zip(floor.internal(ordered)(xyz), bn.to_internal(xyz, table, method="torch")):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="floor.cartesian needs refs in build order"):
+        floor.cartesian(alanine_refs()[::-1].copy())
+
+
+def test_fused_rows_tiny() -> None:
+    pytest.importorskip("numba", reason="the fused rows need numba")
+    from benchmarks import fused_rows
+    from benchmarks.workloads import Workload, chain_refs
+
+    recs = fused_rows.time_fused_rows([Workload("chain", chain_refs(12), [2])], rounds=1, budget_s=0.1)
+    got = {(r["map"], r["method"], r["pass"]): r for r in recs}
+    for pass_ in fused_rows.INVERSE_PASSES:
+        for method in ("fused", "torch"):
+            assert got[("inverse", method, pass_)]["status"] == "ok"
+            assert got[("inverse", method, pass_)]["median_s"] > 0
+    assert got[("inverse", "floor", "forward")]["status"] == "ok"
+    assert got[("inverse", "floor", "committor")]["status"].startswith("n/a")
+    assert got[("cartesian", "torch-loop", "committor")]["status"] == "ok"
+    text = "\n".join(fused_rows.markdown(recs))
+    assert "## Fused rows" in text and "### to_internal" in text and "### to_cartesian" in text
+
+
+@pytest.mark.slow
+def test_gpu_script_runs_on_cpu(tmp_path: Path) -> None:
+    from benchmarks import gpu
+
+    out = tmp_path / "gpu.json"
+    assert gpu.main([str(out), "--device", "cpu", "--quick"]) == 0
+    data = json.loads(out.read_text())
+    assert data["check_internal_f64"]["torch"] == 0.0
+    assert all(isinstance(v, float) and v < 1e-10 for v in data["check_internal_f64"].values())
+    assert data["check_cartesian_f64"]["alanine_dipeptide/levels"] < 1e-10
+    assert data["gradcheck"]["to_internal/torch"] is True and data["gradcheck"]["to_cartesian/scan"] is True
+    for part in ("proteins_163", "alanine", "chain_64"):
+        assert "error" not in data[part]
+    assert data["alanine"]["to_internal/fused/forward"]["median_s"] > 0

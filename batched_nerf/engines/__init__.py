@@ -7,8 +7,9 @@ engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
 ``to_internal``. :mod:`.dispatch` chooses between them for ``method="auto"``.
 
 Layout: :mod:`.base` (plan mixin, engine record), :mod:`.seeds` (block 0,
-shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.inverse`,
-:mod:`.dispatch`. Nothing here imports the table or the public API.
+shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.fused` (compiled
+kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`. Nothing here imports
+the table or the public API.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from .._topology import Topology
 from .base import Engine
+from .fused import FUSED
 from .inverse import INVERSE
 from .levels import LEVELS
 from .scan import SCAN
@@ -24,9 +26,9 @@ from .scan import SCAN
 __all__ = ["ENGINES", "METHODS", "Engine", "get", "make_plan"]
 
 #: Every engine by name.
-ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, INVERSE)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, FUSED, INVERSE)}
 #: Engines that ``to_cartesian(method=...)`` accepts (besides ``"auto"``).
-METHODS: tuple[str, ...] = (SCAN.name, LEVELS.name)
+METHODS: tuple[str, ...] = (SCAN.name, LEVELS.name, FUSED.name)
 
 
 def get(name: str) -> Engine:

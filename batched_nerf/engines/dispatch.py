@@ -20,6 +20,13 @@ chains; ``B`` = 1 to 4,096; see ``docs/benchmarks.md``):
 
 On accelerators the price is mostly kernel launches, which favours the scan
 engine for all but the shallowest tables.
+
+The fused engine (one compiled kernel per pass) goes first wherever it has a
+backend (``fused=True``: the CPU with numba; see :mod:`.backends`) and
+``torch.compile`` is not tracing: on the CPU it was fastest on every shape
+measured, forward and forward+backward (alanine dipeptide x 4,096, chains of
+64 x 1,024, 512 x 256, 4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1
+and x 64, small molecules x 1; ``docs/architecture.md``), so it has no crossover.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from .._topology import FULL, THIRD, Topology
+from . import backends
 from .frame_tree import PARENT, frame_tree
 
 __all__ = ["auto_method", "choose_method", "scan_block", "single_path"]
@@ -51,8 +60,10 @@ def scan_block(n_atoms: int, n_samples: int) -> int:
     return BLOCK_SMALL if work < BLOCK_THRESHOLDS[1] else BLOCK_LARGE
 
 
-def choose_method(depth: int, single_path: bool, n_samples: int, device_type: str) -> str:
-    """``"levels"`` or ``"scan"`` for one call (the rule in the module docstring).
+def choose_method(
+    depth: int, single_path: bool, n_samples: int, device_type: str, fused: bool = False
+) -> str:
+    """``"fused"``, ``"levels"`` or ``"scan"`` for one call (the rule in the module docstring).
 
     Args:
         depth: the table's number of dependency levels.
@@ -60,12 +71,18 @@ def choose_method(depth: int, single_path: bool, n_samples: int, device_type: st
             the scan engine builds without gathers.
         n_samples: number of builds in the batch (product of the leading shape).
         device_type: ``"cpu"``, ``"cuda"``, ...
+        fused: the fused engine has kernels for ``device_type`` and may run
+            (not while ``torch.compile`` traces).
 
     Example:
         >>> from batched_nerf.engines.dispatch import choose_method
         >>> choose_method(509, True, 256, "cpu"), choose_method(6, False, 1, "cpu")
         ('scan', 'levels')
+        >>> choose_method(509, True, 256, "cpu", fused=True)
+        'fused'
     """
+    if fused:
+        return "fused"
     if depth <= 2:
         return "levels"
     if device_type != "cpu":
@@ -112,10 +129,14 @@ def single_path(topo: Topology) -> bool:
     return bool(np.bincount(tree.parent[full], minlength=topo.n_atoms).max() <= 1)
 
 
-def auto_method(table: Any, n_samples: int, device_type: str) -> str:
+def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = False) -> str:
     """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable`.
 
     Reads only plain values fixed when the table is made (``table.depth``,
-    ``table.single_path``): no plan is built to dispatch.
+    ``table.single_path``): no plan is built to dispatch. ``compiled``: the
+    choice of a ``torch.compile``-d build (never the fused engine; also implied
+    while ``torch.compile`` traces).
     """
+    if not (compiled or torch.compiler.is_compiling()) and backends.available(device_type):
+        return "fused"
     return choose_method(table.depth, table.single_path, n_samples, device_type)

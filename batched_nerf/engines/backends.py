@@ -1,0 +1,98 @@
+"""Optional compiled backends of the fused engine, imported lazily.
+
+* CPU: numba (the extra ``fast``: ``pip install "batched-nerf[fast]"``), kernels
+  in :mod:`.fused_numba`;
+* GPU: triton, kernels in ``fused_triton`` (not written yet: no GPU backend is
+  used so far).
+
+Nothing is imported until a fused build, ``method="auto"`` or :func:`backends`
+asks; an import that fails counts as absent (and is not retried).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+__all__ = ["INSTALL", "available", "backends", "require"]
+
+#: How to get the CPU backend.
+INSTALL = 'pip install "batched-nerf[fast]"'
+
+#: device type -> (backend package, kernel module of this package)
+_BACKENDS = {"cpu": ("numba", "fused_numba"), "cuda": ("triton", "fused_triton")}
+_kernels: dict[str, ModuleType | None] = {}
+_errors: dict[str, str] = {}
+
+
+def _load(device_type: str) -> ModuleType | None:
+    if device_type in _kernels:
+        return _kernels[device_type]
+    module = None
+    if device_type in _BACKENDS:
+        package, kernels = _BACKENDS[device_type]
+        try:
+            importlib.import_module(package)
+            module = importlib.import_module(f"{__package__}.{kernels}")
+        except ImportError as exc:  # absent package, or no kernels for it yet
+            _errors[device_type] = f"{type(exc).__name__}: {exc}"
+    _kernels[device_type] = module
+    return module
+
+
+def available(device_type: str) -> bool:
+    """Whether the fused engine has working kernels on ``device_type`` (``"cpu"``, ``"cuda"``, ...)."""
+    return _load(device_type) is not None
+
+
+def require(device_type: str) -> ModuleType:
+    """The fused kernels for ``device_type``.
+
+    Raises:
+        RuntimeError: no backend for the device (naming how to install one).
+    """
+    module = _load(device_type)
+    if module is None:
+        package = _BACKENDS.get(device_type, ("none",))[0]
+        reason = _errors.get(device_type, f"no fused backend exists for device type {device_type!r}")
+        hint = f"install it with {INSTALL}" if device_type == "cpu" else "use method='scan' or 'levels'"
+        raise RuntimeError(
+            f"method='fused' needs {package} on {device_type} ({reason}); {hint}, "
+            "or use method='auto', which picks the fused engine only where it is available"
+        )
+    return module
+
+
+def _version(package: str) -> str | None:
+    try:
+        return str(importlib.import_module(package).__version__)
+    except ImportError:
+        return None
+
+
+def backends() -> dict[str, Any]:
+    """Which compiled backends the fused engine (``method="fused"``) can use here.
+
+    Returns:
+        A dict with ``"numba"`` and ``"triton"`` (the installed version, or
+        None), ``"fused"`` (device type -> whether fused kernels work there),
+        ``"auto"`` (device type -> whether ``method="auto"`` may pick the fused
+        engine there; it still follows the dispatch rule) and ``"install"``.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> info = bn.backends()
+        >>> sorted(info)
+        ['auto', 'fused', 'install', 'numba', 'triton']
+        >>> info["install"]
+        'pip install "batched-nerf[fast]"'
+    """
+    fused = {device: available(device) for device in _BACKENDS}
+    return {
+        "numba": _version("numba"),
+        "triton": _version("triton"),
+        "fused": fused,
+        "auto": dict(fused),
+        "install": INSTALL,
+    }

@@ -1,0 +1,294 @@
+"""Fused engine: one compiled kernel per pass (CPU: numba), frames composed along the frame tree.
+
+Every other engine runs tens to hundreds of small torch kernels per call; this
+one runs one compiled loop over the atoms in build order for each
+``(sample, unit)`` work item (a *unit* is a run of whole components), split
+over the CPU's threads. Its values follow the frame tree
+(:mod:`.frame_tree`) exactly like the scan engine's, degenerate inputs
+included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
+anchor frame, the parent's out-frame or the NeRF frame of the references'
+positions. Frames and positions are accumulated in float64 whatever the input
+dtype (float32 in, float32 out).
+
+Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
+integer array over the atoms in work order (see ``fused_numba``'s row names:
+atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
+flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
+
+Derivatives: :class:`FusedBuild` runs the forward kernel; its backward is
+:class:`FusedVJP`, the fused backward kernel (reverse accumulation, one pass);
+the backward of that, forward-mode AD (``jvp``) and everything beyond are the
+scan engine's plain torch graph (the reference: the same values and
+derivatives), so ``gradgradcheck``, ``create_graph=True`` losses, third order
+and ``torch.func`` (``vmap`` rules on both functions) stay exact. Under
+``torch.compile`` and for dtypes other than float32/float64 the scan engine
+builds directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._topology import SECOND, THIRD, Topology
+from .backends import require
+from .base import Engine, Movable
+from .dispatch import scan_block
+from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
+from .levels import _IS_FUNCTORCH_WRAPPED
+from .scan import build_scan, scan_plan
+
+__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan"]
+
+#: Work units hold whole components, at least this many atoms (unless fewer exist) ...
+UNIT_MIN_ATOMS = 256
+#: ... and a table has at most about this many units (enough to share one sample over the threads).
+UNITS_MAX = 64
+
+# row codes of the kernels (fused_numba.FIXED ... POSITIONS)
+_FIXED, _ROOT, _SECOND, _ANCHOR, _PARENT, _POSITIONS = range(6)
+
+
+@dataclass(frozen=True)
+class FusedPlan(Movable):
+    """Atoms in work order with everything the kernels read.
+
+    Attributes:
+        index: ``(11, N)`` ``int64`` (rows named in ``fused_numba``): atom, row
+            code, bond/angle/dihedral reference row, parent row, sibling row
+            whose ``phi_eff`` is added (``-1``: none), atom whose
+            ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
+            third-seed flag. Reference rows are positions in this order.
+        starts: ``(U + 1,)`` ``int64`` first row of each work unit.
+        topology: the table's topology (the scan reference is planned from it on demand).
+    """
+
+    index: np.ndarray
+    starts: np.ndarray
+    topology: Topology
+    _reference: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def reference(self, n_samples: int, device: torch.device) -> Any:
+        """The scan plan (band size for ``n_samples``) on ``device``: the derivatives' reference."""
+        block = scan_block(self.topology.n_atoms, n_samples)
+        key = (block, device)
+        plan = self._reference.get(key)
+        if plan is None and torch.compiler.is_compiling():
+            raise RuntimeError(
+                "method='fused' cannot be traced by torch.compile (its kernels are compiled already): "
+                "compile method='scan' or 'auto' (bn.compile_builder does), or call the fused build "
+                "once eagerly with gradients first"
+            )
+        if plan is None:
+            plan = self._reference.get((block, torch.device("cpu")))
+            if plan is None:
+                with _no_functorch():  # made inside a transform, its tensors would escape it
+                    plan = scan_plan(self.topology, block)
+                self._reference[(block, torch.device("cpu"))] = plan
+            if device.type != "cpu":
+                plan = plan.to(device)
+            self._reference[key] = plan
+        return plan
+
+
+def _no_functorch() -> Any:
+    guard = getattr(torch._C, "_DisableFuncTorch", None)
+    return contextlib.nullcontext() if guard is None else guard()
+
+
+def _units(topo: Topology) -> np.ndarray:
+    """Work unit of each component: consecutive components, ``>= UNIT_MIN_ATOMS`` atoms each."""
+    sizes = np.bincount(topo.component, minlength=topo.n_components)
+    target = max(UNIT_MIN_ATOMS, -(-topo.n_atoms // UNITS_MAX))
+    first = np.cumsum(sizes) - sizes
+    return np.unique(first // target, return_inverse=True)[1].reshape(-1)
+
+
+def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
+    """The fused plan of ``topo`` (see :class:`FusedPlan`); numpy only, no loop over atoms."""
+    n = topo.n_atoms
+    refs = np.asarray(topo.refs)
+    kind = np.asarray(topo.kind)
+    tree = frame_tree(topo)
+    unit = _units(topo)[topo.component] if n else np.zeros(0, dtype=np.int64)
+    atoms = topo.order[np.argsort(unit[topo.order], kind="stable")]
+    row = np.empty(n, dtype=np.int64)
+    row[atoms] = np.arange(n)
+
+    def rows_of(atom_index: np.ndarray) -> np.ndarray:
+        return np.where(atom_index >= 0, row[np.maximum(atom_index, 0)], -1)
+
+    code = np.full(n, _ROOT, dtype=np.int64)
+    code[kind == SECOND] = _SECOND
+    code[tree.frame == ANCHOR] = _ANCHOR
+    code[tree.frame == PARENT] = _PARENT
+    code[tree.frame == POSITIONS] = _POSITIONS
+    code[topo.fixed] = _FIXED
+    slot = np.full(n, -1, dtype=np.int64)
+    slot[topo.fixed] = np.arange(topo.n_fixed)
+    # anchor e1 = +e_x when the third seed's bond reference is the second seed atom, else -e_x
+    third_of = np.maximum(tree.parent, 0)
+    sign = np.where(kind[np.maximum(refs[third_of, 0], 0)] == SECOND, 1, -1)
+    sign = np.where(tree.frame == ANCHOR, sign, 0)
+    fields = (
+        np.arange(n),
+        code,
+        rows_of(refs[:, 0]),
+        rows_of(refs[:, 1]),
+        rows_of(np.where(tree.frame == POSITIONS, tree.dihedral_ref, -1)),
+        rows_of(np.where(tree.frame == PARENT, tree.parent, -1)),
+        rows_of(tree.phi_from),
+        np.asarray(tree.flip_on),
+        slot,
+        sign,
+        (kind == THIRD).astype(np.int64),
+    )
+    index = np.ascontiguousarray(np.stack(fields)[:, atoms], dtype=np.int64)
+    counts = np.bincount(unit, minlength=int(unit.max(initial=-1)) + 1)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return FusedPlan(index=index, starts=starts, topology=topo)
+
+
+# ------------------------------------------------------------------ autograd
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
+
+
+def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
+    """The scan engine's build of the same ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
+    ref = plan.reference(b.shape[0], b.device)
+    return build_scan(ref, b, a, d, f if f.shape[-2] else None)
+
+
+def _reference_vjp(
+    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    _, vjp = torch.func.vjp(lambda *x: _reference_build(plan, *x), b, a, d, f)
+    return vjp(g)
+
+
+def _front(x: Tensor, dim: int | None, size: int) -> Tensor:
+    """``x`` with its vmapped dimension first (expanded when unbatched), leading dims flattened."""
+    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()  # no aliasing rows
+
+
+class FusedBuild(torch.autograd.Function):
+    """``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions -> ``(B, N, 3)``."""
+
+    @staticmethod
+    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan) -> Tensor:  # type: ignore[override]
+        kernels = require("cpu")
+        return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f)))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        b, a, d, f, plan = inputs
+        ctx.save_for_backward(b, a, d, f)
+        ctx.save_for_forward(b, a, d, f)
+        ctx.plan = plan
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        b, a, d, f = ctx.saved_tensors
+        return (*FusedVJP.apply(b, a, d, f, g, ctx.plan), None)
+
+    @staticmethod
+    def jvp(ctx: Any, tb: Any, ta: Any, td: Any, tf: Any, _: Any) -> Tensor:
+        primals = ctx.saved_tensors
+        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, (tb, ta, td, tf)))
+        return torch.func.jvp(lambda *x: _reference_build(ctx.plan, *x), primals, tangents)[1]
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
+        *tensors, plan = args
+        size = info.batch_size
+        out = FusedBuild.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:4])), plan)
+        return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
+
+
+class FusedVJP(torch.autograd.Function):
+    """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))``; differentiable."""
+
+    @staticmethod
+    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, plan: FusedPlan) -> tuple[Tensor, ...]:  # type: ignore[override]
+        kernels = require("cpu")
+        out = kernels.backward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f), _np(g.to(b.dtype)))
+        return tuple(torch.from_numpy(x) for x in out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        *tensors, plan = inputs
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+        ctx.plan = plan
+
+    @staticmethod
+    def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        inputs = ctx.saved_tensors
+        _, vjp = torch.func.vjp(lambda *x: _reference_vjp(ctx.plan, *x), *inputs)
+        return (*vjp(tuple(gg)), None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
+        primals = ctx.saved_tensors
+        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents[:5]))
+        return torch.func.jvp(lambda *x: _reference_vjp(ctx.plan, *x), primals, tangents)[1]
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
+        *tensors, plan = args
+        size = info.batch_size
+        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan)
+        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0, 0, 0, 0)
+
+
+# ------------------------------------------------------------------- builder
+def _plain(*tensors: Tensor) -> bool:
+    """No gradient, tangent or torch.func wrapper to serve: the kernel can run directly."""
+    if _IS_FUNCTORCH_WRAPPED is None:
+        return False
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return not grad and not any(
+        _IS_FUNCTORCH_WRAPPED(t) or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+        for t in tensors
+    )
+
+
+def build_fused(
+    plan: FusedPlan,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed_xyz: Tensor | None,
+) -> Tensor:
+    """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs (fused kernels).
+
+    Raises:
+        RuntimeError: numba is not installed, or the device has no fused backend.
+    """
+    batch = bonds.shape[:-1]
+    n = bonds.shape[-1]
+    if torch.compiler.is_compiling() or bonds.dtype not in (torch.float32, torch.float64):
+        ref = plan.reference(math.prod(batch), bonds.device)
+        return build_scan(ref, bonds, angles, dihedrals, fixed_xyz)
+    kernels = require(bonds.device.type)
+    m = math.prod(batch)
+    b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))
+    if fixed_xyz is None:
+        f = bonds.new_zeros((m, 0, 3))
+    else:
+        f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
+    if _plain(b, a, d, f):
+        xyz = kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f))
+        return torch.from_numpy(xyz).reshape(*batch, n, 3)
+    return FusedBuild.apply(b, a, d, f, plan).reshape(*batch, n, 3)
+
+
+FUSED = Engine("fused", fused_plan, build_fused)

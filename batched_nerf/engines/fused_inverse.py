@@ -1,0 +1,343 @@
+"""Fused inverse map on the CPU: numba kernels behind twice-differentiable autograd Functions.
+
+:func:`internal_from_xyz` computes what :func:`batched_nerf.engines.inverse.internal_from_xyz`
+does (the same formulas and singular-geometry rules, see
+:mod:`.fused_inverse_numba`) in one compiled pass over every (sample, atom)
+instead of a chain of torch kernels. Derivatives are kernels too:
+
+* :class:`FusedInternal`: ``xyz -> (bonds, angles, dihedrals)``; its backward is
+* :class:`FusedInternalVJP`: ``(xyz, g) -> J^T g``; its backward is
+* :class:`FusedInternalSecond`: ``(xyz, g, V) -> (sum_k g_k H_k V, J V)``, whose own
+  backward (third order) runs the torch engine's graph through :mod:`torch.func`,
+  so every order stays exact.
+
+Forward mode: :class:`FusedInternal`'s ``jvp`` is ``J t`` from the second-order
+kernel; the ``jvp`` of the other two run the torch engine through
+:func:`torch.func.jvp` (``torch.func`` transforms only: plain
+``torch.autograd.forward_ad`` cannot nest it).
+
+Each Function has a ``vmap`` staticmethod (vmapped dims moved to the front; the
+kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` and
+``hessian`` work. numba is optional (found through :mod:`.backends`, like the
+fused ``to_cartesian`` engine): :func:`available` says whether the kernels can
+run, :func:`unavailable_reason` why not.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import math
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import backends
+from .inverse import InternalCoordinates, InversePlan
+from .inverse import internal_from_xyz as torch_internal_from_xyz
+
+__all__ = [
+    "CALLS",
+    "FusedInternal",
+    "FusedInternalSecond",
+    "FusedInternalVJP",
+    "available",
+    "internal_from_xyz",
+    "unavailable_reason",
+    "use_fused",
+]
+
+#: Kernel launches by kind (``"forward"``, ``"vjp"``, ``"second"``); tests read it to see the kernels ran.
+CALLS = {"forward": 0, "vjp": 0, "second": 0}
+#: ``to_internal(method=...)`` names.
+METHODS = ("auto", "fused", "torch")
+_DTYPES = (torch.float32, torch.float64)
+
+
+@functools.cache
+def _load() -> tuple[ModuleType | None, str]:
+    if not backends.available("cpu"):
+        return None, f"the CPU backend (numba) is not available; install it with {backends.INSTALL}"
+    try:
+        return importlib.import_module(f"{__package__}.fused_inverse_numba"), ""
+    except ImportError as exc:  # pragma: no cover - numba imports but these kernels do not
+        return None, f"the fused inverse kernels do not load ({exc}); install numba with {backends.INSTALL}"
+
+
+def available() -> bool:
+    """Whether the numba kernels can run here."""
+    return _load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is false (``""`` when it is true)."""
+    return _load()[1]
+
+
+def _kernels() -> ModuleType:
+    mod, reason = _load()
+    if mod is None:
+        raise RuntimeError(reason)
+    return mod
+
+
+def _forward_mode_levels() -> int:
+    """How many ``torch.func`` forward-mode transforms (``jvp``, ``jacfwd``) enclose this call."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:  # pragma: no cover - private torch API moved
+        return 0
+    return sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+def use_fused(method: str, xyz: Tensor) -> bool:
+    """Whether ``to_internal(method=method)`` runs the fused kernels on ``xyz``.
+
+    ``"auto"``: on the CPU, for float32/float64, when numba is installed, no
+    ``torch.compile`` is tracing (the kernels are opaque to it) and at most one
+    ``torch.func`` forward-mode transform encloses the call; ``"torch"``: never;
+    ``"fused"``: always, except under ``torch.compile``, which traces the torch engine.
+
+    Measured against the torch engine (float32, CPU; alanine dipeptide x 1 to 4096,
+    chains 64 x 1024, 512 x 256, 4096 x 1, a 31,000-atom solvated protein x 1; a
+    loaded 2-core machine, interleaved medians, ``benchmarks/fused_rows.py``), the
+    kernels were faster on every row and pass of the last run (forward 1.1-25x,
+    forward+backward 1.4-30x, committor pass 2-4.7x; earlier, noisier runs had
+    one 0.9x, forward+backward of the single 4,096-atom chain), so ``"auto"``
+    takes them wherever they run.
+
+    Nested forward mode (``jacfwd(jacfwd(f))``, ``jvp`` of ``jvp``) through an
+    autograd.Function silently drops the outer tangents in torch 2.13
+    (pytorch/pytorch#197867), so it takes the torch engine.
+
+    Raises:
+        ValueError: an unknown ``method``, or ``"fused"`` for inputs it cannot take
+            (not on the CPU, another dtype, numba missing, nested forward mode).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "torch" or torch.compiler.is_compiling():
+        return False
+    ok = xyz.device.type == "cpu" and xyz.dtype in _DTYPES
+    nested = _forward_mode_levels() > 1
+    if method == "auto":
+        return ok and not nested and available()
+    if nested:
+        raise ValueError(
+            "method='fused' cannot run under nested forward-mode transforms (jacfwd(jacfwd(f)), jvp of "
+            "jvp): torch drops the outer tangents of an autograd.Function's jvp (pytorch/pytorch#197867); "
+            "use method='auto' or 'torch'"
+        )
+    if xyz.device.type != "cpu":
+        raise ValueError(f"method='fused' runs on the CPU only, got xyz on {xyz.device}")
+    if xyz.dtype not in _DTYPES:
+        raise ValueError(f"method='fused' takes float32 or float64, got {xyz.dtype}")
+    if not available():
+        raise ValueError(f"method='fused' needs numba: {unavailable_reason()}")
+    return True
+
+
+def internal_from_xyz(plan: InversePlan, xyz: Tensor) -> InternalCoordinates:
+    """``(..., N, 3) -> 3 x (..., N)`` with the fused kernels (CPU, float32/float64)."""
+    return InternalCoordinates(*FusedInternal.apply(xyz, plan))
+
+
+# --------------------------------------------------------------------------
+# Kernel calls: flatten the leading shape, run, restore
+# --------------------------------------------------------------------------
+
+
+def _arrays(plan: InversePlan) -> tuple[Any, Any, Any, Any]:
+    return plan.refs.numpy(), plan.has_bond.numpy(), plan.has_angle.numpy(), plan.has_dihedral.numpy()
+
+
+def _flat(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype) -> Any:
+    """``t`` broadcast to ``lead + tail``, as a contiguous ``(B, *tail)`` numpy array of ``dtype``."""
+    full = t.detach().to(dtype).expand(*lead, *tail)
+    return full.reshape(math.prod(lead), *tail).contiguous().numpy()
+
+
+def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    CALLS["forward"] += 1
+    lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
+    x = _flat(xyz, lead, (n, 3), xyz.dtype)
+    out = [torch.empty(math.prod(lead), n, dtype=xyz.dtype) for _ in range(3)]
+    _kernels().forward(x, *_arrays(plan), *(o.numpy() for o in out))
+    return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
+
+
+def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(xyz.shape[:-2], *(g.shape[:-1] for g in per_atom)))
+
+
+def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
+    CALLS["vjp"] += 1
+    lead, n, dt = _lead(xyz, gb, ga, gd), xyz.shape[-2], xyz.dtype
+    out = torch.empty(math.prod(lead), n, 3, dtype=dt)
+    g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
+    _kernels().vjp(_flat(xyz, lead, (n, 3), dt), *_arrays(plan), *g, out.numpy())
+    return out.reshape(*lead, n, 3)
+
+
+def _second(
+    plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    CALLS["second"] += 1
+    lead = tuple(torch.broadcast_shapes(_lead(xyz, gb, ga, gd), v.shape[:-2]))
+    n, dt, b = xyz.shape[-2], xyz.dtype, math.prod(lead)
+    out = torch.empty(b, n, 3, dtype=dt)
+    jv = [torch.empty(b, n, dtype=dt) for _ in range(3)]
+    g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
+    x, vv = _flat(xyz, lead, (n, 3), dt), _flat(v, lead, (n, 3), dt)
+    _kernels().second(x, vv, *_arrays(plan), *g, out.numpy(), *(j.numpy() for j in jv))
+    jb, ja, jd = (_sum_to(j.reshape(*lead, n), t) for j, t in zip(jv, (gb, ga, gd)))
+    return _sum_to(out.reshape(*lead, n, 3), xyz), jb, ja, jd
+
+
+def _sum_to(t: Tensor, like: Tensor) -> Tensor:
+    return t if t.shape == like.shape else t.sum_to_size(like.shape)
+
+
+# --------------------------------------------------------------------------
+# The torch engine's graph: forward mode and third order
+# --------------------------------------------------------------------------
+
+
+def _ref(plan: InversePlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch_internal_from_xyz(plan, x))  # type: ignore[return-value]
+
+
+def _ref_vjp(plan: InversePlan, x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
+    lead, n = _lead(x, gb, ga, gd), x.shape[-2]
+    _, pull = torch.func.vjp(lambda y: _ref(plan, y), x.expand(*lead, n, 3))
+    return pull(tuple(g.expand(*lead, n) for g in (gb, ga, gd)))[0]
+
+
+def _ref_second(
+    plan: InversePlan, x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor
+) -> tuple[Tensor, ...]:
+    _, pull = torch.func.vjp(lambda *a: _ref_vjp(plan, *a), x, gb, ga, gd)
+    return pull(v)
+
+
+def _ref_jvp(fn: Any, primals: tuple[Tensor, ...], tangents: tuple[Tensor | None, ...]) -> Any:
+    """Forward mode of ``fn`` (torch engine) at ``primals``; missing tangents are zero."""
+    p = tuple(x.contiguous() for x in primals)  # dual tensors need their own memory (no expanded views)
+    t = tuple(torch.zeros_like(x) if dx is None else dx.contiguous() for x, dx in zip(p, tangents))
+    return torch.func.jvp(fn, p, t)[1]
+
+
+def _batched(info: Any, in_dims: tuple[int | None, ...], *args: Tensor) -> list[Tensor]:
+    """vmapped dims moved to the front; unbatched tensors expanded to the vmap size."""
+    return [
+        a.movedim(d, 0) if d is not None else a.expand(info.batch_size, *a.shape)
+        for a, d in zip(args, in_dims)
+    ]
+
+
+# --------------------------------------------------------------------------
+# The Functions
+# --------------------------------------------------------------------------
+
+
+class FusedInternal(torch.autograd.Function):
+    """``(xyz, plan) -> (bonds, angles, dihedrals)`` with the forward kernel."""
+
+    @staticmethod
+    def forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        return _forward(plan, xyz)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        xyz, plan = inputs
+        ctx.plan = plan
+        ctx.save_for_backward(xyz)
+        ctx.save_for_forward(xyz)
+
+    @staticmethod
+    def backward(ctx: Any, gb: Tensor, ga: Tensor, gd: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        (xyz,) = ctx.saved_tensors
+        return _sum_to(FusedInternalVJP.apply(xyz, gb, ga, gd, ctx.plan), xyz), None
+
+    @staticmethod
+    def jvp(ctx: Any, t_xyz: Tensor, _t_plan: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
+        (xyz,) = ctx.saved_tensors
+        zero = xyz.new_zeros(()).expand(xyz.shape[:-1])
+        return FusedInternalSecond.apply(xyz, zero, zero, zero, t_xyz, ctx.plan)[1:]  # J t, a kernel
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], xyz: Tensor, plan: InversePlan) -> Any:  # type: ignore[override]
+        (x,) = _batched(info, in_dims[:1], xyz)
+        return FusedInternal.apply(x, plan), (0, 0, 0)
+
+
+class FusedInternalVJP(torch.autograd.Function):
+    """``(xyz, gb, ga, gd, plan) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel."""
+
+    @staticmethod
+    def forward(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:  # type: ignore[override]
+        return _vjp(plan, xyz, gb, ga, gd)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        *tensors, plan = inputs
+        ctx.plan = plan
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx: Any, v: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        ins = ctx.saved_tensors
+        return (*FusedInternalSecond.apply(*ins, v, ctx.plan), None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Tensor:  # type: ignore[override]
+        ins = ctx.saved_tensors
+        fn = lambda *a: _ref_vjp(ctx.plan, *a)  # noqa: E731
+        return _ref_jvp(fn, tuple(ins), tangents[:4])
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:  # type: ignore[override]
+        *tensors, plan = args
+        return FusedInternalVJP.apply(*_batched(info, in_dims[:4], *tensors), plan), 0
+
+
+class FusedInternalSecond(torch.autograd.Function):
+    """``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``: the backward of :class:`FusedInternalVJP`.
+
+    Outputs ``(..., N, 3)`` (cotangent of ``xyz``) and three ``(..., N)`` (of ``gb, ga, gd``).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor, plan: InversePlan
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return _second(plan, xyz, gb, ga, gd, v)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        *tensors, plan = inputs
+        ctx.plan = plan
+        ctx.save_for_backward(*tensors)
+        ctx.save_for_forward(*tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *cot: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        ins = ctx.saved_tensors
+        outs, pull = torch.func.vjp(lambda *a: _ref_second(ctx.plan, *a), *ins)
+        grads = pull(tuple(cot))
+        return (*(_sum_to(g, i) for g, i in zip(grads, ins)), None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
+        ins = ctx.saved_tensors
+        fn = lambda *a: _ref_second(ctx.plan, *a)  # noqa: E731
+        return _ref_jvp(fn, tuple(ins), tangents[:5])
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:  # type: ignore[override]
+        *tensors, plan = args
+        return FusedInternalSecond.apply(*_batched(info, in_dims[:5], *tensors), plan), (0, 0, 0, 0)

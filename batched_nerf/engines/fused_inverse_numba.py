@@ -1,0 +1,597 @@
+"""Numba kernels of the fused inverse map (imported only when numba is installed).
+
+One row ``i`` with references ``(b, a, d)`` reads four atoms and gives::
+
+    bond     = |x_i - x_b|
+    angle    = atan2(|u x v|, u . v),              u = x_i - x_b, v = x_a - x_b
+    dihedral = atan2(|b1| b0 . n2, n1 . n2),       b0 = x_a - x_d, b1 = x_b - x_a, b2 = x_i - x_b,
+                                                   n1 = b0 x b1, n2 = b1 x b2
+
+exactly the operations of :mod:`batched_nerf._geometry` (``safe_norm``: ``0`` with
+zero derivatives at a zero vector, NaN for NaN; ``safe_atan2``: ``atan2(0, 1)`` at
+``(0, 0)``; ``(-pi, pi]`` wrap), so values and derivatives agree with the torch
+engine also at singular geometry. Three kernels, all in float64 internally and
+writing the caller's dtype:
+
+* :func:`forward`: the internal coordinates, parallel over every (sample, atom);
+* :func:`vjp`: ``J^T g``, the reverse-mode adjoint of each row, scatter-added into
+  its four atoms;
+* :func:`second`: the backward of :func:`vjp`: for a cotangent ``V`` of ``J^T g``,
+  ``sum_k g_k H_k V`` (cotangent of the coordinates) and ``J V`` (cotangent of
+  ``g``). The adjoint code is run on dual numbers with tangent ``V``
+  (forward-over-reverse), so it is the exact derivative of the adjoint, branch
+  for branch.
+
+Calls of fewer than :data:`PARALLEL_ROWS` rows run on one thread. Scatters never
+race: with at least as many samples as threads a thread owns whole samples (atoms
+in sequence); with fewer, the rows' contributions are computed in parallel into a
+buffer and summed per sample afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import prange
+
+_PI = math.pi
+_TWO_PI = 2.0 * math.pi
+
+jit = numba.njit(cache=True)
+pjit = numba.njit(parallel=True, cache=True)
+
+
+# --------------------------------------------------------------------------
+# 3-vector helpers (tuples of float64)
+# --------------------------------------------------------------------------
+
+
+@jit
+def _load(x, s, j):  # type: ignore[no-untyped-def]
+    return (float(x[s, j, 0]), float(x[s, j, 1]), float(x[s, j, 2]))
+
+
+@jit
+def _sub(a, b):  # type: ignore[no-untyped-def]
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+@jit
+def _add(a, b):  # type: ignore[no-untyped-def]
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+@jit
+def _neg(a):  # type: ignore[no-untyped-def]
+    return (-a[0], -a[1], -a[2])
+
+
+@jit
+def _scale(a, s):  # type: ignore[no-untyped-def]
+    return (a[0] * s, a[1] * s, a[2] * s)
+
+
+@jit
+def _axpy(s, a, b):  # type: ignore[no-untyped-def]
+    """``s * a + b``."""
+    return (s * a[0] + b[0], s * a[1] + b[1], s * a[2] + b[2])
+
+
+@jit
+def _dot(a, b):  # type: ignore[no-untyped-def]
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+@jit
+def _cross(a, b):  # type: ignore[no-untyped-def]
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+@jit
+def _dcross(a, ta, b, tb):  # type: ignore[no-untyped-def]
+    """``(a x b, d(a x b))`` for tangents ``ta``, ``tb``."""
+    return _cross(a, b), _add(_cross(ta, b), _cross(a, tb))
+
+
+_ZERO3 = (0.0, 0.0, 0.0)
+
+
+# --------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------
+
+
+@jit
+def _norm(v):  # type: ignore[no-untyped-def]
+    sq = _dot(v, v)
+    return 0.0 if sq == 0.0 else math.sqrt(sq)
+
+
+@jit
+def _atan2(y, x):  # type: ignore[no-untyped-def]
+    if x == 0.0 and y == 0.0:
+        x = 1.0
+    return math.atan2(y, x)
+
+
+@jit
+def _angle(xi, xb, xa):  # type: ignore[no-untyped-def]
+    u = _sub(xi, xb)
+    v = _sub(xa, xb)
+    return _atan2(_norm(_cross(u, v)), _dot(u, v))
+
+
+@jit
+def _dihedral(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
+    b0 = _sub(p1, p0)
+    b1 = _sub(p2, p1)
+    b2 = _sub(p3, p2)
+    n2 = _cross(b1, b2)
+    phi = _atan2(_norm(b1) * _dot(b0, n2), _dot(_cross(b0, b1), n2))
+    return phi + _TWO_PI if phi <= -_PI else phi
+
+
+# --------------------------------------------------------------------------
+# Adjoints (gradients of one row's value w.r.t. its atoms)
+# --------------------------------------------------------------------------
+
+
+@jit
+def _atan2_grad(y, x):  # type: ignore[no-untyped-def]
+    """``(d/dy, d/dx)`` of :func:`_atan2` (``(1, 0)`` at the origin, as torch's double where)."""
+    if x == 0.0 and y == 0.0:
+        return 1.0, 0.0
+    den = x * x + y * y
+    return x / den, -y / den
+
+
+@jit
+def _bond_grad(xi, xb):  # type: ignore[no-untyped-def]
+    u = _sub(xi, xb)
+    sq = _dot(u, u)
+    if sq == 0.0:
+        return _ZERO3
+    return _scale(u, 1.0 / math.sqrt(sq))
+
+
+@jit
+def _angle_grad(xi, xb, xa):  # type: ignore[no-untyped-def]
+    """Gradients for ``(x_i, x_b, x_a)``."""
+    u = _sub(xi, xb)
+    v = _sub(xa, xb)
+    c = _cross(u, v)
+    cc = _dot(c, c)
+    y = 0.0 if cc == 0.0 else math.sqrt(cc)
+    gy, gx = _atan2_grad(y, _dot(u, v))
+    gc = _ZERO3 if cc == 0.0 else _scale(c, gy / y)
+    gu = _axpy(gx, v, _cross(v, gc))
+    gv = _axpy(gx, u, _cross(gc, u))
+    return gu, _neg(_add(gu, gv)), gv
+
+
+@jit
+def _dihedral_grad(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
+    """Gradients for ``(x_d, x_a, x_b, x_i) = (p0, p1, p2, p3)``."""
+    b0 = _sub(p1, p0)
+    b1 = _sub(p2, p1)
+    b2 = _sub(p3, p2)
+    n2 = _cross(b1, b2)
+    n1 = _cross(b0, b1)
+    sq1 = _dot(b1, b1)
+    nb1 = 0.0 if sq1 == 0.0 else math.sqrt(sq1)
+    t = _dot(b0, n2)
+    gy, gx = _atan2_grad(nb1 * t, _dot(n1, n2))
+    g_t = gy * nb1
+    gb1 = _ZERO3 if sq1 == 0.0 else _scale(b1, gy * t / nb1)
+    gn2 = _axpy(gx, n1, _scale(b0, g_t))
+    gn1 = _scale(n2, gx)
+    gb0 = _add(_scale(n2, g_t), _cross(b1, gn1))
+    gb1 = _add(gb1, _add(_cross(b2, gn2), _cross(gn1, b0)))
+    gb2 = _cross(gn2, b1)
+    return _neg(gb0), _sub(gb0, gb1), _sub(gb1, gb2), gb2
+
+
+# --------------------------------------------------------------------------
+# Adjoints on dual numbers: gradient, its tangent (H V) and the value's tangent (J V)
+# --------------------------------------------------------------------------
+
+
+@jit
+def _datan2_grad(y, ty, x, tx):  # type: ignore[no-untyped-def]
+    """``(gy, tgy, gx, tgx, J V)`` of :func:`_atan2_grad` with tangents ``ty``, ``tx``."""
+    if x == 0.0 and y == 0.0:
+        return 1.0, 0.0, 0.0, 0.0, ty
+    den = x * x + y * y
+    tden = 2.0 * (x * tx + y * ty)
+    gy = x / den
+    gx = -y / den
+    tgy = tx / den - x * tden / (den * den)
+    tgx = -ty / den + y * tden / (den * den)
+    return gy, tgy, gx, tgx, gy * ty + gx * tx
+
+
+@jit
+def _dbond_grad(xi, ti, xb, tb):  # type: ignore[no-untyped-def]
+    """``(g_i, H V_i, J V)``; ``g_b = -g_i``."""
+    u = _sub(xi, xb)
+    tu = _sub(ti, tb)
+    sq = _dot(u, u)
+    if sq == 0.0:
+        return _ZERO3, _ZERO3, 0.0
+    r = math.sqrt(sq)
+    tr = _dot(u, tu) / r
+    return _scale(u, 1.0 / r), _scale(_axpy(-tr / r, u, tu), 1.0 / r), tr
+
+
+@jit
+def _dangle_grad(xi, ti, xb, tb, xa, ta):  # type: ignore[no-untyped-def]
+    """``((g_i, g_b, g_a), (HV_i, HV_b, HV_a), J V)``."""
+    u = _sub(xi, xb)
+    tu = _sub(ti, tb)
+    v = _sub(xa, xb)
+    tv = _sub(ta, tb)
+    c, tc = _dcross(u, tu, v, tv)
+    cc = _dot(c, c)
+    if cc == 0.0:
+        y, ty = 0.0, 0.0
+    else:
+        y = math.sqrt(cc)
+        ty = _dot(c, tc) / y
+    x = _dot(u, v)
+    tx = _dot(tu, v) + _dot(u, tv)
+    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
+    if cc == 0.0:
+        gc, tgc = _ZERO3, _ZERO3
+    else:
+        w = gy / y
+        tw = tgy / y - gy * ty / (y * y)
+        gc = _scale(c, w)
+        tgc = _axpy(tw, c, _scale(tc, w))
+    gu = _axpy(gx, v, _cross(v, gc))
+    tgu = _axpy(tgx, v, _axpy(gx, tv, _add(_cross(tv, gc), _cross(v, tgc))))
+    gv = _axpy(gx, u, _cross(gc, u))
+    tgv = _axpy(tgx, u, _axpy(gx, tu, _add(_cross(tgc, u), _cross(gc, tu))))
+    grads = (gu, _neg(_add(gu, gv)), gv)
+    hvps = (tgu, _neg(_add(tgu, tgv)), tgv)
+    return grads, hvps, jv
+
+
+@jit
+def _ddihedral_grad(p0, q0, p1, q1, p2, q2, p3, q3):  # type: ignore[no-untyped-def]
+    """``((g_0..g_3), (HV_0..HV_3), J V)`` for ``(x_d, x_a, x_b, x_i)`` with tangents ``q``."""
+    b0, tb0 = _sub(p1, p0), _sub(q1, q0)
+    b1, tb1 = _sub(p2, p1), _sub(q2, q1)
+    b2, tb2 = _sub(p3, p2), _sub(q3, q2)
+    n2, tn2 = _dcross(b1, tb1, b2, tb2)
+    n1, tn1 = _dcross(b0, tb0, b1, tb1)
+    sq1 = _dot(b1, b1)
+    if sq1 == 0.0:
+        nb1, tnb1 = 0.0, 0.0
+    else:
+        nb1 = math.sqrt(sq1)
+        tnb1 = _dot(b1, tb1) / nb1
+    t = _dot(b0, n2)
+    tt = _dot(tb0, n2) + _dot(b0, tn2)
+    y = nb1 * t
+    ty = tnb1 * t + nb1 * tt
+    x = _dot(n1, n2)
+    tx = _dot(tn1, n2) + _dot(n1, tn2)
+    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
+    g_nb1, tg_nb1 = gy * t, tgy * t + gy * tt
+    g_t, tg_t = gy * nb1, tgy * nb1 + gy * tnb1
+    if sq1 == 0.0:
+        gb1, tgb1 = _ZERO3, _ZERO3
+    else:
+        w = g_nb1 / nb1
+        tw = tg_nb1 / nb1 - g_nb1 * tnb1 / (nb1 * nb1)
+        gb1 = _scale(b1, w)
+        tgb1 = _axpy(tw, b1, _scale(tb1, w))
+    gn2 = _axpy(gx, n1, _scale(b0, g_t))
+    tgn2 = _axpy(tgx, n1, _axpy(gx, tn1, _axpy(tg_t, b0, _scale(tb0, g_t))))
+    gn1 = _scale(n2, gx)
+    tgn1 = _axpy(tgx, n2, _scale(tn2, gx))
+    gb0 = _add(_scale(n2, g_t), _cross(b1, gn1))
+    tgb0 = _add(_axpy(tg_t, n2, _scale(tn2, g_t)), _add(_cross(tb1, gn1), _cross(b1, tgn1)))
+    gb1 = _add(gb1, _add(_cross(b2, gn2), _cross(gn1, b0)))
+    tgb1 = _add(
+        tgb1,
+        _add(_add(_cross(tb2, gn2), _cross(b2, tgn2)), _add(_cross(tgn1, b0), _cross(gn1, tb0))),
+    )
+    gb2 = _cross(gn2, b1)
+    tgb2 = _add(_cross(tgn2, b1), _cross(gn2, tb1))
+    grads = (_neg(gb0), _sub(gb0, gb1), _sub(gb1, gb2), gb2)
+    hvps = (_neg(tgb0), _sub(tgb0, tgb1), _sub(tgb1, tgb2), tgb2)
+    return grads, hvps, jv
+
+
+# --------------------------------------------------------------------------
+# Per-row work shared by the kernels
+# --------------------------------------------------------------------------
+
+
+@jit
+def _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-untyped-def]
+    """Contributions of row ``i`` of sample ``s`` to ``J^T g`` at atoms ``(i, b, a, d)``."""
+    ci, cb, ca, cd = _ZERO3, _ZERO3, _ZERO3, _ZERO3
+    if not hb[i]:
+        return ci, cb, ca, cd
+    xi = _load(xyz, s, i)
+    xb = _load(xyz, s, refs[i, 0])
+    g = _bond_grad(xi, xb)
+    w = float(gb[s, i])
+    ci = _scale(g, w)
+    cb = _scale(g, -w)
+    if not ha[i]:
+        return ci, cb, ca, cd
+    xa = _load(xyz, s, refs[i, 1])
+    w = float(ga[s, i])
+    g0, g1, g2 = _angle_grad(xi, xb, xa)
+    ci = _axpy(w, g0, ci)
+    cb = _axpy(w, g1, cb)
+    ca = _scale(g2, w)
+    if not hd[i]:
+        return ci, cb, ca, cd
+    xd = _load(xyz, s, refs[i, 2])
+    w = float(gd[s, i])
+    h0, h1, h2, h3 = _dihedral_grad(xd, xa, xb, xi)
+    cd = _scale(h0, w)
+    ca = _axpy(w, h1, ca)
+    cb = _axpy(w, h2, cb)
+    ci = _axpy(w, h3, ci)
+    return ci, cb, ca, cd
+
+
+@jit
+def _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-untyped-def]
+    """Row ``i`` of sample ``s``: contributions of ``sum_k g_k H_k V`` at ``(i, b, a, d)`` and ``J V``."""
+    ci, cb, ca, cd = _ZERO3, _ZERO3, _ZERO3, _ZERO3
+    jb, ja, jd = 0.0, 0.0, 0.0
+    if not hb[i]:
+        return ci, cb, ca, cd, jb, ja, jd
+    xi, ti = _load(xyz, s, i), _load(v, s, i)
+    xb, tb = _load(xyz, s, refs[i, 0]), _load(v, s, refs[i, 0])
+    _, hv, jb = _dbond_grad(xi, ti, xb, tb)
+    w = float(gb[s, i])
+    ci = _scale(hv, w)
+    cb = _scale(hv, -w)
+    if not ha[i]:
+        return ci, cb, ca, cd, jb, ja, jd
+    xa, ta = _load(xyz, s, refs[i, 1]), _load(v, s, refs[i, 1])
+    _, hvs, ja = _dangle_grad(xi, ti, xb, tb, xa, ta)
+    w = float(ga[s, i])
+    ci = _axpy(w, hvs[0], ci)
+    cb = _axpy(w, hvs[1], cb)
+    ca = _scale(hvs[2], w)
+    if not hd[i]:
+        return ci, cb, ca, cd, jb, ja, jd
+    xd, td = _load(xyz, s, refs[i, 2]), _load(v, s, refs[i, 2])
+    _, hvd, jd = _ddihedral_grad(xd, td, xa, ta, xb, tb, xi, ti)
+    w = float(gd[s, i])
+    cd = _scale(hvd[0], w)
+    ca = _axpy(w, hvd[1], ca)
+    cb = _axpy(w, hvd[2], cb)
+    ci = _axpy(w, hvd[3], ci)
+    return ci, cb, ca, cd, jb, ja, jd
+
+
+@jit
+def _acc(buf, j, c):  # type: ignore[no-untyped-def]
+    buf[j, 0] += c[0]
+    buf[j, 1] += c[1]
+    buf[j, 2] += c[2]
+
+
+@jit
+def _put(out, s, j, c):  # type: ignore[no-untyped-def]
+    out[s, j, 0] = c[0]
+    out[s, j, 1] = c[1]
+    out[s, j, 2] = c[2]
+
+
+@jit
+def _scatter_sample(out, s, buf):  # type: ignore[no-untyped-def]
+    for j in range(buf.shape[0]):
+        _put(out, s, j, (buf[j, 0], buf[j, 1], buf[j, 2]))
+
+
+@jit
+def _store_row(rows, s, i, ci, cb, ca, cd):  # type: ignore[no-untyped-def]
+    for k in range(3):
+        rows[s, i, 0, k] = ci[k]
+        rows[s, i, 1, k] = cb[k]
+        rows[s, i, 2, k] = ca[k]
+        rows[s, i, 3, k] = cd[k]
+
+
+# --------------------------------------------------------------------------
+# Kernels: serial loops over a range of rows or samples, and parallel drivers
+# --------------------------------------------------------------------------
+
+#: Below this many rows (samples x atoms) a call runs on one thread: a parallel
+#: launch costs more than it saves (and much more on a loaded machine).
+PARALLEL_ROWS = 4096
+
+
+def _chunks() -> int:
+    return 4 * numba.get_num_threads()
+
+
+@jit
+def _forward_range(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, k0, k1):  # type: ignore[no-untyped-def]
+    n = xyz.shape[1]
+    for k in range(k0, k1):
+        s = k // n
+        i = k - s * n
+        r, th, ph = 0.0, 0.0, 0.0
+        if hb[i]:
+            xi = _load(xyz, s, i)
+            xb = _load(xyz, s, refs[i, 0])
+            r = _norm(_sub(xi, xb))
+            if ha[i]:
+                xa = _load(xyz, s, refs[i, 1])
+                th = _angle(xi, xb, xa)
+                if hd[i]:
+                    ph = _dihedral(_load(xyz, s, refs[i, 2]), xa, xb, xi)
+        bonds[s, i] = r
+        angles[s, i] = th
+        dihedrals[s, i] = ph
+
+
+@pjit
+def _forward_par(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, n_chunks):  # type: ignore[no-untyped-def]
+    total = xyz.shape[0] * xyz.shape[1]
+    for c in prange(n_chunks):
+        _forward_range(
+            xyz,
+            refs,
+            hb,
+            ha,
+            hd,
+            bonds,
+            angles,
+            dihedrals,
+            total * c // n_chunks,
+            total * (c + 1) // n_chunks,
+        )
+
+
+@jit
+def _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, s0, s1):  # type: ignore[no-untyped-def]
+    n = xyz.shape[1]
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
+        for i in range(n):
+            ci, cb, ca, cd = _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd)
+            _acc(buf, i, ci)
+            _acc(buf, refs[i, 0], cb)
+            _acc(buf, refs[i, 1], ca)
+            _acc(buf, refs[i, 2], cd)
+        _scatter_sample(out, s, buf)
+
+
+@pjit
+def _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, n_chunks):  # type: ignore[no-untyped-def]
+    b = xyz.shape[0]
+    for c in prange(n_chunks):
+        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, b * c // n_chunks, b * (c + 1) // n_chunks)
+
+
+@pjit
+def _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows):  # type: ignore[no-untyped-def]
+    n_samples, n = xyz.shape[0], xyz.shape[1]
+    for k in prange(n_samples * n):
+        s = k // n
+        i = k - s * n
+        ci, cb, ca, cd = _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd)
+        _store_row(rows, s, i, ci, cb, ca, cd)
+
+
+@jit
+def _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s0, s1):  # type: ignore[no-untyped-def]
+    n = xyz.shape[1]
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
+        for i in range(n):
+            ci, cb, ca, cd, vb, va, vd = _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd)
+            _acc(buf, i, ci)
+            _acc(buf, refs[i, 0], cb)
+            _acc(buf, refs[i, 1], ca)
+            _acc(buf, refs[i, 2], cd)
+            jb[s, i] = vb
+            ja[s, i] = va
+            jd[s, i] = vd
+        _scatter_sample(out, s, buf)
+
+
+@pjit
+def _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, n_chunks):  # type: ignore[no-untyped-def]
+    b = xyz.shape[0]
+    for c in prange(n_chunks):
+        s0, s1 = b * c // n_chunks, b * (c + 1) // n_chunks
+        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, s0, s1)
+
+
+@pjit
+def _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd):  # type: ignore[no-untyped-def]
+    n_samples, n = xyz.shape[0], xyz.shape[1]
+    for k in prange(n_samples * n):
+        s = k // n
+        i = k - s * n
+        ci, cb, ca, cd, vb, va, vd = _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd)
+        _store_row(rows, s, i, ci, cb, ca, cd)
+        jb[s, i] = vb
+        ja[s, i] = va
+        jd[s, i] = vd
+
+
+@jit
+def _scatter_rows(rows, refs, out, s0, s1):  # type: ignore[no-untyped-def]
+    """``out[s]`` = row contributions ``rows`` ``(B, N, 4, 3)`` summed into their atoms."""
+    n = rows.shape[1]
+    buf = np.zeros((n, 3))
+    for s in range(s0, s1):
+        buf[:] = 0.0
+        for i in range(n):
+            _acc(buf, i, (rows[s, i, 0, 0], rows[s, i, 0, 1], rows[s, i, 0, 2]))
+            for k in range(3):
+                _acc(buf, refs[i, k], (rows[s, i, k + 1, 0], rows[s, i, k + 1, 1], rows[s, i, k + 1, 2]))
+        _scatter_sample(out, s, buf)
+
+
+@pjit
+def _scatter_rows_par(rows, refs, out):  # type: ignore[no-untyped-def]
+    for s in prange(rows.shape[0]):
+        _scatter_rows(rows, refs, out, s, s + 1)
+
+
+def _schedule(n_samples: int, n_atoms: int) -> str:
+    """``"serial"`` (small calls), ``"samples"`` (a thread owns whole samples) or ``"rows"``."""
+    if n_samples * n_atoms < PARALLEL_ROWS:
+        return "serial"
+    return "samples" if n_samples >= numba.get_num_threads() else "rows"
+
+
+def forward(xyz, refs, hb, ha, hd, bonds, angles, dihedrals):  # type: ignore[no-untyped-def]
+    """``xyz`` ``(B, N, 3)`` -> ``bonds, angles, dihedrals`` ``(B, N)`` (written in place)."""
+    total = xyz.shape[0] * xyz.shape[1]
+    if total < PARALLEL_ROWS:
+        _forward_range(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, 0, total)
+    else:
+        _forward_par(xyz, refs, hb, ha, hd, bonds, angles, dihedrals, _chunks())
+
+
+def _scatter(rows, refs, out):  # type: ignore[no-untyped-def]
+    if rows.shape[0] == 1:
+        _scatter_rows(rows, refs, out, 0, 1)
+    else:
+        _scatter_rows_par(rows, refs, out)
+
+
+def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
+    """``out`` ``(B, N, 3)`` = ``J^T (gb, ga, gd)`` (each ``g`` ``(B, N)``)."""
+    how = _schedule(xyz.shape[0], xyz.shape[1])
+    if how == "serial":
+        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
+    elif how == "samples":
+        _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, min(_chunks(), xyz.shape[0]))
+    else:
+        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+        _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
+        _scatter(rows, refs, out)
+
+
+def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
+    """``out`` = ``sum_k g_k H_k v`` ``(B, N, 3)``; ``jb, ja, jd`` = ``J v`` ``(B, N)`` each."""
+    how = _schedule(xyz.shape[0], xyz.shape[1])
+    if how == "serial":
+        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
+    elif how == "samples":
+        _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, min(_chunks(), xyz.shape[0]))
+    else:
+        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+        _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
+        _scatter(rows, refs, out)

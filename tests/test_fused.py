@@ -1,0 +1,302 @@
+"""The fused engine (one compiled kernel per pass): values, derivatives, dispatch and backends.
+
+Values must equal the scan engine's (the frame-tree convention) in float64,
+degenerate inputs included; derivatives of every order and every torch.func
+transform must work. Skipped, with the reason, where numba is absent (the core
+tests then still run every other engine).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference import frames_to_cartesian
+from test_frame_tree import SIBLINGS
+from test_scan import IRREGULAR
+from torch.autograd import gradcheck, gradgradcheck
+
+import batched_nerf as bn
+from batched_nerf.engines import backends, dispatch
+from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
+
+pytest.importorskip("numba", reason='the fused engine needs numba: pip install "batched-nerf[fast]"')
+
+F64 = torch.float64
+FIXED = bn.ConstructionTable(
+    [[-1, -1, -1], [3, 0, 5], [1, 3, 0], [-1, -1, -1], [2, 1, 3], [-1, -1, -1]], fixed=[3, 0, 5]
+)
+
+
+def _ic(table: bn.ConstructionTable, batch: tuple[int, ...] = (3,), seed: int = 0, dtype=F64):  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(seed)
+    n = table.n_atoms
+    b = 1.0 + 0.5 * torch.rand(*batch, n, generator=g, dtype=F64)
+    a = 0.6 + 1.9 * torch.rand(*batch, n, generator=g, dtype=F64)
+    d = math.pi * (2 * torch.rand(*batch, n, generator=g, dtype=F64) - 1)
+    return tuple(t.to(dtype) for t in (b, a, d))
+
+
+def _fixed(batch: tuple[int, ...] = (3,), seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.tensor([[0.0, 0.0, 0.0], [1.5, 0.0, 0.0], [2.0, 1.4, 0.0]], dtype=F64)
+    return base + 0.2 * torch.randn(*batch, 3, 3, generator=g, dtype=F64)
+
+
+def _both(table, b, a, d, fixed_xyz=None):  # type: ignore[no-untyped-def]
+    fused = bn.to_cartesian(b, a, d, table, method="fused", fixed_xyz=fixed_xyz)
+    scan = bn.to_cartesian(b, a, d, table, method="scan", fixed_xyz=fixed_xyz)
+    return fused, scan
+
+
+TABLES = {
+    "chain": bn.ConstructionTable.chain(40),
+    "irregular": bn.ConstructionTable(IRREGULAR),
+    "siblings": bn.ConstructionTable(SIBLINGS),
+    "alanine": bn.data.load("alanine_dipeptide").table,
+    "benzene": bn.data.load("benzene").table,
+    "protein": bn.protein.protein_table("GAWKYC").table,
+    "packed": bn.pack_tables([bn.ConstructionTable.chain(5), bn.ConstructionTable(SIBLINGS), FIXED]),
+}
+
+
+# ----------------------------------------------------------------- values
+@pytest.mark.parametrize("name", list(TABLES))
+def test_equals_scan_and_levels_float64(name: str) -> None:
+    table = TABLES[name]
+    b, a, d = _ic(table)
+    fx = _fixed((3,)) if table.n_fixed else None
+    fused, scan = _both(table, b, a, d, fx)
+    levels = bn.to_cartesian(b, a, d, table, method="levels", fixed_xyz=fx)
+    assert fused.dtype == F64 and fused.shape == (3, table.n_atoms, 3)
+    torch.testing.assert_close(fused, scan, atol=1e-10, rtol=0)
+    torch.testing.assert_close(fused, levels, atol=1e-10, rtol=0)
+
+
+@settings(max_examples=25)
+@given(data=st.data())
+def test_random_tables_equal_scan(data: st.DataObject) -> None:
+    table = data.draw(construction_tables(max_atoms=30, max_components=3, fixed=None))
+    b, a, d = data.draw(internal_coordinates(table, batch_shape=(2,)))
+    fx = data.draw(fixed_positions(table, batch_shape=(2,))) if table.n_fixed else None
+    fused, scan = _both(table, b, a, d, fx)
+    torch.testing.assert_close(fused, scan, atol=1e-10, rtol=0)
+
+
+def test_many_components_and_units() -> None:
+    """A table of many molecules is split into several work units; every unit is built."""
+    table = bn.pack_tables([bn.data.load("alanine_dipeptide").table] * 40)  # 880 atoms, several units
+    plan = table.plan("fused")
+    assert plan.starts.size - 1 > 1
+    b, a, d = _ic(table, (5,))
+    fused, scan = _both(table, b, a, d)
+    torch.testing.assert_close(fused, scan, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("batch", [(), (1,), (2, 3), (4, 1, 2)])
+def test_leading_shapes(batch: tuple[int, ...]) -> None:
+    table = TABLES["siblings"]
+    b, a, d = _ic(table, batch)
+    fused, scan = _both(table, b, a, d)
+    assert fused.shape == (*batch, table.n_atoms, 3)
+    torch.testing.assert_close(fused, scan, atol=1e-10, rtol=0)
+
+
+def test_broadcast_inputs_and_fixed() -> None:
+    b, a, d = _ic(FIXED, (3,))
+    fx = _fixed((2, 1))  # broadcasts against (3,) -> (2, 3)
+    fused, scan = _both(FIXED, b[0], a, d[:1], fx)
+    assert fused.shape == (2, 3, FIXED.n_atoms, 3)
+    torch.testing.assert_close(fused, scan, atol=1e-10, rtol=0)
+    torch.testing.assert_close(fused[..., [3, 0, 5], :], fx.expand(2, 3, 3, 3))
+
+
+def test_parallel_kernel_matches_serial() -> None:
+    """Enough work for the threaded kernels (forward and backward): same results as small calls."""
+    table = TABLES["protein"]
+    b, a, d = (t.requires_grad_() for t in _ic(table, (64,)))
+    x = bn.to_cartesian(b, a, d, table, method="fused")
+    g = torch.randn_like(x)
+    grads = torch.autograd.grad(x, (b, a, d), g)
+    for k in (0, 63):
+        xk = bn.to_cartesian(b[k], a[k], d[k], table, method="fused")
+        torch.testing.assert_close(x[k], xk, atol=1e-12, rtol=0)
+        gk = torch.autograd.grad(xk, (b, a, d), g[k])
+        for full, one in zip(grads, gk):
+            torch.testing.assert_close(full[k], one[k], atol=1e-10, rtol=0)
+
+
+# ------------------------------------------------- degenerate inputs, NaN
+def _degenerate(table: bn.ConstructionTable, seed: int = 0):  # type: ignore[no-untyped-def]
+    b, a, d = _ic(table, (4,), seed)
+    n = table.n_atoms
+    b[0, ::3] = 0.0  # zero bonds
+    a[1, ::2] = 0.0  # zero angles
+    a[2, 1::2] = math.pi  # straight angles
+    b[3, :] = 0.0  # everything coincident
+    a[3, ::2] = math.pi
+    return b, a, d, n
+
+
+@pytest.mark.parametrize("name", ["chain", "irregular", "siblings", "alanine", "protein"])
+def test_degenerate_inputs_equal_scan(name: str) -> None:
+    table = TABLES[name]
+    b, a, d, _ = _degenerate(table)
+    fused, scan = _both(table, b, a, d)
+    assert torch.isfinite(fused).all()
+    torch.testing.assert_close(fused, scan, atol=1e-9, rtol=0)
+    refs = np.asarray(table.refs)
+    for k in range(4):
+        ref = frames_to_cartesian(refs, b[k].numpy(), a[k].numpy(), d[k].numpy())
+        np.testing.assert_allclose(fused[k].numpy(), ref, atol=1e-9)
+
+
+def test_singular_geometry_gradients_finite() -> None:
+    """Collinear references, coincident atoms, straight angles: finite first and second derivatives."""
+    table = TABLES["irregular"]
+    b, a, d, _ = _degenerate(table)
+    b, a, d = (t.requires_grad_() for t in (b, a, d))
+    x = bn.to_cartesian(b, a, d, table, method="fused")
+    grads = torch.autograd.grad((x * torch.randn_like(x)).sum(), (b, a, d), create_graph=True)
+    assert all(torch.isfinite(g).all() for g in grads)
+    second = torch.autograd.grad(sum((g * g).sum() for g in grads), (b, a, d))
+    assert all(torch.isfinite(g).all() for g in second)
+    xs = bn.to_cartesian(b, a, d, table, method="scan")
+    ref = torch.autograd.grad((xs * torch.randn_like(xs)).sum(), (b, a, d))
+    assert all(torch.isfinite(g).all() for g in ref)
+
+
+def test_nan_propagates() -> None:
+    table = TABLES["chain"]
+    b, a, d = _ic(table, (2,))
+    b[0, 10] = float("nan")
+    d[1, 20] = float("nan")
+    fused, scan = _both(table, b, a, d)
+    assert torch.equal(torch.isnan(fused), torch.isnan(scan))
+    assert torch.isnan(fused[0, 10:]).all() and not torch.isnan(fused[0, :10]).any()
+    assert torch.isnan(fused[1, 20:]).all() and not torch.isnan(fused[1, :20]).any()
+
+
+# --------------------------------------------------------- derivatives
+@pytest.mark.parametrize("name", ["irregular", "siblings", "packed"])
+def test_gradcheck_and_gradgradcheck(name: str) -> None:
+    table = TABLES[name]
+    inputs = [t.requires_grad_() for t in _ic(table, (2,))]
+    if table.n_fixed:
+        inputs.append(_fixed((2,)).requires_grad_())
+
+    def fn(b, a, d, *fx):  # type: ignore[no-untyped-def]
+        return bn.to_cartesian(b, a, d, table, method="fused", fixed_xyz=fx[0] if fx else None)
+
+    assert gradcheck(fn, inputs, fast_mode=True)
+    assert gradgradcheck(fn, inputs, fast_mode=True)
+
+
+def test_gradients_equal_scan() -> None:
+    table = TABLES["protein"]
+    b, a, d = (t.requires_grad_() for t in _ic(table, (3,)))
+    g = torch.randn(3, table.n_atoms, 3, dtype=F64)
+    fused, scan = _both(table, b, a, d)
+    gf = torch.autograd.grad(fused, (b, a, d), g)
+    gs = torch.autograd.grad(scan, (b, a, d), g)
+    for x, y in zip(gf, gs):
+        torch.testing.assert_close(x, y, atol=1e-9, rtol=0)
+
+
+def test_committor_create_graph_and_third_order() -> None:
+    """A loss of the gradient (create_graph=True), then one more derivative: equal to scan's."""
+    table = TABLES["siblings"]
+    out = []
+    for method in ("fused", "scan"):
+        b, a, d = (t.requires_grad_() for t in _ic(table, (2,), seed=4))
+        x = bn.to_cartesian(b, a, d, table, method=method)
+        q = torch.sigmoid((x[..., -1, :] - x[..., 0, :]).sum(-1)).sum()
+        (gd,) = torch.autograd.grad(q, (d,), create_graph=True)
+        loss = (gd * gd).sum()
+        (g2,) = torch.autograd.grad(loss, (d,), create_graph=True)
+        (g3,) = torch.autograd.grad(g2.sum(), (b,))
+        out.append((gd.detach(), g2.detach(), g3))
+    for x, y in zip(*out):
+        torch.testing.assert_close(x, y, atol=1e-8, rtol=0)
+
+
+def test_torch_func_transforms() -> None:
+    table = TABLES["siblings"]
+    b, a, d = _ic(table, (2,))
+
+    def f(b, a, d):  # type: ignore[no-untyped-def]
+        return bn.to_cartesian(b, a, d, table, method="fused")
+
+    def s(b, a, d):  # type: ignore[no-untyped-def]
+        return bn.to_cartesian(b, a, d, table, method="scan")
+
+    torch.testing.assert_close(torch.func.vmap(f)(b, a, d), s(b, a, d))
+    torch.testing.assert_close(torch.func.vmap(f, in_dims=(0, None, 0))(b, a[0], d), s(b, a[0], d))
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        torch.testing.assert_close(jac(f, argnums=2)(b[0], a[0], d[0]), jac(s, argnums=2)(b[0], a[0], d[0]))
+
+    def energy(fn):  # type: ignore[no-untyped-def]
+        return lambda d: (fn(b[0], a[0], d) ** 2).sum()
+
+    torch.testing.assert_close(torch.func.grad(energy(f))(d[0]), torch.func.grad(energy(s))(d[0]))
+    torch.testing.assert_close(torch.func.hessian(energy(f))(d[0]), torch.func.hessian(energy(s))(d[0]))
+    per_sample = torch.func.vmap(torch.func.grad(energy(f)))(d)
+    assert per_sample.shape == d.shape
+
+
+# --------------------------------------------------------- float32 accuracy
+@pytest.mark.parametrize(
+    ("n", "bound"),
+    [(4096, 4.4e-4), (30_000, 2.2e-3), pytest.param(100_000, 1e-2, marks=pytest.mark.slow)],
+)
+def test_float32_accuracy(n: int, bound: float) -> None:
+    """Float32 inputs, float64 accumulation inside: error against a float64 build, in Angstrom."""
+    table = bn.ConstructionTable.chain(n)
+    g = torch.Generator().manual_seed(0)
+    b = (1.4 + 0.2 * torch.rand(n, generator=g, dtype=F64)).float()
+    a = (1.8 + 0.4 * torch.rand(n, generator=g, dtype=F64)).float()
+    d = (math.pi * (2 * torch.rand(n, generator=g, dtype=F64) - 1)).float()
+    x32 = bn.to_cartesian(b, a, d, table, method="fused")
+    x64 = bn.to_cartesian(b.double(), a.double(), d.double(), table, method="fused")
+    assert x32.dtype == torch.float32
+    err = (x32.double() - x64).norm(dim=-1).max().item()
+    assert err <= bound
+
+
+# ---------------------------------------------------- dispatch, backends
+def test_auto_picks_fused_when_available() -> None:
+    assert dispatch.choose_method(509, True, 256, "cpu", fused=True) == "fused"
+    assert dispatch.choose_method(509, True, 256, "cpu") == "scan"
+    assert dispatch.auto_method(TABLES["chain"], 4, "cpu") == "fused"
+    assert dispatch.auto_method(TABLES["chain"], 4, "cpu", compiled=True) != "fused"
+
+
+def test_backends_report() -> None:
+    info = bn.backends()
+    assert info["numba"] is not None and info["fused"]["cpu"] and info["auto"]["cpu"]
+    assert info["install"] == 'pip install "batched-nerf[fast]"'
+
+
+def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No backend: auto never picks fused, everything else works, fused names the install command."""
+    monkeypatch.setitem(backends._kernels, "cpu", None)
+    monkeypatch.setitem(backends._errors, "cpu", "ModuleNotFoundError: No module named 'numba'")
+    table = TABLES["chain"]
+    b, a, d = _ic(table, (2,))
+    assert dispatch.auto_method(table, 2, "cpu") == "scan"
+    scan = bn.to_cartesian(b, a, d, table, method="scan")
+    torch.testing.assert_close(bn.to_cartesian(b, a, d, table), scan)
+    with pytest.raises(RuntimeError, match=r"needs numba on cpu .*pip install \"batched-nerf\[fast\]\""):
+        bn.to_cartesian(b, a, d, table, method="fused")
+    assert not bn.backends()["fused"]["cpu"]
+
+
+def test_no_gpu_backend_error() -> None:
+    with pytest.raises(RuntimeError, match="needs triton on cuda"):
+        backends.require("cuda")
+    with pytest.raises(RuntimeError, match="no fused backend exists for device type 'mps'"):
+        backends.require("mps")
