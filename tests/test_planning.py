@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import batched_nerf as bn
 from batched_nerf import _table, data
 from batched_nerf._topology import _grouped_order, analyse, build_order, components, concatenate
-from batched_nerf.engines.dispatch import single_path
+from batched_nerf.engines.dispatch import auto_method, single_path
 from batched_nerf.engines.levels import _pool_plans
 
 R = [-1, -1, -1]
@@ -184,11 +184,13 @@ def test_dispatch_builds_no_scan_plan() -> None:
     tree = bn.ConstructionTable(_tree(400, 1))
     assert tree.depth > 8 and not tree.single_path
     ones = torch.ones(1024, 400)
-    bn.to_cartesian(ones, ones, ones, tree)  # auto: the level engine at this batch
-    assert _planned(tree) == {("levels", 1)}
+    chosen = auto_method(tree, 1024, "cpu")  # the fused engine with numba, else the level engine
+    assert chosen in ("fused", "levels")
+    bn.to_cartesian(ones, ones, ones, tree)
+    assert _planned(tree) == {(chosen, 1)}
     packed = bn.pack_tables([data.load("alanine_dipeptide").table] * 3)
     bn.to_cartesian(*(torch.ones(66),) * 3, packed)
-    assert _planned(packed) == {("levels", 1)}
+    assert _planned(packed) == {(auto_method(packed, 1, "cpu"), 1)}
 
 
 def test_single_path_agrees_with_the_scan_plan() -> None:
