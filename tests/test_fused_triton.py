@@ -82,3 +82,84 @@ def test_empty_batch() -> None:
     x = torch.zeros(0, 4, 3, device=DEVICE)
     assert all(c.shape == (0, 4) for c in kern.internal_forward(refs, has, x))
     assert kern.internal_vjp(refs, has, x, *(torch.zeros(0, 4, device=DEVICE),) * 3).shape == (0, 4, 3)
+
+
+# ------------------------------------------------------------------ to_cartesian kernels
+def _build_tables() -> dict[str, bn.ConstructionTable]:
+    return {
+        "chain": bn.ConstructionTable.chain(10),
+        "alanine": bn.data.load("alanine_dipeptide").table,
+        "benzene": bn.data.load("benzene").table,
+        "fixed": bn.ConstructionTable(
+            [[-1, -1, -1], [-1, -1, -1], [-1, -1, -1], [0, 1, 2], [3, 0, 1], [4, 3, 0], [4, 3, 5]],
+            fixed=[0, 1, 2],
+        ),
+        "packed": bn.pack_tables(
+            [
+                bn.ConstructionTable.chain(5),
+                bn.data.load("alanine_dipeptide").table,
+                bn.ConstructionTable.chain(2),
+            ]
+        ),
+    }
+
+
+def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    n = table.n_atoms
+    bonds = torch.rand(batch, n, dtype=dtype, generator=gen) + 0.8
+    angles = torch.rand(batch, n, dtype=dtype, generator=gen) * 2.0 + 0.5
+    dihedrals = (torch.rand(batch, n, dtype=dtype, generator=gen) * 2.0 - 1.0) * torch.pi
+    fixed = torch.randn(batch, table.n_fixed, 3, dtype=dtype, generator=gen) if table.n_fixed else None
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return to(bonds), to(angles), to(dihedrals), to(fixed)
+
+
+@pytest.mark.parametrize("name", list(_build_tables()))
+def test_build_and_vjp_match_levels(name: str) -> None:
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan, triton_vjp
+
+    table = _build_tables()[name]
+    bonds, angles, dihedrals, fixed = _internal(table, 3, torch.float64)
+    inputs = [t.requires_grad_() for t in (bonds, angles, dihedrals, fixed) if t is not None]
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed, method="levels")
+    cot = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(want, inputs, cot)
+    plan = triton_plan(table.topology).to(torch.device(DEVICE))
+    xyz, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True)
+    torch.testing.assert_close(xyz, want.detach(), atol=1e-12, rtol=0)
+    got = triton_vjp(plan, saved, bonds, angles, cot, table.n_fixed)
+    for g, w in zip([g for g in got if g is not None], grads):
+        torch.testing.assert_close(g, w, atol=1e-11, rtol=1e-11)
+
+
+def test_build_degenerate_inputs_match_scan() -> None:
+    """Zero bonds and angles of 0, pi and beyond pi continue along the frames like the scan engine."""
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+
+    table = bn.ConstructionTable.chain(10)
+    bonds, angles, dihedrals, _ = _internal(table, 4, torch.float64)
+    bonds[:, 4] = 0.0
+    angles[:, 5] = torch.pi
+    angles[:, 6] = 0.0
+    angles[:, 7] = 4.0
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, method="scan")
+    got = triton_build(triton_plan(table.topology), bonds, angles, dihedrals, None)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def test_build_float32_and_nan() -> None:
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+
+    table = bn.data.load("alanine_dipeptide").table
+    bonds, angles, dihedrals, _ = _internal(table, 5, torch.float64)
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, method="levels")
+    plan = triton_plan(table.topology)
+    got = triton_build(plan, bonds.float(), angles.float(), dihedrals.float(), None)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=0)
+    dihedrals[2, 8] = float("nan")
+    got = triton_build(plan, bonds, angles, dihedrals, None)
+    later = table.topology.level > table.topology.level[8]
+    assert got[2, 8].isnan().all() and torch.isfinite(got[[0, 1, 3, 4]]).all()
+    assert torch.isfinite(got[2, ~torch.as_tensor(later) & (torch.arange(table.n_atoms) != 8)]).any()
