@@ -11,7 +11,8 @@ Two devices make that possible, both compatible with ``torch.func`` and
 * the *double where* trick for square roots and ``atan2``: the singular input is
   replaced by a harmless one before the function is applied, and the result is
   replaced back afterwards, so neither the value nor the gradient sees the
-  singularity;
+  singularity. The masks test for the exact singular value (``== 0``), never
+  ``> 0``, so that a NaN is never mistaken for it and passes through;
 * normalisation divides by ``max(|v|, EPS)``: exact for ``|v| >= EPS`` and a
   finite (``1 / EPS``-sized) derivative below it.
 """
@@ -53,12 +54,14 @@ def cross(u: Tensor, v: Tensor, dim: int = -1) -> Tensor:
 def safe_norm(v: Tensor, dim: int = -1) -> Tensor:
     """Euclidean norm over ``dim`` with a zero gradient at ``v = 0``.
 
-    ``(..., 3) -> (...)``. The value is exact everywhere (``0`` at ``0``).
+    ``(..., 3) -> (...)``. The value is exact everywhere (``0`` at ``0``); a NaN
+    component gives a NaN norm (only an exact zero is replaced, so NaN, which
+    compares unequal to everything, passes through).
     """
     sq = (v * v).sum(dim)
-    positive = sq > 0
-    root = torch.sqrt(torch.where(positive, sq, torch.ones_like(sq)))
-    return torch.where(positive, root, torch.zeros_like(root))
+    zero = sq == 0
+    root = torch.sqrt(torch.where(zero, torch.ones_like(sq), sq))
+    return torch.where(zero, torch.zeros_like(root), root)
 
 
 def safe_normalize(v: Tensor, eps: float = EPS, dim: int = -1) -> Tensor:

@@ -145,3 +145,122 @@ def batched(fn, *arrays: np.ndarray, **kwargs) -> np.ndarray:  # type: ignore[no
     flat = [a.reshape(-1, a.shape[-1]) for a in arrays]
     out = [fn(*(f[k] for f in flat), **kwargs) for k in range(flat[0].shape[0])]
     return np.stack(out).reshape(*lead, *np.shape(out[0]))
+
+
+# ------------------------------------------------------------ frame-tree definition
+# The package's definition of degenerate inputs (docs/conventions.md, "Degenerate
+# inputs"): frames are composed along the reference tree instead of being rebuilt
+# from positions. Written with plain loops, independently of batched_nerf.
+NONE, ANCHOR, PARENT, POSITIONS = 0, 1, 2, 3
+
+
+def reference_frame_tree(refs: np.ndarray) -> dict[str, np.ndarray]:
+    """Row classification (frame, parent, dihedral_ref, phi_from, flip_on), one row at a time."""
+    refs = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
+    n = len(refs)
+    kind = (refs >= 0).sum(1)
+    out = {k: np.full(n, -1, dtype=np.int64) for k in ("parent", "dihedral_ref", "phi_from", "flip_on")}
+    out["frame"] = np.full(n, NONE, dtype=np.int64)
+
+    def sibling(j: int, d: int) -> bool:
+        return bool(kind[d] == 3 and refs[d, 0] == refs[j, 0] and refs[d, 1] == refs[j, 1])
+
+    for j in range(n):
+        if kind[j] == 2:
+            out["frame"][j], out["parent"][j] = ANCHOR, j
+        if kind[j] != 3:
+            continue
+        b, a, d = (int(x) for x in refs[j])
+        if sibling(j, d):
+            out["phi_from"][j] = out["flip_on"][j] = d
+        e = d
+        while sibling(j, e):
+            e = int(refs[e, 2])
+        out["dihedral_ref"][j] = e
+        if kind[b] >= 2 and refs[b, 0] == a and refs[b, 1] == e:
+            out["frame"][j], out["parent"][j] = PARENT, b
+        elif kind[e] == 2 and refs[e, 0] == b and refs[e, 1] == a:
+            out["frame"][j], out["parent"][j] = ANCHOR, e
+            if out["flip_on"][j] < 0:
+                out["flip_on"][j] = e
+        else:
+            out["frame"][j] = POSITIONS
+    return out
+
+
+def _local_rotation(theta: float, phi: float) -> np.ndarray:
+    """``L = R_x(phi) R_z(pi - theta)``, then ``R_x(pi)`` where ``sin(theta) < 0``."""
+    ct, st, cp, sp = np.cos(theta), np.sin(theta), np.cos(phi), np.sin(phi)
+    rx = np.array([[1.0, 0, 0], [0, cp, -sp], [0, sp, cp]])
+    rz = np.array([[-ct, -st, 0], [st, -ct, 0], [0, 0, 1.0]])
+    lr = rx @ rz
+    return lr @ np.diag([1.0, -1.0, -1.0]) if st < 0 else lr
+
+
+def _nerf_frame(xb: np.ndarray, xa: np.ndarray, xd: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """NeRF frame as columns, with zero axes where a direction collapses (|v| < eps: v / eps)."""
+    e1 = xb - xa
+    e1 = e1 / max(np.linalg.norm(e1), eps)
+    e3 = np.cross(xa - xd, e1)
+    e3 = e3 / max(np.linalg.norm(e3), eps)
+    return np.stack([e1, np.cross(e3, e1), e3], axis=1)
+
+
+def frames_to_cartesian(
+    refs: np.ndarray,
+    bonds: np.ndarray,
+    angles: np.ndarray,
+    dihedrals: np.ndarray,
+    fixed: Sequence[int] = (),
+    fixed_xyz: np.ndarray | None = None,
+) -> np.ndarray:
+    """The frame-tree definition, one conformation, float64: ``(N,) x 3 -> (N, 3)``.
+
+    Negative bonds give NaN (outside the domain); zero bonds and angles of 0 or
+    pi continue the frames smoothly.
+    """
+    refs = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
+    bonds, angles, dihedrals = (np.asarray(v, dtype=np.float64) for v in (bonds, angles, dihedrals))
+    bonds = np.where(bonds < 0, np.nan, bonds)
+    tree = reference_frame_tree(refs)
+    n = len(refs)
+    xyz = np.full((n, 3), np.nan)
+    out_frame = np.full((n, 3, 3), np.nan)
+    anchor = np.full((n, 3, 3), np.nan)
+    phi_eff = np.zeros(n)
+    fixed = [int(f) for f in fixed]
+    for k, f in enumerate(fixed):
+        xyz[f] = np.asarray(fixed_xyz, dtype=np.float64)[k]
+    for i in topological_order(refs):
+        if i in fixed:
+            continue
+        b, a, d = (int(x) for x in refs[i])
+        if b < 0:
+            xyz[i] = 0.0
+            continue
+        if a < 0:
+            xyz[i] = [bonds[i], 0.0, 0.0]
+            continue
+        if d < 0:  # third seed: constant anchor at its bond reference, dihedral 0
+            s = 1.0 if refs[b, 0] >= 0 else -1.0  # bond ref is the second seed: +1, the root: -1
+            anchor[i] = np.diag([s, 1.0, s])
+            m = anchor[i]
+        else:
+            p = dihedrals[i]
+            if tree["phi_from"][i] >= 0:
+                p += phi_eff[tree["phi_from"][i]]
+            f = tree["flip_on"][i]
+            if f >= 0 and np.sin(angles[f]) < 0:
+                p += np.pi
+            phi_eff[i] = p
+            how = tree["frame"][i]
+            if how == PARENT:
+                m = out_frame[tree["parent"][i]]
+            elif how == ANCHOR:
+                m = anchor[tree["parent"][i]]
+            else:
+                m = _nerf_frame(xyz[b], xyz[a], xyz[tree["dihedral_ref"][i]])
+        o = m @ _local_rotation(angles[i], phi_eff[i])
+        out_frame[i] = o
+        xyz[i] = xyz[b] + bonds[i] * o[:, 0]
+    return xyz

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._version", "batched_nerf._geometry", "batched_nerf._topology"),
     ("batched_nerf._perceive", "batched_nerf._autotable"),
     # engines: planners and builders behind a registry
-    ("batched_nerf.engines",),
+    ("batched_nerf.engines", "batched_nerf.engines.frame_tree"),
     # the table (owns the plan cache) and the input checks
     ("batched_nerf._table",),
     ("batched_nerf._checks",),

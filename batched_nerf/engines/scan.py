@@ -55,6 +55,7 @@ from .._topology import FULL, THIRD, Topology
 from .base import Engine, Movable, as_long
 from .compiled import check_compiled_backward
 from .dispatch import BLOCK_LARGE, BLOCK_SMALL, scan_block
+from .frame_tree import ANCHOR, PARENT, frame_tree
 from .scan_path import Take, path_band, scan_path, trig_dtype
 from .seeds import SeedPlan, seed_atoms, seed_block, seed_plan
 
@@ -107,24 +108,6 @@ class ScanPlan(Movable):
     assemble: Take | None = None  # `inverse` as slices where it is a few runs
 
 
-def _effective_refs(refs: np.ndarray, n_refs: np.ndarray) -> tuple[np.ndarray, list[list[int]]]:
-    """Follow sibling chains: effective dihedral reference and the dihedrals summed."""
-    n = len(refs)
-    eff = refs.copy()
-    paths: list[list[int]] = [[] for _ in range(n)]
-    for j in np.flatnonzero(n_refs == FULL).tolist():
-        b, a, d = refs[j].tolist()
-        path = [j]
-        seen = {j}
-        while n_refs[d] == FULL and refs[d, 0] == b and refs[d, 1] == a and d not in seen:
-            path.append(d)
-            seen.add(d)
-            d = int(refs[d, 2])
-        eff[j, 2] = d
-        paths[j] = path
-    return eff, paths
-
-
 def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
     """Scan plan of ``topo`` with bands of ``block`` depths (1: plain pointer jumping)."""
     refs = topo.refs
@@ -134,22 +117,21 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
     seed_second = np.flatnonzero(n_refs == 1)
     seed_third = np.flatnonzero(n_refs == 2)
     second_atoms = set(seed_second.tolist())
-    eff, paths = _effective_refs(refs, n_refs)
-
+    # the classification is the frame tree's (engines/frame_tree.py, the definition)
+    tree = frame_tree(topo)
+    full = np.flatnonzero(n_refs == FULL).tolist()
+    eff = refs.copy()
+    eff[full, 2] = tree.dihedral_ref[full]
     third = set(np.flatnonzero(n_refs == THIRD).tolist())
     # parent in the frame tree: ("atom", b) / ("anchor", T) / None (irregular)
     parent: dict[int, tuple[str, int]] = {}
-    for t in sorted(third):
-        parent[t] = ("anchor", t)
-    full = np.flatnonzero(n_refs == FULL).tolist()
-    for j in full:
-        b, a, d = eff[j].tolist()
-        if (b in third and (a, d) == (refs[b, 0], refs[b, 1])) or (
-            n_refs[b] == FULL and (a, d) == (refs[b, 0], refs[b, 1])
-        ):
-            parent[j] = ("atom", b)
-        elif d in third and (b, a) == (refs[d, 0], refs[d, 1]):
-            parent[j] = ("anchor", d)
+    for j in np.flatnonzero(tree.frame == PARENT).tolist():
+        parent[j] = ("atom", int(tree.parent[j]))
+    for j in np.flatnonzero(tree.frame == ANCHOR).tolist():
+        parent[j] = ("anchor", int(tree.parent[j]))
+    # dihedrals summed into phi_eff (j, then its sibling links) and the atoms whose flip adds pi
+    paths = [_chain(tree.phi_from, j, [j]) if n_refs[j] == FULL else [] for j in range(n)]
+    flips = [_chain(tree.flip_on, j, []) for j in range(n)]
 
     # rounds: anchors and seed-fed irregulars are round 0; an irregular atom is
     # one round after the latest scanned atom it reads.
@@ -297,10 +279,6 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         phi_paths[j, : len(p)] = p
     # a sibling placed with sin(angle) < 0 sits on the far side of the axis: its
     # frame is turned by pi, so the offset gains pi (third seeds included)
-    flips = [
-        p[1:] + ([int(eff[j, 2])] if parent.get(j) == ("anchor", int(eff[j, 2])) else [])
-        for j, p in enumerate(paths)
-    ]
     flip_width = max(len(f) for f in flips) if flips else 0
     flip_paths = None
     if flip_width:
@@ -347,6 +325,16 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         inverse=as_long(inverse),
         depth=max_depth,
     )
+
+
+def _chain(link: np.ndarray, j: int, start: list[int]) -> list[int]:
+    """``start`` followed by ``link[j], link[link[j]], ...`` up to the first ``-1``."""
+    out = start
+    k = int(link[j])
+    while k >= 0:
+        out.append(k)
+        k = int(link[k])
+    return out
 
 
 def _band_top(
