@@ -20,6 +20,10 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
+# Triton kernels run in Triton's interpreter on CPU-only machines (set before triton is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 #: Every engine `to_cartesian` can dispatch to; every core test runs on each.
 #: (``fused`` where numba is installed: ``pip install -e ".[test]"`` brings it; tests/test_fused.py

@@ -1,0 +1,542 @@
+"""Triton kernel of the fused build (GPU backend of ``method="fused"``).
+
+One launch builds every sample: each lane is one ``(component, sample)`` pair and
+walks that component's atoms in build order, keeping each placed atom's position
+and out-frame in a batch-innermost scratch (``(N, 3, B)`` and ``(N, 9, B)``), so
+that consecutive lanes read consecutive memory. Row by row it follows the frame
+convention of ``docs/conventions.md`` (:mod:`.frame_tree`): a placement frame
+``M_j`` from the parent's out-frame, a seed's anchor or the reference positions,
+the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
+``O_j = M_j L(theta_j, phi_j)`` (``L`` of :func:`.scan_path.local_rotations`).
+
+``TRITON_INTERPRET=1`` runs the kernel on CPU tensors (the tests do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._geometry import EPS
+from .._topology import FULL, ROOT, SECOND, THIRD, Topology
+from .base import Movable
+from .frame_tree import ANCHOR, PARENT, frame_tree
+
+try:  # optional: the CUDA builds of torch ship Triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is absent
+    triton = None
+    tl = None
+
+__all__ = ["BLOCK", "TritonPlan", "triton_build", "triton_plan", "triton_vjp"]
+
+#: Lanes per program.
+BLOCK = 64
+
+# Row modes of the kernel, by how a row is placed.
+M_FIXED, M_ROOT, M_SECOND, M_THIRD, M_ANCHOR, M_PARENT, M_POSITIONS = range(7)
+
+
+@dataclass(frozen=True)
+class TritonPlan(Movable):
+    """Rows in build order, grouped by component; every field ``int32``.
+
+    ``rows`` is ``(10, N)``: atom, mode, bond ref, angle ref, effective dihedral
+    ref, frame parent, sibling whose dihedral is added, atom whose negative
+    sine adds ``pi``, fixed slot, anchor sign (``+1``/``-1``); ``-1`` where unused.
+    """
+
+    rows: Tensor  # (10, N) int32
+    unit_start: Tensor  # (U,) int32 first row of each component
+    unit_len: Tensor  # (U,) int32 rows of each component
+    n_atoms: int
+    n_units: int
+    max_len: int
+
+
+def triton_plan(topo: Topology) -> TritonPlan:
+    """The kernel's rows for ``topo`` (numpy, vectorised)."""
+    n = topo.n_atoms
+    tree = frame_tree(topo)
+    refs = topo.refs
+    # build order grouped by component (stable: the build order inside each)
+    order = topo.order[np.argsort(topo.component[topo.order], kind="stable")]
+    kind = topo.kind
+    mode = np.full(n, M_POSITIONS, dtype=np.int64)
+    mode[tree.frame == PARENT] = M_PARENT
+    mode[tree.frame == ANCHOR] = M_ANCHOR
+    mode[kind == THIRD] = M_THIRD
+    mode[kind == SECOND] = M_SECOND
+    mode[kind == ROOT] = M_ROOT
+    fixed_slot = np.full(n, -1, dtype=np.int64)
+    fixed_slot[topo.fixed] = np.arange(topo.n_fixed)
+    mode[fixed_slot >= 0] = M_FIXED
+    # anchor sign of a third seed: +1 when its bond reference is the second seed atom
+    third_sign = np.where(kind[np.maximum(refs[:, 0], 0)] == SECOND, 1, -1)
+    anchor_of = np.where(kind == THIRD, np.arange(n), np.where(tree.frame == ANCHOR, tree.parent, 0))
+    sign = np.where((kind == THIRD) | (tree.frame == ANCHOR), third_sign[anchor_of], 1)
+    dref = np.where(kind == FULL, tree.dihedral_ref, -1)
+    rows = np.stack(
+        [
+            np.arange(n),
+            mode,
+            refs[:, 0],
+            refs[:, 1],
+            dref,
+            tree.parent,
+            tree.phi_from,
+            tree.flip_on,
+            fixed_slot,
+            sign,
+        ]
+    )[:, order]
+    comp = topo.component[order]
+    starts = np.flatnonzero(np.r_[True, comp[1:] != comp[:-1]]) if n else np.zeros(0, dtype=np.int64)
+    lens = np.diff(np.r_[starts, n])
+    return TritonPlan(
+        rows=torch.from_numpy(np.ascontiguousarray(rows.astype(np.int32))),
+        unit_start=torch.from_numpy(starts.astype(np.int32)),
+        unit_len=torch.from_numpy(lens.astype(np.int32)),
+        n_atoms=n,
+        n_units=int(starts.size),
+        max_len=int(lens.max()) if lens.size else 0,
+    )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _safe_norm(x, y, z):
+        sq = x * x + y * y + z * z
+        # sqrt(NaN) stays NaN; only an exact zero is replaced
+        return tl.where(sq == 0.0, 0.0, tl.sqrt(tl.where(sq == 0.0, 1.0, sq)))
+
+    @triton.jit
+    def _unit(x, y, z, eps):
+        inv = 1.0 / tl.maximum(_safe_norm(x, y, z), eps)
+        return x * inv, y * inv, z * inv
+
+    @triton.jit
+    def _ld(ptr, row, width, lane, live):
+        return tl.load(ptr + row * width + lane, mask=live, other=0.0)
+
+    @triton.jit
+    def _build_kernel(
+        rows, unit_start, unit_len, bonds, angles, dihedrals, fixed, pos, frames, phis,
+        n_atoms, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live_lane = lane < n_units * batch
+        sample = lane % batch
+        unit = tl.where(live_lane, lane // batch, 0)
+        start = tl.load(unit_start + unit)
+        length = tl.where(live_lane, tl.load(unit_len + unit), 0)
+        pi = 3.141592653589793
+        for step in range(0, max_len):
+            live = step < length
+            k = tl.where(live, start + step, 0)
+            j = tl.load(rows + k)
+            md = tl.load(rows + n_atoms + k)
+            b = tl.load(rows + 2 * n_atoms + k)
+            a = tl.load(rows + 3 * n_atoms + k)
+            d = tl.load(rows + 4 * n_atoms + k)
+            par = tl.load(rows + 5 * n_atoms + k)
+            phi_from = tl.load(rows + 6 * n_atoms + k)
+            flip_on = tl.load(rows + 7 * n_atoms + k)
+            slot = tl.load(rows + 8 * n_atoms + k)
+            sgn = tl.load(rows + 9 * n_atoms + k).to(bonds.dtype.element_ty)
+            r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
+            theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
+            phi = tl.load(dihedrals + j * batch + sample, mask=live, other=0.0)
+            # effective dihedral: sibling offsets, a half turn per negative sine
+            phi += tl.load(
+                phis + tl.maximum(phi_from, 0) * batch + sample, mask=live & (phi_from >= 0), other=0.0
+            )
+            t_flip = tl.load(
+                angles + tl.maximum(flip_on, 0) * batch + sample, mask=live & (flip_on >= 0), other=1.0
+            )
+            phi += tl.where((flip_on >= 0) & (tl.sin(t_flip) < 0.0), pi, 0.0)
+            phi = tl.where(md == 3, 0.0, phi)
+            # reference positions (row j itself where a reference is missing)
+            bb = tl.where(b >= 0, b, j)
+            aa = tl.where(a >= 0, a, j)
+            dd = tl.where(d >= 0, d, j)
+            xb0 = _ld(pos, 3 * bb, batch, sample, live)
+            xb1 = _ld(pos, 3 * bb + 1, batch, sample, live)
+            xb2 = _ld(pos, 3 * bb + 2, batch, sample, live)
+            xa0 = _ld(pos, 3 * aa, batch, sample, live)
+            xa1 = _ld(pos, 3 * aa + 1, batch, sample, live)
+            xa2 = _ld(pos, 3 * aa + 2, batch, sample, live)
+            xd0 = _ld(pos, 3 * dd, batch, sample, live)
+            xd1 = _ld(pos, 3 * dd + 1, batch, sample, live)
+            xd2 = _ld(pos, 3 * dd + 2, batch, sample, live)
+            # positions frame: e1 = unit(xb - xa), e3 = unit((xa - xd) x e1), e2 = e3 x e1
+            e10, e11, e12 = _unit(xb0 - xa0, xb1 - xa1, xb2 - xa2, eps)
+            w0, w1, w2 = xa0 - xd0, xa1 - xd1, xa2 - xd2
+            e30, e31, e32 = _unit(w1 * e12 - w2 * e11, w2 * e10 - w0 * e12, w0 * e11 - w1 * e10, eps)
+            e20, e21, e22 = e31 * e12 - e32 * e11, e32 * e10 - e30 * e12, e30 * e11 - e31 * e10
+            # parent out-frame (columns e1, e2, e3 stored row-major as m[row][col])
+            pp = tl.maximum(par, 0)
+            use_par = live & (md == 5)
+            p0 = tl.load(frames + (9 * pp + 0) * batch + sample, mask=use_par, other=0.0)
+            p1 = tl.load(frames + (9 * pp + 1) * batch + sample, mask=use_par, other=0.0)
+            p2 = tl.load(frames + (9 * pp + 2) * batch + sample, mask=use_par, other=0.0)
+            p3 = tl.load(frames + (9 * pp + 3) * batch + sample, mask=use_par, other=0.0)
+            p4 = tl.load(frames + (9 * pp + 4) * batch + sample, mask=use_par, other=0.0)
+            p5 = tl.load(frames + (9 * pp + 5) * batch + sample, mask=use_par, other=0.0)
+            p6 = tl.load(frames + (9 * pp + 6) * batch + sample, mask=use_par, other=0.0)
+            p7 = tl.load(frames + (9 * pp + 7) * batch + sample, mask=use_par, other=0.0)
+            p8 = tl.load(frames + (9 * pp + 8) * batch + sample, mask=use_par, other=0.0)
+            is_anchor = (md == 3) | (md == 4)
+            # M (row-major): positions, parent, or anchor diag(sgn, 1, sgn)
+            m00 = tl.where(md == 5, p0, tl.where(is_anchor, sgn, e10))
+            m01 = tl.where(md == 5, p1, tl.where(is_anchor, 0.0, e20))
+            m02 = tl.where(md == 5, p2, tl.where(is_anchor, 0.0, e30))
+            m10 = tl.where(md == 5, p3, tl.where(is_anchor, 0.0, e11))
+            m11 = tl.where(md == 5, p4, tl.where(is_anchor, 1.0, e21))
+            m12 = tl.where(md == 5, p5, tl.where(is_anchor, 0.0, e31))
+            m20 = tl.where(md == 5, p6, tl.where(is_anchor, 0.0, e12))
+            m21 = tl.where(md == 5, p7, tl.where(is_anchor, 0.0, e22))
+            m22 = tl.where(md == 5, p8, tl.where(is_anchor, sgn, e32))
+            # L(theta, phi): columns u = (-c, s cp, s sp), -g (s, c cp, c sp), g (0, -sp, cp)
+            c = tl.cos(theta)
+            s = tl.sin(theta)
+            cp = tl.cos(phi)
+            sp = tl.sin(phi)
+            g = tl.where(s < 0.0, -1.0, 1.0)
+            l00, l10, l20 = -c, s * cp, s * sp
+            l01, l11, l21 = -g * s, -g * c * cp, -g * c * sp
+            l02, l12, l22 = 0.0 * c, -g * sp, g * cp
+            # x = xb + r M u
+            x0 = xb0 + r * (m00 * l00 + m01 * l10 + m02 * l20)
+            x1 = xb1 + r * (m10 * l00 + m11 * l10 + m12 * l20)
+            x2 = xb2 + r * (m20 * l00 + m21 * l10 + m22 * l20)
+            # seeds and fixed atoms
+            f0 = tl.load(fixed + (3 * tl.maximum(slot, 0)) * batch + sample, mask=live & (md == 0), other=0.0)
+            f1 = tl.load(
+                fixed + (3 * tl.maximum(slot, 0) + 1) * batch + sample, mask=live & (md == 0), other=0.0
+            )
+            f2 = tl.load(
+                fixed + (3 * tl.maximum(slot, 0) + 2) * batch + sample, mask=live & (md == 0), other=0.0
+            )
+            x0 = tl.where(md == 0, f0, tl.where(md == 1, 0.0, tl.where(md == 2, r, x0)))
+            x1 = tl.where(md == 0, f1, tl.where(md <= 2, 0.0, x1))
+            x2 = tl.where(md == 0, f2, tl.where(md <= 2, 0.0, x2))
+            tl.store(pos + (3 * j) * batch + sample, x0, mask=live)
+            tl.store(pos + (3 * j + 1) * batch + sample, x1, mask=live)
+            tl.store(pos + (3 * j + 2) * batch + sample, x2, mask=live)
+            tl.store(phis + j * batch + sample, phi, mask=live)
+            # out-frame O = M L (row-major)
+            keep = live & (md >= 3)
+            tl.store(frames + (9 * j + 0) * batch + sample, m00 * l00 + m01 * l10 + m02 * l20, mask=keep)
+            tl.store(frames + (9 * j + 1) * batch + sample, m00 * l01 + m01 * l11 + m02 * l21, mask=keep)
+            tl.store(frames + (9 * j + 2) * batch + sample, m00 * l02 + m01 * l12 + m02 * l22, mask=keep)
+            tl.store(frames + (9 * j + 3) * batch + sample, m10 * l00 + m11 * l10 + m12 * l20, mask=keep)
+            tl.store(frames + (9 * j + 4) * batch + sample, m10 * l01 + m11 * l11 + m12 * l21, mask=keep)
+            tl.store(frames + (9 * j + 5) * batch + sample, m10 * l02 + m11 * l12 + m12 * l22, mask=keep)
+            tl.store(frames + (9 * j + 6) * batch + sample, m20 * l00 + m21 * l10 + m22 * l20, mask=keep)
+            tl.store(frames + (9 * j + 7) * batch + sample, m20 * l01 + m21 * l11 + m22 * l21, mask=keep)
+            tl.store(frames + (9 * j + 8) * batch + sample, m20 * l02 + m21 * l12 + m22 * l22, mask=keep)
+
+    @triton.jit
+    def _unit_vjp(v0, v1, v2, e0, e1, e2, n, g0, g1, g2, eps):
+        """Gradient of ``e = v / max(|v|, eps)``: ``(g - e (e . g)) / |v|``, or ``g / eps`` below ``eps``."""
+        big = n > eps
+        den = tl.where(big, n, eps)
+        dot = tl.where(big, e0 * g0 + e1 * g1 + e2 * g2, 0.0)
+        return (g0 - e0 * dot) / den, (g1 - e1 * dot) / den, (g2 - e2 * dot) / den
+
+    @triton.jit
+    def _acc3(ptr, row, batch, sample, g0, g1, g2, live):
+        at = ptr + (3 * row) * batch + sample
+        tl.store(at, tl.load(at, mask=live, other=0.0) + g0, mask=live)
+        tl.store(at + batch, tl.load(at + batch, mask=live, other=0.0) + g1, mask=live)
+        tl.store(at + 2 * batch, tl.load(at + 2 * batch, mask=live, other=0.0) + g2, mask=live)
+
+    @triton.jit
+    def _vjp_kernel(
+        rows, unit_start, unit_len, bonds, angles, pos, frames, phis, gpos, gframes, gphis,
+        g_bonds, g_angles, g_dihedrals, g_fixed, n_atoms, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live_lane = lane < n_units * batch
+        sample = lane % batch
+        unit = tl.where(live_lane, lane // batch, 0)
+        start = tl.load(unit_start + unit)
+        length = tl.where(live_lane, tl.load(unit_len + unit), 0)
+        for step in range(0, max_len):
+            back = max_len - 1 - step
+            live = back < length
+            k = tl.where(live, start + back, 0)
+            j = tl.load(rows + k)
+            md = tl.load(rows + n_atoms + k)
+            b = tl.load(rows + 2 * n_atoms + k)
+            a = tl.load(rows + 3 * n_atoms + k)
+            d = tl.load(rows + 4 * n_atoms + k)
+            par = tl.load(rows + 5 * n_atoms + k)
+            phi_from = tl.load(rows + 6 * n_atoms + k)
+            slot = tl.load(rows + 8 * n_atoms + k)
+            sgn = tl.load(rows + 9 * n_atoms + k).to(bonds.dtype.element_ty)
+            r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
+            theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
+            phi = tl.load(phis + j * batch + sample, mask=live, other=0.0)
+            gx0 = _ld(gpos, 3 * j, batch, sample, live)
+            gx1 = _ld(gpos, 3 * j + 1, batch, sample, live)
+            gx2 = _ld(gpos, 3 * j + 2, batch, sample, live)
+            placed = live & (md >= 3)
+            # fixed atoms and seeds
+            fslot = tl.maximum(slot, 0)
+            tl.store(g_fixed + (3 * fslot) * batch + sample, gx0, mask=live & (md == 0))
+            tl.store(g_fixed + (3 * fslot + 1) * batch + sample, gx1, mask=live & (md == 0))
+            tl.store(g_fixed + (3 * fslot + 2) * batch + sample, gx2, mask=live & (md == 0))
+            # recompute the placement frame
+            bb = tl.where(b >= 0, b, j)
+            aa = tl.where(a >= 0, a, j)
+            dd = tl.where(d >= 0, d, j)
+            xb0 = _ld(pos, 3 * bb, batch, sample, placed)
+            xb1 = _ld(pos, 3 * bb + 1, batch, sample, placed)
+            xb2 = _ld(pos, 3 * bb + 2, batch, sample, placed)
+            xa0 = _ld(pos, 3 * aa, batch, sample, placed)
+            xa1 = _ld(pos, 3 * aa + 1, batch, sample, placed)
+            xa2 = _ld(pos, 3 * aa + 2, batch, sample, placed)
+            xd0 = _ld(pos, 3 * dd, batch, sample, placed)
+            xd1 = _ld(pos, 3 * dd + 1, batch, sample, placed)
+            xd2 = _ld(pos, 3 * dd + 2, batch, sample, placed)
+            v0, v1, v2 = xb0 - xa0, xb1 - xa1, xb2 - xa2
+            nv = _safe_norm(v0, v1, v2)
+            e10, e11, e12 = _unit(v0, v1, v2, eps)
+            w0, w1, w2 = xa0 - xd0, xa1 - xd1, xa2 - xd2
+            c0, c1, c2 = w1 * e12 - w2 * e11, w2 * e10 - w0 * e12, w0 * e11 - w1 * e10
+            nc = _safe_norm(c0, c1, c2)
+            e30, e31, e32 = _unit(c0, c1, c2, eps)
+            e20, e21, e22 = e31 * e12 - e32 * e11, e32 * e10 - e30 * e12, e30 * e11 - e31 * e10
+            pp = tl.maximum(par, 0)
+            use_par = placed & (md == 5)
+            p0 = tl.load(frames + (9 * pp + 0) * batch + sample, mask=use_par, other=0.0)
+            p1 = tl.load(frames + (9 * pp + 1) * batch + sample, mask=use_par, other=0.0)
+            p2 = tl.load(frames + (9 * pp + 2) * batch + sample, mask=use_par, other=0.0)
+            p3 = tl.load(frames + (9 * pp + 3) * batch + sample, mask=use_par, other=0.0)
+            p4 = tl.load(frames + (9 * pp + 4) * batch + sample, mask=use_par, other=0.0)
+            p5 = tl.load(frames + (9 * pp + 5) * batch + sample, mask=use_par, other=0.0)
+            p6 = tl.load(frames + (9 * pp + 6) * batch + sample, mask=use_par, other=0.0)
+            p7 = tl.load(frames + (9 * pp + 7) * batch + sample, mask=use_par, other=0.0)
+            p8 = tl.load(frames + (9 * pp + 8) * batch + sample, mask=use_par, other=0.0)
+            is_anchor = (md == 3) | (md == 4)
+            m00 = tl.where(md == 5, p0, tl.where(is_anchor, sgn, e10))
+            m01 = tl.where(md == 5, p1, tl.where(is_anchor, 0.0, e20))
+            m02 = tl.where(md == 5, p2, tl.where(is_anchor, 0.0, e30))
+            m10 = tl.where(md == 5, p3, tl.where(is_anchor, 0.0, e11))
+            m11 = tl.where(md == 5, p4, tl.where(is_anchor, 1.0, e21))
+            m12 = tl.where(md == 5, p5, tl.where(is_anchor, 0.0, e31))
+            m20 = tl.where(md == 5, p6, tl.where(is_anchor, 0.0, e12))
+            m21 = tl.where(md == 5, p7, tl.where(is_anchor, 0.0, e22))
+            m22 = tl.where(md == 5, p8, tl.where(is_anchor, sgn, e32))
+            c = tl.cos(theta)
+            s = tl.sin(theta)
+            cp = tl.cos(phi)
+            sp = tl.sin(phi)
+            g = tl.where(s < 0.0, -1.0, 1.0)
+            l00, l10, l20 = -c, s * cp, s * sp
+            l01, l11, l21 = -g * s, -g * c * cp, -g * c * sp
+            l02, l12, l22 = 0.0 * c, -g * sp, g * cp
+            # adjoints of the out-frame O = M L (zero where no row reads it)
+            q00 = _ld(gframes, 9 * j + 0, batch, sample, placed)
+            q01 = _ld(gframes, 9 * j + 1, batch, sample, placed)
+            q02 = _ld(gframes, 9 * j + 2, batch, sample, placed)
+            q10 = _ld(gframes, 9 * j + 3, batch, sample, placed)
+            q11 = _ld(gframes, 9 * j + 4, batch, sample, placed)
+            q12 = _ld(gframes, 9 * j + 5, batch, sample, placed)
+            q20 = _ld(gframes, 9 * j + 6, batch, sample, placed)
+            q21 = _ld(gframes, 9 * j + 7, batch, sample, placed)
+            q22 = _ld(gframes, 9 * j + 8, batch, sample, placed)
+            # x = xb + r M u, u = L[:, 0]
+            mu0 = m00 * l00 + m01 * l10 + m02 * l20
+            mu1 = m10 * l00 + m11 * l10 + m12 * l20
+            mu2 = m20 * l00 + m21 * l10 + m22 * l20
+            g_r = tl.where(md == 2, gx0, tl.where(md >= 3, gx0 * mu0 + gx1 * mu1 + gx2 * mu2, 0.0))
+            # gM = r gx u^T + gO L^T
+            rg0, rg1, rg2 = r * gx0, r * gx1, r * gx2
+            gm00 = rg0 * l00 + q00 * l00 + q01 * l01 + q02 * l02
+            gm01 = rg0 * l10 + q00 * l10 + q01 * l11 + q02 * l12
+            gm02 = rg0 * l20 + q00 * l20 + q01 * l21 + q02 * l22
+            gm10 = rg1 * l00 + q10 * l00 + q11 * l01 + q12 * l02
+            gm11 = rg1 * l10 + q10 * l10 + q11 * l11 + q12 * l12
+            gm12 = rg1 * l20 + q10 * l20 + q11 * l21 + q12 * l22
+            gm20 = rg2 * l00 + q20 * l00 + q21 * l01 + q22 * l02
+            gm21 = rg2 * l10 + q20 * l10 + q21 * l11 + q22 * l12
+            gm22 = rg2 * l20 + q20 * l20 + q21 * l21 + q22 * l22
+            # gL = M^T (r gx e0^T + gO)
+            h00 = rg0 + q00
+            h10 = rg1 + q10
+            h20 = rg2 + q20
+            gl00 = m00 * h00 + m10 * h10 + m20 * h20
+            gl10 = m01 * h00 + m11 * h10 + m21 * h20
+            gl20 = m02 * h00 + m12 * h10 + m22 * h20
+            gl01 = m00 * q01 + m10 * q11 + m20 * q21
+            gl11 = m01 * q01 + m11 * q11 + m21 * q21
+            gl21 = m02 * q01 + m12 * q11 + m22 * q21
+            gl12 = m01 * q02 + m11 * q12 + m21 * q22
+            gl22 = m02 * q02 + m12 * q12 + m22 * q22
+            # dL/dtheta and dL/dphi
+            g_t = (
+                gl00 * s + gl10 * c * cp + gl20 * c * sp
+                - gl01 * g * c + gl11 * g * s * cp + gl21 * g * s * sp
+            )  # fmt: skip
+            g_p = (
+                -gl10 * s * sp + gl20 * s * cp + gl11 * g * c * sp - gl21 * g * c * cp
+                - gl12 * g * cp - gl22 * g * sp
+            )  # fmt: skip
+            g_p += _ld(gphis, j, batch, sample, placed)
+            g_p = tl.where(md >= 4, g_p, 0.0)
+            tl.store(g_bonds + j * batch + sample, g_r, mask=live)
+            tl.store(g_angles + j * batch + sample, tl.where(md >= 3, g_t, 0.0), mask=live)
+            tl.store(g_dihedrals + j * batch + sample, g_p, mask=live)
+            pf = tl.maximum(phi_from, 0)
+            at = gphis + pf * batch + sample
+            tl.store(
+                at, tl.load(at, mask=live & (phi_from >= 0), other=0.0) + g_p, mask=live & (phi_from >= 0)
+            )
+            # the frame: parent out-frame, or positions
+            for_par = live & (md == 5)
+            tl.store(
+                gframes + (9 * pp + 0) * batch + sample,
+                _ld(gframes, 9 * pp + 0, batch, sample, for_par) + gm00,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 1) * batch + sample,
+                _ld(gframes, 9 * pp + 1, batch, sample, for_par) + gm01,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 2) * batch + sample,
+                _ld(gframes, 9 * pp + 2, batch, sample, for_par) + gm02,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 3) * batch + sample,
+                _ld(gframes, 9 * pp + 3, batch, sample, for_par) + gm10,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 4) * batch + sample,
+                _ld(gframes, 9 * pp + 4, batch, sample, for_par) + gm11,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 5) * batch + sample,
+                _ld(gframes, 9 * pp + 5, batch, sample, for_par) + gm12,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 6) * batch + sample,
+                _ld(gframes, 9 * pp + 6, batch, sample, for_par) + gm20,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 7) * batch + sample,
+                _ld(gframes, 9 * pp + 7, batch, sample, for_par) + gm21,
+                mask=for_par,
+            )
+            tl.store(
+                gframes + (9 * pp + 8) * batch + sample,
+                _ld(gframes, 9 * pp + 8, batch, sample, for_par) + gm22,
+                mask=for_par,
+            )
+            # positions frame: columns e1 = gm[:, 0], e2 = gm[:, 1], e3 = gm[:, 2]
+            ge10, ge11, ge12 = gm00, gm10, gm20
+            ge20, ge21, ge22 = gm01, gm11, gm21
+            ge30, ge31, ge32 = gm02, gm12, gm22
+            # e2 = e3 x e1: ge3 += e1 x ge2, ge1 += ge2 x e3
+            ge30 += e11 * ge22 - e12 * ge21
+            ge31 += e12 * ge20 - e10 * ge22
+            ge32 += e10 * ge21 - e11 * ge20
+            ge10 += ge21 * e32 - ge22 * e31
+            ge11 += ge22 * e30 - ge20 * e32
+            ge12 += ge20 * e31 - ge21 * e30
+            gc0, gc1, gc2 = _unit_vjp(c0, c1, c2, e30, e31, e32, nc, ge30, ge31, ge32, eps)
+            # c = w x e1: gw = e1 x gc, ge1 += gc x w
+            gw0, gw1, gw2 = e11 * gc2 - e12 * gc1, e12 * gc0 - e10 * gc2, e10 * gc1 - e11 * gc0
+            ge10 += gc1 * w2 - gc2 * w1
+            ge11 += gc2 * w0 - gc0 * w2
+            ge12 += gc0 * w1 - gc1 * w0
+            gv0, gv1, gv2 = _unit_vjp(v0, v1, v2, e10, e11, e12, nv, ge10, ge11, ge12, eps)
+            use_pos = live & (md == 6)
+            gv0 = tl.where(md == 6, gv0, 0.0)
+            gv1 = tl.where(md == 6, gv1, 0.0)
+            gv2 = tl.where(md == 6, gv2, 0.0)
+            _acc3(gpos, bb, batch, sample, gx0 + gv0, gx1 + gv1, gx2 + gv2, placed)
+            _acc3(gpos, aa, batch, sample, gw0 - gv0, gw1 - gv1, gw2 - gv2, use_pos)
+            _acc3(gpos, dd, batch, sample, -gw0, -gw1, -gw2, use_pos)
+
+
+def triton_build(
+    plan: TritonPlan,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed_xyz: Tensor | None,
+    return_saved: bool = False,
+) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """``(B, N, 3)`` positions from ``(B, N)`` internal coordinates (radians), no autograd.
+
+    ``fixed_xyz`` is ``(B, F, 3)`` or None. Computes in the inputs' dtype.
+    """
+    if triton is None:
+        raise ImportError("the Triton backend needs triton (shipped with the CUDA builds of torch)")
+    batch, n = bonds.shape
+    dtype, device = bonds.dtype, bonds.device
+    cols = [t.detach().to(dtype).t().contiguous() for t in (bonds, angles, dihedrals)]
+    fixed = (
+        fixed_xyz.detach().to(dtype).reshape(batch, -1).t().contiguous()
+        if fixed_xyz is not None and fixed_xyz.shape[-2]
+        else torch.zeros(3, batch, dtype=dtype, device=device)
+    )
+    pos = torch.zeros(3 * n, batch, dtype=dtype, device=device)
+    frames = torch.zeros(9 * n, batch, dtype=dtype, device=device)
+    phis = torch.zeros(n, batch, dtype=dtype, device=device)
+    lanes = plan.n_units * batch
+    if lanes and plan.max_len:
+        _build_kernel[(triton.cdiv(lanes, BLOCK),)](
+            plan.rows, plan.unit_start, plan.unit_len, *cols, fixed, pos, frames, phis,
+            n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
+        )  # fmt: skip
+    xyz = pos.reshape(n, 3, batch).permute(2, 0, 1).contiguous()
+    return (xyz, (pos, frames, phis)) if return_saved else xyz
+
+
+def triton_vjp(
+    plan: TritonPlan,
+    saved: tuple[Tensor, Tensor, Tensor],
+    bonds: Tensor,
+    angles: Tensor,
+    grad_xyz: Tensor,
+    n_fixed: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Gradients ``(g_bonds, g_angles, g_dihedrals)`` ``(B, N)`` and ``g_fixed`` ``(B, F, 3)`` (or None).
+
+    ``saved`` is the scratch ``(pos, frames, phis)`` of :func:`triton_build` with
+    ``return_saved=True``; one reverse walk per lane, no atomics.
+    """
+    pos, frames, phis = saved
+    batch, n = bonds.shape
+    dtype, device = pos.dtype, pos.device
+    cols = [t.detach().to(dtype).t().contiguous() for t in (bonds, angles)]
+    gpos = grad_xyz.detach().to(dtype).permute(1, 2, 0).reshape(3 * n, batch).contiguous()
+    gframes = torch.zeros_like(frames)
+    gphis = torch.zeros_like(phis)
+    grads = [torch.zeros(n, batch, dtype=dtype, device=device) for _ in range(3)]
+    g_fixed = torch.zeros(3 * max(n_fixed, 1), batch, dtype=dtype, device=device)
+    lanes = plan.n_units * batch
+    if lanes and plan.max_len:
+        _vjp_kernel[(triton.cdiv(lanes, BLOCK),)](
+            plan.rows, plan.unit_start, plan.unit_len, *cols, pos, frames, phis, gpos, gframes, gphis,
+            *grads, g_fixed, n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
+        )  # fmt: skip
+    gb, ga, gd = (t.t() for t in grads)
+    gf = g_fixed.reshape(-1, 3, batch).permute(2, 0, 1)[:, :n_fixed] if n_fixed else None
+    return gb, ga, gd, gf

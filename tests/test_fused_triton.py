@@ -1,0 +1,165 @@
+"""Triton kernels of the fused engines, against the torch reference (interpreter mode on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import batched_nerf as bn
+
+pytest.importorskip("triton", reason="the Triton backend needs triton (pip install triton)")
+from batched_nerf.engines import fused_inverse_triton as kern  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _tables() -> list[bn.ConstructionTable]:
+    return [
+        bn.ConstructionTable.chain(9),
+        bn.data.load("alanine_dipeptide").table,
+        bn.pack_tables([bn.ConstructionTable.chain(3), bn.data.load("benzene").table]),
+    ]
+
+
+def _plan(table: bn.ConstructionTable) -> tuple[torch.Tensor, torch.Tensor]:
+    plan = table.plan("inverse", DEVICE)
+    return plan.refs, torch.stack([plan.has_bond, plan.has_angle, plan.has_dihedral], -1)
+
+
+def _singular(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random conformers, one with coincident atoms, one with three collinear atoms."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(4, n, 3, dtype=dtype, generator=gen)
+    x[1, 2] = x[1, 1]
+    x[2, 3] = x[2, 2] + 0.5 * (x[2, 2] - x[2, 1])
+    x[3] = 0.0  # every atom at the origin
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("table", _tables(), ids=["chain", "alanine", "packed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_forward_matches_torch(table: bn.ConstructionTable, dtype: torch.dtype) -> None:
+    refs, has = _plan(table)
+    x = _singular(table.n_atoms, dtype)
+    want = bn.to_internal(x, table)
+    got = kern.internal_forward(refs, has, x)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for g, w in zip(got, want):
+        assert g.dtype == dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("table", _tables(), ids=["chain", "alanine", "packed"])
+def test_vjp_matches_torch(table: bn.ConstructionTable) -> None:
+    refs, has = _plan(table)
+    x = _singular(table.n_atoms, torch.float64)
+    x[2, 3] += 1e-3  # near-collinear keeps the dihedral derivative finite and comparable
+    x.requires_grad_(True)
+    ic = bn.to_internal(x, table)
+    gen = torch.Generator().manual_seed(3)
+    cot = [torch.randn(c.shape, dtype=c.dtype, generator=gen).to(DEVICE) for c in ic]
+    want = torch.autograd.grad(ic, x, cot)[0]
+    got = kern.internal_vjp(refs, has, x, *cot)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
+
+
+def test_nan_propagates_to_what_reads_it() -> None:
+    table = bn.ConstructionTable.chain(6)
+    refs, has = _plan(table)
+    x = _singular(6, torch.float64)[:1].clone()
+    x[0, 2, 1] = float("nan")
+    bonds, angles, dihedrals = kern.internal_forward(refs, has, x)
+    # atom 2 is read by the bond of 2 and 3, the angle of 2, 3, 4, the dihedral of 3, 4, 5
+    assert bonds[0].isnan().nonzero().flatten().tolist() == [2, 3]
+    assert angles[0].isnan().nonzero().flatten().tolist() == [2, 3, 4]
+    assert dihedrals[0].isnan().nonzero().flatten().tolist() == [3, 4, 5]
+
+
+def test_empty_batch() -> None:
+    table = bn.ConstructionTable.chain(4)
+    refs, has = _plan(table)
+    x = torch.zeros(0, 4, 3, device=DEVICE)
+    assert all(c.shape == (0, 4) for c in kern.internal_forward(refs, has, x))
+    assert kern.internal_vjp(refs, has, x, *(torch.zeros(0, 4, device=DEVICE),) * 3).shape == (0, 4, 3)
+
+
+# ------------------------------------------------------------------ to_cartesian kernels
+def _build_tables() -> dict[str, bn.ConstructionTable]:
+    return {
+        "chain": bn.ConstructionTable.chain(10),
+        "alanine": bn.data.load("alanine_dipeptide").table,
+        "benzene": bn.data.load("benzene").table,
+        "fixed": bn.ConstructionTable(
+            [[-1, -1, -1], [-1, -1, -1], [-1, -1, -1], [0, 1, 2], [3, 0, 1], [4, 3, 0], [4, 3, 5]],
+            fixed=[0, 1, 2],
+        ),
+        "packed": bn.pack_tables(
+            [
+                bn.ConstructionTable.chain(5),
+                bn.data.load("alanine_dipeptide").table,
+                bn.ConstructionTable.chain(2),
+            ]
+        ),
+    }
+
+
+def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    n = table.n_atoms
+    bonds = torch.rand(batch, n, dtype=dtype, generator=gen) + 0.8
+    angles = torch.rand(batch, n, dtype=dtype, generator=gen) * 2.0 + 0.5
+    dihedrals = (torch.rand(batch, n, dtype=dtype, generator=gen) * 2.0 - 1.0) * torch.pi
+    fixed = torch.randn(batch, table.n_fixed, 3, dtype=dtype, generator=gen) if table.n_fixed else None
+    to = lambda t: None if t is None else t.to(DEVICE)  # noqa: E731
+    return to(bonds), to(angles), to(dihedrals), to(fixed)
+
+
+@pytest.mark.parametrize("name", list(_build_tables()))
+def test_build_and_vjp_match_levels(name: str) -> None:
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan, triton_vjp
+
+    table = _build_tables()[name]
+    bonds, angles, dihedrals, fixed = _internal(table, 3, torch.float64)
+    inputs = [t.requires_grad_() for t in (bonds, angles, dihedrals, fixed) if t is not None]
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed, method="levels")
+    cot = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    grads = torch.autograd.grad(want, inputs, cot)
+    plan = triton_plan(table.topology).to(torch.device(DEVICE))
+    xyz, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True)
+    torch.testing.assert_close(xyz, want.detach(), atol=1e-12, rtol=0)
+    got = triton_vjp(plan, saved, bonds, angles, cot, table.n_fixed)
+    for g, w in zip([g for g in got if g is not None], grads):
+        torch.testing.assert_close(g, w, atol=1e-11, rtol=1e-11)
+
+
+def test_build_degenerate_inputs_match_scan() -> None:
+    """Zero bonds and angles of 0, pi and beyond pi continue along the frames like the scan engine."""
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+
+    table = bn.ConstructionTable.chain(10)
+    bonds, angles, dihedrals, _ = _internal(table, 4, torch.float64)
+    bonds[:, 4] = 0.0
+    angles[:, 5] = torch.pi
+    angles[:, 6] = 0.0
+    angles[:, 7] = 4.0
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, method="scan")
+    got = triton_build(triton_plan(table.topology), bonds, angles, dihedrals, None)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
+def test_build_float32_and_nan() -> None:
+    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+
+    table = bn.data.load("alanine_dipeptide").table
+    bonds, angles, dihedrals, _ = _internal(table, 5, torch.float64)
+    want = bn.to_cartesian(bonds, angles, dihedrals, table, method="levels")
+    plan = triton_plan(table.topology)
+    got = triton_build(plan, bonds.float(), angles.float(), dihedrals.float(), None)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=0)
+    dihedrals[2, 8] = float("nan")
+    got = triton_build(plan, bonds, angles, dihedrals, None)
+    later = table.topology.level > table.topology.level[8]
+    assert got[2, 8].isnan().all() and torch.isfinite(got[[0, 1, 3, 4]]).all()
+    assert torch.isfinite(got[2, ~torch.as_tensor(later) & (torch.arange(table.n_atoms) != 8)]).any()
