@@ -14,6 +14,7 @@ the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -540,3 +541,41 @@ def triton_vjp(
     gb, ga, gd = (t.t() for t in grads)
     gf = g_fixed.reshape(-1, 3, batch).permute(2, 0, 1)[:, :n_fixed] if n_fixed else None
     return gb, ga, gd, gf
+
+
+# ------------------------------------------------------------------ the fused engine's entry points
+#: The fused engine calls these with tensors on the device (the numba kernels take numpy arrays).
+TENSORS = True
+
+_PLANS: weakref.WeakKeyDictionary[Topology, dict[torch.device, TritonPlan]] = weakref.WeakKeyDictionary()
+
+
+def plan_on(topo: Topology, device: torch.device) -> TritonPlan:
+    """The kernel rows of ``topo`` on ``device`` (made once per topology and device)."""
+    per_device = _PLANS.setdefault(topo, {})
+    plan = per_device.get(device)
+    if plan is None:
+        cpu = per_device.get(torch.device("cpu"))
+        if cpu is None:
+            cpu = per_device[torch.device("cpu")] = triton_plan(topo)
+        plan = per_device[device] = cpu if device.type == "cpu" else cpu.to(device)
+    return plan
+
+
+def forward(topo: Topology, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor) -> Tensor:
+    """``(B, N, 3)`` from ``(B, N)`` inputs and ``(B, F, 3)`` fixed positions (``F`` may be 0)."""
+    return triton_build(plan_on(topo, bonds.device), bonds, angles, dihedrals, fixed)  # type: ignore[return-value]
+
+
+def backward(
+    topo: Topology, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor, grad_xyz: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of ``sum(grad_xyz * forward(...))``: ``(B, N)`` x 3 and ``(B, F, 3)``.
+
+    One forward walk (the scratch it saves) and one reverse walk.
+    """
+    plan = plan_on(topo, bonds.device)
+    _, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True)  # type: ignore[misc]
+    n_fixed = fixed.shape[-2]
+    gb, ga, gd, gf = triton_vjp(plan, saved, bonds, angles, grad_xyz, n_fixed)
+    return gb, ga, gd, (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)
