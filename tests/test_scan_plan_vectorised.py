@@ -133,22 +133,58 @@ def test_random_trees(table: bn.ConstructionTable) -> None:
     check(table)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(4, 400), st.integers(0, 2**31 - 1), st.integers(1, 16))
-def test_random_window_trees(n: int, seed: int, window: int) -> None:
-    """Random trees, some rows made irregular (dihedral to a random earlier atom)."""
+def mixed_table(n: int, seed: int, window: int, p_odd: float, shuffle: bool) -> bn.ConstructionTable:
+    """Random tree with primary rows, sibling rows and irregular rows (random angle or
+    dihedral references), so that irregular rows read each other over many rounds."""
     rng = np.random.default_rng(seed)
-    refs = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]]
+    refs = [[-1, -1, -1], [0, -1, -1], [1, 0, -1]][:n]
     up = [-1, 0, 1]
+    kids: dict[int, list[int]] = {}
     for i in range(3, n):
-        p = int(rng.integers(max(2, i - window), i))
-        a = up[p]
-        d = up[a] if a > 0 else 0 if p != 0 else 1
-        if d in (p, a) or d < 0 or rng.random() < 0.1:
-            d = int(rng.choice([k for k in range(i) if k not in (p, a)]))
-        refs.append([p, a, d])
-        up.append(p)
-    check(bn.ConstructionTable(refs))
+        b = int(rng.integers(max(0, i - window), i))
+        a = up[b] if up[b] >= 0 else 1
+        d = up[a] if up[a] not in (-1, b, a) else next(k for k in range(i) if k not in (b, a))
+        u = rng.random()
+        siblings = [k for k in kids.get(b, []) if refs[k][1] == a]
+        if u < p_odd:
+            d = int(rng.choice([k for k in range(i) if k not in (b, a)]))
+        elif u < 2 * p_odd and siblings:
+            d = int(rng.choice(siblings))
+        elif u < 2.5 * p_odd:
+            a = int(rng.choice([k for k in range(i) if k != b]))
+            d = int(rng.choice([k for k in range(i) if k not in (b, a)]))
+        refs.append([b, a, d])
+        up.append(b)
+        kids.setdefault(b, []).append(i)
+    arr = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
+    if shuffle:
+        perm = rng.permutation(len(arr))
+        new = np.empty_like(arr)
+        new[perm] = np.where(arr >= 0, perm[np.clip(arr, 0, None)], -1)
+        arr = new
+    return bn.ConstructionTable(arr)
+
+
+MIXED = st.tuples(st.integers(1, 250), st.integers(0, 2**31 - 1), st.integers(1, 12), st.floats(0, 0.4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(MIXED, st.booleans())
+def test_many_rounds(args: tuple[int, int, int, float], shuffle: bool) -> None:
+    check(mixed_table(*args, shuffle=shuffle))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(MIXED, min_size=1, max_size=4), construction_tables(max_atoms=20, fixed=True))
+def test_many_rounds_packed_with_fixed_atoms(parts: list, anchored: bn.ConstructionTable) -> None:
+    tables = [mixed_table(*args, shuffle=True) for args in parts]
+    check(bn.pack_tables([tables[0], anchored, *tables[1:]]))
+
+
+def test_many_rounds_large() -> None:
+    table = mixed_table(3000, 7, 6, 0.2, shuffle=True)
+    assert len(scan_plan(table.topology).rounds) > 20
+    check(table)
 
 
 # ---------------------------------------------------------------- the frozen oracle
