@@ -5,6 +5,12 @@ numpy work on the table's :class:`~batched_nerf.Topology` and its frame tree
 (:mod:`.frame_tree`), made on first use for one band size (the plan variant)
 and cached by the table. The result, :class:`ScanPlan`, holds index tensors
 and Python values only.
+
+Whole-array numpy, in phases: subtree roots and depths by pointer jumping
+(:func:`_forest`), rounds frontier by frontier over the irregular rows'
+dependencies (:func:`_round_members`), then one vectorised pass per round
+(:func:`_round_plan`, with one step per band depth in :func:`_bands`) and the
+dihedral sums column by column (:func:`_finish`). No loop runs over rows.
 """
 
 from __future__ import annotations
@@ -73,18 +79,13 @@ class ScanPlan(Movable):
 
 
 def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
-    """Scan plan of ``topo`` with bands of ``block`` depths (1: plain pointer jumping).
-
-    Whole-array numpy in phases: roots and depths by pointer jumping
-    (:func:`_forest`), rounds frontier by frontier (:func:`_round_members`),
-    then one pass per round (:func:`_round_plan`) and per in-band step.
-    """
+    """Scan plan of ``topo`` with bands of ``block`` depths (1: plain pointer jumping)."""
     tree = frame_tree(topo)  # the classification is the frame tree's (the definition)
     forest = _forest(topo, tree)
     layout = _Layout.start(topo)
     rounds, depth = [], 0
-    for rnd, members in enumerate(_round_members(topo, tree, forest)):
-        plan, round_depth = _round_plan(topo, tree, forest, layout, rnd, members, block)
+    for members in _round_members(topo, tree, forest):
+        plan, round_depth = _round_plan(topo, tree, forest, layout, members, block)
         rounds.append(plan)
         depth = max(depth, round_depth)
     inverse = layout.offsets()[layout.block_of] + layout.slot_of
@@ -174,7 +175,7 @@ class _Layout:
     block_of: np.ndarray  # (N,) block of each placed atom (-1: not yet)
     slot_of: np.ndarray  # (N,) row within its block
     block_sizes: list[int]
-    scratch: np.ndarray  # (N,) work array of the round being planned (rows within a step)
+    row_in_step: np.ndarray  # (N,) scratch for the round being planned: row of an atom in its step
 
     @classmethod
     def start(cls, topo: Topology) -> _Layout:
@@ -204,11 +205,10 @@ def _round_plan(
     tree: FrameTree,
     forest: _Forest,
     layout: _Layout,
-    rnd: int,
     members: np.ndarray,
     block: int,
 ) -> tuple[RoundPlan, int]:
-    """The plan of round ``rnd`` (its atoms ``members``, in index order) and its depth.
+    """The plan of the next round (its atoms ``members``, in index order) and its depth.
 
     Nodes: ``[sentinel, anchors, irregular roots, scanned atoms]``; scanned
     atoms in bands of ``K = min(block, depth)`` depths (see :class:`RoundPlan`).
@@ -223,7 +223,7 @@ def _round_plan(
     n_roots = 1 + roots.size
     is_path = roots.size == 1 and scanned.size == round_depth > 0  # one path below one root
     k_band = max(1, min(block, round_depth))
-    bands = _bands(tree, forest, layout.scratch, roots, scanned, depth, k_band)
+    bands = _bands(tree, forest, layout.row_in_step, roots, scanned, depth, k_band)
     n_boundary = bands.order.size - int(bands.step_start[-2])
     band_parent = np.concatenate(
         [np.zeros(n_roots, dtype=np.int64), bands.top[bands.order.size - n_boundary :]]
