@@ -112,11 +112,12 @@ def _forest(topo: Topology, tree: FrameTree) -> _Forest:
     top = np.where(linked, tree.parent, np.arange(n, dtype=np.int64))
     dist = linked.astype(np.int64)  # parent steps from j to top[j]
     active = np.flatnonzero(linked)
-    while active.size:
+    while active.size:  # rows whose top is still a PARENT row
         up = top[active]
         dist[active] += dist[up]
-        top[active] = top[up]
-        active = active[top[active] != top[top[active]]]
+        up = top[up]
+        top[active] = up
+        active = active[linked[up]]
     anchored = tree.frame[top] == ANCHOR
     root = np.where(anchored, tree.parent[top], np.where(tree.frame == NONE, -1, top))
     return _Forest(eff=eff, root=root, depth=dist + anchored)
@@ -223,12 +224,14 @@ def _round_plan(
     n_roots = 1 + roots.size
     is_path = roots.size == 1 and scanned.size == round_depth > 0  # one path below one root
     k_band = max(1, min(block, round_depth))
-    bands = _bands(tree, forest, layout.row_in_step, roots, scanned, depth, k_band)
+    row = layout.row_in_step  # scratch: first each root's rank among the roots
+    row[roots] = np.arange(roots.size)
+    bands = _bands(tree.parent, row, scanned, depth, row[forest.root[scanned]], n_roots, k_band)
     n_boundary = bands.order.size - int(bands.step_start[-2])
     band_parent = np.concatenate(
         [np.zeros(n_roots, dtype=np.int64), bands.top[bands.order.size - n_boundary :]]
     )
-    node_root = np.concatenate([[0], np.arange(n_roots - 1), _rank(roots, forest.root[bands.order])])
+    node_root = np.concatenate([[0], np.arange(n_roots - 1), bands.root_rank])
     steps, rot_steps = _jump_steps(round_depth, k_band)
     path_order = scanned[np.argsort(depth, kind="stable")] if is_path else None
     plan = RoundPlan(
@@ -270,42 +273,43 @@ class _Bands:
     step_start: np.ndarray  # (K + 1,) first row of each in-band step in `order`
     step_parent: tuple[np.ndarray, ...]  # per step t >= 1: row of each node's parent in step t-1
     top: np.ndarray  # (n_scan,) node above each atom's band: a root or a boundary node
+    root_rank: np.ndarray  # (n_scan,) rank of each atom's root among the round's roots
 
 
 def _bands(
-    tree: FrameTree,
-    forest: _Forest,
+    parent: np.ndarray,
     row: np.ndarray,
-    roots: np.ndarray,
     scanned: np.ndarray,
     depth: np.ndarray,
+    root_rank: np.ndarray,
+    n_roots: int,
     k: int,
 ) -> _Bands:
     """Step ``t = (depth - 1) % k`` of each scanned atom; tops step by step (``row``: scratch)."""
     step = (depth - 1) % k
-    by_step = np.lexsort((scanned, depth, step))
-    order, step, depth = scanned[by_step], step[by_step], depth[by_step]
+    by_step = _stable_argsort(step * (int(depth.max(initial=0)) + 1) + depth)  # scanned: index order
+    order, step, depth, root_rank = scanned[by_step], step[by_step], depth[by_step], root_rank[by_step]
     step_start = np.concatenate([[0], np.cumsum(np.bincount(step, minlength=k))])
     row[order] = np.arange(order.size) - step_start[step]  # row within its step
-    parent = tree.parent[order]
-    step_parent = tuple(row[parent[step_start[t] : step_start[t + 1]]] for t in range(1, k))
+    up = parent[order]
+    step_parent = tuple(row[up[step_start[t] : step_start[t + 1]]] for t in range(1, k))
     # step 0 hangs from a root (depth 1) or a boundary node; step t shares its parent's top
     top = np.empty(order.size, dtype=np.int64)
     first = slice(0, int(step_start[1]))
-    top[first] = np.where(
-        depth[first] == 1,
-        1 + _rank(roots, forest.root[order[first]]),
-        1 + roots.size + row[parent[first]],
-    )
+    top[first] = np.where(depth[first] == 1, 1 + root_rank[first], n_roots + row[up[first]])
     for t in range(1, k):
         top[step_start[t] : step_start[t + 1]] = top[step_start[t - 1] + step_parent[t - 1]]
-    return _Bands(order=order, step_start=step_start, step_parent=step_parent, top=top)
+    return _Bands(order=order, step_start=step_start, step_parent=step_parent, top=top, root_rank=root_rank)
 
 
-def _rank(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Position in ``keys`` (distinct) of each of ``values`` (all present)."""
-    sorter = np.argsort(keys)
-    return sorter[np.searchsorted(keys, values, sorter=sorter)]
+def _stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for keys ``>= 0``: radix passes over 16-bit digits."""
+    if key.size == 0 or key.max() >= 2**32:
+        return np.argsort(key, kind="stable")
+    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    if key.max() >= 2**16:
+        order = order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
+    return order
 
 
 def _jump_steps(round_depth: int, k_band: int) -> tuple[int, int]:
