@@ -413,7 +413,7 @@ def _take(index: np.ndarray, max_runs: int = 4) -> Take:
     """:meth:`Take.of` without the loop over entries: the runs from the breaks of ``index``."""
     idx = np.array(index, dtype=np.int64).reshape(-1)
     breaks = np.flatnonzero(idx[1:] != idx[:-1] + 1) + 1
-    if not 0 < idx.size or breaks.size >= max_runs:
+    if idx.size == 0 or breaks.size >= max_runs:  # Take.of keeps 1 to max_runs runs
         return Take(torch.as_tensor(idx), None)
     bounds = [0, *breaks.tolist(), idx.size]
     runs = tuple((int(idx[s]), e - s) for s, e in zip(bounds[:-1], bounds[1:]))
