@@ -88,8 +88,7 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
         plan, round_depth = _round_plan(topo, tree, forest, layout, members, block)
         rounds.append(plan)
         depth = max(depth, round_depth)
-    inverse = layout.offsets()[layout.block_of] + layout.slot_of
-    return _finish(topo, seed_plan(topo), tree, tuple(rounds), inverse, depth)
+    return _finish(topo, seed_plan(topo), tree, tuple(rounds), layout.row, depth)
 
 
 # ------------------------------------------------------------------ the forest
@@ -171,33 +170,25 @@ def _longest_paths(base: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.nda
 # ------------------------------------------------------------------ the layout
 @dataclass
 class _Layout:
-    """Position blocks: 0 = seed block; ``r + 1`` = nodes of round ``r``."""
+    """Position blocks: 0 = seed block; ``r + 1`` = nodes of round ``r``, concatenated."""
 
-    block_of: np.ndarray  # (N,) block of each placed atom (-1: not yet)
-    slot_of: np.ndarray  # (N,) row within its block
-    block_sizes: list[int]
+    row: np.ndarray  # (N,) row of cat(blocks) holding each placed atom (-1: not yet)
+    n_rows: int  # rows of the blocks so far
+    n_blocks: int
     row_in_step: np.ndarray  # (N,) scratch for the round being planned: row of an atom in its step
 
     @classmethod
     def start(cls, topo: Topology) -> _Layout:
         seed_rows = seed_atoms(topo)
-        block_of = np.full(topo.n_atoms, -1, dtype=np.int64)
-        slot_of = np.full(topo.n_atoms, -1, dtype=np.int64)
-        block_of[seed_rows] = 0
-        slot_of[seed_rows] = np.arange(seed_rows.size)
-        return cls(block_of, slot_of, [int(seed_rows.size)], np.zeros(topo.n_atoms, dtype=np.int64))
-
-    def offsets(self) -> np.ndarray:
-        return np.concatenate([[0], np.cumsum(self.block_sizes)]).astype(np.int64)
-
-    def pool_row(self, atoms: np.ndarray) -> np.ndarray:
-        """Rows of ``cat(blocks so far)`` holding ``atoms`` (placed atoms)."""
-        return self.offsets()[np.maximum(self.block_of[atoms], 0)] + self.slot_of[atoms]
+        row = np.full(topo.n_atoms, -1, dtype=np.int64)
+        row[seed_rows] = np.arange(seed_rows.size)
+        return cls(row, int(seed_rows.size), 1, np.zeros(topo.n_atoms, dtype=np.int64))
 
     def place(self, atoms: np.ndarray, slots: np.ndarray, n_nodes: int) -> None:
-        self.block_of[atoms] = len(self.block_sizes)
-        self.slot_of[atoms] = slots
-        self.block_sizes.append(n_nodes)
+        """Append a block of ``n_nodes`` rows, ``atoms`` at rows ``slots`` of it."""
+        self.row[atoms] = self.n_rows + slots
+        self.n_rows += n_nodes
+        self.n_blocks += 1
 
 
 # ------------------------------------------------------------------ one round
@@ -236,10 +227,10 @@ def _round_plan(
     path_order = scanned[np.argsort(depth, kind="stable")] if is_path else None
     plan = RoundPlan(
         n_anchor=int(anchors.size),
-        anchor_origin=_take(layout.pool_row(topo.refs[anchors, 0])),
+        anchor_origin=_take(layout.row[topo.refs[anchors, 0]]),
         anchor_rot=torch.tensor(_anchor_rot(topo, anchors)),
         irregular_atoms=as_long(irr),
-        irregular_refs=as_long(layout.pool_row(forest.eff[irr][:, ::-1].reshape(-1))),
+        irregular_refs=as_long(layout.row[forest.eff[irr][:, ::-1].reshape(-1)]),
         scan_atoms=as_long(bands.order),
         scan_phi_zero=torch.as_tensor(kind[bands.order] == THIRD),
         step_sizes=tuple(int(s) for s in np.diff(bands.step_start)),
@@ -250,7 +241,7 @@ def _round_plan(
         rot_steps=rot_steps,
         scan_band_root=as_long(bands.top),
         node_root=as_long(node_root),
-        pool_blocks=len(layout.block_sizes),
+        pool_blocks=layout.n_blocks,
         path=None if path_order is None else _take(path_order),
     )
     # this round's block holds its node rows (sentinel and anchors included, never
