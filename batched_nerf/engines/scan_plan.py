@@ -5,6 +5,12 @@ numpy work on the table's :class:`~batched_nerf.Topology` and its frame tree
 (:mod:`.frame_tree`), made on first use for one band size (the plan variant)
 and cached by the table. The result, :class:`ScanPlan`, holds index tensors
 and Python values only.
+
+Whole-array numpy, in phases: subtree roots and depths by pointer jumping
+(:func:`_forest`), rounds frontier by frontier over the irregular rows'
+dependencies (:func:`_round_members`), then one vectorised pass per round
+(:func:`_round_plan`, with one step per band depth in :func:`_bands`) and the
+dihedral sums column by column (:func:`_finish`). No loop runs over rows.
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._topology import FULL, THIRD, Topology
+from .._topology import FULL, SECOND, THIRD, Topology
 from .base import Movable, as_long
-from .frame_tree import ANCHOR, PARENT, frame_tree
+from .frame_tree import ANCHOR, NONE, PARENT, POSITIONS, FrameTree, frame_tree
 from .scan_path import Take
 from .seeds import SeedPlan, seed_atoms, seed_plan
 
@@ -74,200 +80,290 @@ class ScanPlan(Movable):
 
 def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
     """Scan plan of ``topo`` with bands of ``block`` depths (1: plain pointer jumping)."""
-    refs = topo.refs
-    n = len(refs)
-    n_refs = topo.kind
-    seeds = seed_plan(topo)
-    seed_second = np.flatnonzero(n_refs == 1)
-    seed_third = np.flatnonzero(n_refs == 2)
-    second_atoms = set(seed_second.tolist())
-    # the classification is the frame tree's (engines/frame_tree.py, the definition)
-    tree = frame_tree(topo)
-    full = np.flatnonzero(n_refs == FULL).tolist()
-    eff = refs.copy()
+    tree = frame_tree(topo)  # the classification is the frame tree's (the definition)
+    forest = _forest(topo, tree)
+    layout = _Layout.start(topo)
+    rounds, depth = [], 0
+    for members in _round_members(topo, tree, forest):
+        plan, round_depth = _round_plan(topo, tree, forest, layout, members, block)
+        rounds.append(plan)
+        depth = max(depth, round_depth)
+    return _finish(topo, seed_plan(topo), tree, tuple(rounds), layout.row, depth)
+
+
+# ------------------------------------------------------------------ the forest
+@dataclass(frozen=True)
+class _Forest:
+    """Per-atom view of the frame tree (``-1`` / ``0`` for rows outside it)."""
+
+    eff: np.ndarray  # (N, 3) refs with the effective dihedral reference
+    root: np.ndarray  # (N,) the anchor's third seed or the irregular row at the top of each subtree
+    depth: np.ndarray  # (N,) parent steps below the root (children of an anchor: 1)
+
+
+def _forest(topo: Topology, tree: FrameTree) -> _Forest:
+    """Roots and depths by pointer jumping along ``PARENT`` links."""
+    n = topo.n_atoms
+    full = topo.kind == FULL
+    eff = np.array(topo.refs, dtype=np.int64).reshape(-1, 3)
     eff[full, 2] = tree.dihedral_ref[full]
-    third = set(np.flatnonzero(n_refs == THIRD).tolist())
-    # parent in the frame tree: ("atom", b) / ("anchor", T) / None (irregular)
-    parent: dict[int, tuple[str, int]] = {}
-    for j in np.flatnonzero(tree.frame == PARENT).tolist():
-        parent[j] = ("atom", int(tree.parent[j]))
-    for j in np.flatnonzero(tree.frame == ANCHOR).tolist():
-        parent[j] = ("anchor", int(tree.parent[j]))
+    linked = tree.frame == PARENT
+    top = np.where(linked, tree.parent, np.arange(n, dtype=np.int64))
+    dist = linked.astype(np.int64)  # parent steps from j to top[j]
+    active = np.flatnonzero(linked)
+    while active.size:  # rows whose top is still a PARENT row
+        up = top[active]
+        dist[active] += dist[up]
+        up = top[up]
+        top[active] = up
+        active = active[linked[up]]
+    anchored = tree.frame[top] == ANCHOR
+    root = np.where(anchored, tree.parent[top], np.where(tree.frame == NONE, -1, top))
+    return _Forest(eff=eff, root=root, depth=dist + anchored)
+
+
+def _round_members(topo: Topology, tree: FrameTree, forest: _Forest) -> list[np.ndarray]:
+    """Atoms of each round, in index order.
+
+    Anchors are round 0; an irregular row is one round after the latest
+    scanned atom it reads (``max(0, round + 1)`` over its fully referenced
+    references, whose rounds are those of their roots); its subtree shares its round.
+    """
+    irr = np.flatnonzero(tree.frame == POSITIONS)
+    pos = np.full(topo.n_atoms, -1, dtype=np.int64)
+    pos[irr] = np.arange(irr.size)
+    reads = forest.eff[irr]
+    dep = topo.kind[reads] == FULL  # block-0 rows (seeds, fixed) are readable in round 0
+    src = np.broadcast_to(np.arange(irr.size)[:, None], reads.shape)[dep]
+    dst_root = forest.root[reads[dep]]
+    base = np.zeros(irr.size, dtype=np.int64)
+    base[src[tree.frame[dst_root] == ANCHOR]] = 1  # reads an anchored atom (round 0)
+    on_irr = tree.frame[dst_root] == POSITIONS
+    root_round = _longest_paths(base, src[on_irr], pos[dst_root[on_irr]])
+    round_of = np.where(forest.root >= 0, 0, -1)
+    below_irr = np.flatnonzero((forest.root >= 0) & (pos[np.maximum(forest.root, 0)] >= 0))
+    round_of[below_irr] = root_round[pos[forest.root[below_irr]]]
+    atoms = np.flatnonzero(round_of >= 0)
+    by_round = atoms[np.argsort(round_of[atoms], kind="stable")]
+    counts = np.bincount(round_of[atoms], minlength=0)
+    return np.split(by_round, np.cumsum(counts)[:-1]) if counts.size else []
+
+
+def _longest_paths(base: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """``r[i] = max(base[i], 1 + max r[dst] over edges (i, dst))`` on a DAG, frontier by frontier."""
+    m = base.size
+    indeg = np.bincount(src, minlength=m)
+    by_dst = np.argsort(dst, kind="stable")
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=m))])
+    rnd = base.copy()
+    frontier = np.flatnonzero(indeg == 0)
+    while frontier.size:
+        count = ptr[frontier + 1] - ptr[frontier]
+        first = np.repeat(ptr[frontier] - np.cumsum(count) + count, count)
+        edges = by_dst[first + np.arange(count.sum())]
+        np.maximum.at(rnd, src[edges], rnd[dst[edges]] + 1)
+        np.subtract.at(indeg, src[edges], 1)
+        frontier = np.unique(src[edges][indeg[src[edges]] == 0])
+    return rnd
+
+
+# ------------------------------------------------------------------ the layout
+@dataclass
+class _Layout:
+    """Position blocks: 0 = seed block; ``r + 1`` = nodes of round ``r``, concatenated."""
+
+    row: np.ndarray  # (N,) row of cat(blocks) holding each placed atom (-1: not yet)
+    n_rows: int  # rows of the blocks so far
+    n_blocks: int
+    row_in_step: np.ndarray  # (N,) scratch for the round being planned: row of an atom in its step
+
+    @classmethod
+    def start(cls, topo: Topology) -> _Layout:
+        seed_rows = seed_atoms(topo)
+        row = np.full(topo.n_atoms, -1, dtype=np.int64)
+        row[seed_rows] = np.arange(seed_rows.size)
+        return cls(row, int(seed_rows.size), 1, np.zeros(topo.n_atoms, dtype=np.int64))
+
+    def place(self, atoms: np.ndarray, slots: np.ndarray, n_nodes: int) -> None:
+        """Append a block of ``n_nodes`` rows, ``atoms`` at rows ``slots`` of it."""
+        self.row[atoms] = self.n_rows + slots
+        self.n_rows += n_nodes
+        self.n_blocks += 1
+
+
+# ------------------------------------------------------------------ one round
+def _round_plan(
+    topo: Topology,
+    tree: FrameTree,
+    forest: _Forest,
+    layout: _Layout,
+    members: np.ndarray,
+    block: int,
+) -> tuple[RoundPlan, int]:
+    """The plan of the next round (its atoms ``members``, in index order) and its depth.
+
+    Nodes: ``[sentinel, anchors, irregular roots, scanned atoms]``; scanned
+    atoms in bands of ``K = min(block, depth)`` depths (see :class:`RoundPlan`).
+    """
+    kind = topo.kind
+    irr = members[tree.frame[members] == POSITIONS]
+    scanned = members[tree.frame[members] != POSITIONS]
+    anchors = scanned[kind[scanned] == THIRD]
+    roots = np.concatenate([anchors, irr])
+    depth = forest.depth[scanned]
+    round_depth = int(depth.max(initial=0))
+    n_roots = 1 + roots.size
+    is_path = roots.size == 1 and scanned.size == round_depth > 0  # one path below one root
+    k_band = max(1, min(block, round_depth))
+    row = layout.row_in_step  # scratch: first each root's rank among the roots
+    row[roots] = np.arange(roots.size)
+    bands = _bands(tree.parent, row, scanned, depth, row[forest.root[scanned]], n_roots, k_band)
+    n_boundary = bands.order.size - int(bands.step_start[-2])
+    band_parent = np.concatenate(
+        [np.zeros(n_roots, dtype=np.int64), bands.top[bands.order.size - n_boundary :]]
+    )
+    node_root = np.concatenate([[0], np.arange(n_roots - 1), bands.root_rank])
+    steps, rot_steps = _jump_steps(round_depth, k_band)
+    path_order = scanned[np.argsort(depth, kind="stable")] if is_path else None
+    plan = RoundPlan(
+        n_anchor=int(anchors.size),
+        anchor_origin=_take(layout.row[topo.refs[anchors, 0]]),
+        anchor_rot=torch.tensor(_anchor_rot(topo, anchors)),
+        irregular_atoms=as_long(irr),
+        irregular_refs=as_long(layout.row[forest.eff[irr][:, ::-1].reshape(-1)]),
+        scan_atoms=as_long(bands.order),
+        scan_phi_zero=torch.as_tensor(kind[bands.order] == THIRD),
+        step_sizes=tuple(int(s) for s in np.diff(bands.step_start)),
+        step_parent=tuple(as_long(p) for p in bands.step_parent),
+        n_boundary=n_boundary,
+        band_parent=as_long(band_parent),
+        jumps=_jumps(band_parent, steps),
+        rot_steps=rot_steps,
+        scan_band_root=as_long(bands.top),
+        node_root=as_long(node_root),
+        pool_blocks=layout.n_blocks,
+        path=None if path_order is None else _take(path_order),
+    )
+    # this round's block holds its node rows (sentinel and anchors included, never
+    # read); third seeds keep their block-0 position; a path's block is in path order
+    nodes = bands.order if path_order is None else path_order
+    keep = kind[nodes] != THIRD
+    layout.place(
+        np.concatenate([irr, nodes[keep]]),
+        np.concatenate([1 + anchors.size + np.arange(irr.size), n_roots + np.flatnonzero(keep)]),
+        n_roots + bands.order.size,
+    )
+    return plan, round_depth
+
+
+@dataclass(frozen=True)
+class _Bands:
+    """A round's scanned atoms in band-step order and the links between their nodes."""
+
+    order: np.ndarray  # (n_scan,) atoms by (step, depth, index)
+    step_start: np.ndarray  # (K + 1,) first row of each in-band step in `order`
+    step_parent: tuple[np.ndarray, ...]  # per step t >= 1: row of each node's parent in step t-1
+    top: np.ndarray  # (n_scan,) node above each atom's band: a root or a boundary node
+    root_rank: np.ndarray  # (n_scan,) rank of each atom's root among the round's roots
+
+
+def _bands(
+    parent: np.ndarray,
+    row: np.ndarray,
+    scanned: np.ndarray,
+    depth: np.ndarray,
+    root_rank: np.ndarray,
+    n_roots: int,
+    k: int,
+) -> _Bands:
+    """Step ``t = (depth - 1) % k`` of each scanned atom; tops step by step (``row``: scratch)."""
+    step = (depth - 1) % k
+    by_step = _stable_argsort(step * (int(depth.max(initial=0)) + 1) + depth)  # scanned: index order
+    order, step, depth, root_rank = scanned[by_step], step[by_step], depth[by_step], root_rank[by_step]
+    step_start = np.concatenate([[0], np.cumsum(np.bincount(step, minlength=k))])
+    row[order] = np.arange(order.size) - step_start[step]  # row within its step
+    up = parent[order]
+    step_parent = tuple(row[up[step_start[t] : step_start[t + 1]]] for t in range(1, k))
+    # step 0 hangs from a root (depth 1) or a boundary node; step t shares its parent's top
+    top = np.empty(order.size, dtype=np.int64)
+    first = slice(0, int(step_start[1]))
+    top[first] = np.where(depth[first] == 1, 1 + root_rank[first], n_roots + row[up[first]])
+    for t in range(1, k):
+        top[step_start[t] : step_start[t + 1]] = top[step_start[t - 1] + step_parent[t - 1]]
+    return _Bands(order=order, step_start=step_start, step_parent=step_parent, top=top, root_rank=root_rank)
+
+
+def _stable_argsort(key: np.ndarray) -> np.ndarray:
+    """``np.argsort(key, kind="stable")`` for keys ``>= 0``: radix passes over 16-bit digits."""
+    if key.size == 0 or key.max() >= 2**32:
+        return np.argsort(key, kind="stable")
+    order = np.argsort((key & 0xFFFF).astype(np.uint16), kind="stable")
+    if key.max() >= 2**16:
+        order = order[np.argsort((key[order] >> 16).astype(np.uint16), kind="stable")]
+    return order
+
+
+def _jump_steps(round_depth: int, k_band: int) -> tuple[int, int]:
+    """Pointer-jumping steps over the boundary tree, and those that rotations need."""
+    b_depth = -(-round_depth // k_band)  # boundary tree depth: ceil(depth / K)
+    steps = int(np.ceil(np.log2(b_depth))) if b_depth > 1 else 0
+    if k_band == 1:  # only parents' rotations are needed
+        return steps, int(np.ceil(np.log2(b_depth - 1))) if b_depth > 2 else 0
+    return steps, steps  # every band top's rotation is needed by the fix-up
+
+
+def _jumps(band_parent: np.ndarray, steps: int) -> tuple[Tensor, ...]:
+    """``ptr^(2^k)`` for ``k < steps``."""
+    jumps = []
+    cur = band_parent
+    for _ in range(steps):
+        jumps.append(as_long(cur))
+        cur = cur[cur]
+    return tuple(jumps)
+
+
+def _anchor_rot(topo: Topology, anchors: np.ndarray) -> np.ndarray:
+    """``(n_anchor, 3, 3)`` columns ``e1 = s e_x, e2 = e_y, e3 = e1 x e2 = s e_z``."""
+    sign = np.where(topo.kind[topo.refs[anchors, 0]] == SECOND, 1.0, -1.0)
+    rot = np.zeros((anchors.size, 3, 3))
+    rot[:, 0, 0] = sign
+    rot[:, 1, 1] = 1.0
+    rot[:, 2, 2] = sign
+    return rot
+
+
+# ------------------------------------------------------------------ the whole table
+def _finish(
+    topo: Topology,
+    seeds: SeedPlan,
+    tree: FrameTree,
+    rounds: tuple[RoundPlan, ...],
+    inverse: np.ndarray,
+    depth: int,
+) -> ScanPlan:
+    """Dihedral sums, the seed columns and the slices-only decision."""
+    n = topo.n_atoms
+    full = topo.kind == FULL
     # dihedrals summed into phi_eff (j, then its sibling links) and the atoms whose flip adds pi
-    paths = [_chain(tree.phi_from, j, [j]) if n_refs[j] == FULL else [] for j in range(n)]
-    flips = [_chain(tree.flip_on, j, []) for j in range(n)]
-
-    # rounds: anchors and seed-fed irregulars are round 0; an irregular atom is
-    # one round after the latest scanned atom it reads.
-    round_of = np.full(n, -1, dtype=np.int64)
-    block0 = set(seed_atoms(topo).tolist())
-    children: dict[int, list[int]] = {}
-    for j, (kind, p) in parent.items():
-        if kind == "atom":
-            children.setdefault(p, []).append(j)
-    root_of: dict[int, tuple[str, int]] = {}
-
-    def assign(root_key: tuple[str, int], start: list[int], rnd: int) -> None:
-        stack = list(start)
-        while stack:
-            j = stack.pop()
-            round_of[j] = rnd
-            root_of[j] = root_key
-            stack.extend(children.get(j, []))
-
-    for t in sorted(third):
-        assign(("anchor", t), [t] + [j for j, pk in parent.items() if pk == ("anchor", t) and j != t], 0)
-    # in dependency-level order every reference is assigned before it is read:
-    # a scanned reference's root is a frame-tree ancestor, of lower level
-    level = topo.level
-    for j in sorted((j for j in full if j not in parent), key=lambda j: (level[j], j)):
-        # third seeds are in block 0 as positions: readable in round 0
-        rnd = max([0] + [int(round_of[r]) + 1 for r in eff[j].tolist() if r not in block0])
-        assign(("irregular", j), [j], rnd)
-    n_rounds = int(round_of.max()) + 1 if (round_of >= 0).any() else 0
-    by_round: list[list[int]] = [[] for _ in range(n_rounds)]
-    for j in np.flatnonzero(round_of >= 0).tolist():
-        by_round[round_of[j]].append(j)
-
-    # position blocks: 0 = seed block; r + 1 = atoms placed in round r
-    block_of = np.full(n, -1, dtype=np.int64)
-    slot_of = np.full(n, -1, dtype=np.int64)
-    seed_rows = seed_atoms(topo)
-    block_of[seed_rows] = 0
-    slot_of[seed_rows] = np.arange(seed_rows.size)
-    block_sizes = [seed_rows.size]
-    rounds: list[RoundPlan] = []
-    max_depth = 0
-    for rnd in range(n_rounds):
-        members = by_round[rnd]
-        anchors = sorted(t for t in third if round_of[t] == rnd)
-        irr = sorted(j for j in members if root_of[j] == ("irregular", j))
-        irr_set = set(irr)
-        scanned = [j for j in members if j not in irr_set]
-        # depth below the round's roots; bands of `block` depths
-        depth = _depths(scanned, parent)
-        round_depth = max(depth.values(), default=0)
-        max_depth = max(max_depth, round_depth)
-        # one path below one root: blocked scan of _scan_path, bands chosen per call
-        is_path = len(anchors) + len(irr) == 1 and len(scanned) == round_depth > 0
-        k_band = max(1, min(block, round_depth))
-        path_order = sorted(scanned, key=lambda j: depth[j]) if is_path else []
-        steps_nodes = [
-            sorted((j for j in scanned if (depth[j] - 1) % k_band == t), key=lambda j: (depth[j], j))
-            for t in range(k_band)
-        ]
-        order = [j for step in steps_nodes for j in step]
-        n_roots = 1 + len(anchors) + len(irr)
-        root_key = [("sentinel", -1)] + [("anchor", t) for t in anchors] + [("atom", j) for j in irr]
-        boundary = steps_nodes[-1]
-        bindex = {key: k for k, key in enumerate(root_key)}
-        for k, j in enumerate(boundary):
-            bindex[("atom", j)] = n_roots + k
-        row_in_step = {j: k for step in steps_nodes for k, j in enumerate(step)}
-
-        step_parent = [as_long([row_in_step[parent[j][1]] for j in step]) for step in steps_nodes[1:]]
-        band_parent = np.zeros(n_roots + len(boundary), dtype=np.int64)
-        node_root = np.zeros(n_roots + len(order), dtype=np.int64)
-        node_root[1:n_roots] = np.arange(n_roots - 1)
-        top_of = {j: bindex[_band_top(j, depth, k_band, parent)] for j in order}
-        for k, j in enumerate(boundary):
-            band_parent[n_roots + k] = top_of[j]
-        root_of_b = np.zeros(n_roots + len(boundary), dtype=np.int64)
-        root_of_b[:n_roots] = node_root[:n_roots]
-        for k in range(n_roots, n_roots + len(boundary)):  # parents come first
-            root_of_b[k] = root_of_b[band_parent[k]]
-        for k, j in enumerate(order):
-            node_root[n_roots + k] = root_of_b[top_of[j]]
-        b_depth = -(-round_depth // k_band)  # boundary tree depth: ceil(depth / K)
-        steps = int(np.ceil(np.log2(b_depth))) if b_depth > 1 else 0
-        if k_band == 1:  # only parents' rotations are needed
-            rot_steps = int(np.ceil(np.log2(b_depth - 1))) if b_depth > 2 else 0
-        else:  # every band top's rotation is needed by the fix-up
-            rot_steps = steps
-        jumps = []
-        cur = band_parent
-        for _ in range(steps):
-            jumps.append(as_long(cur))
-            cur = cur[cur]
-        node_index = {("anchor", t): 1 + k for k, t in enumerate(anchors)}
-        for k, j in enumerate(irr):
-            node_index[("atom", j)] = 1 + len(anchors) + k
-        # a path's block lists its atoms in path order (see _build_path)
-        for k, j in enumerate(path_order if is_path else order):
-            node_index[("atom", j)] = n_roots + k
-        n_nodes = n_roots + len(order)
-        # irregular gathers read blocks 0..rnd
-        offsets = np.concatenate([[0], np.cumsum(block_sizes)])
-        pool_row = offsets[np.maximum(block_of, 0)] + slot_of  # valid for placed atoms
-        anchor_origin = [int(pool_row[refs[t, 0]]) for t in anchors]
-        anchor_rot = []
-        for t in anchors:
-            sign = 1.0 if refs[t, 0] in second_atoms else -1.0
-            # columns e1 = sign * e_x, e2 = e_y, e3 = e1 x e2 = sign * e_z
-            anchor_rot.append([[sign, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, sign]])
-        irr_refs = [int(pool_row[r]) for j in irr for r in eff[j][::-1]]
-        rounds.append(
-            RoundPlan(
-                n_anchor=len(anchors),
-                anchor_origin=Take.of(anchor_origin),
-                anchor_rot=torch.tensor(anchor_rot, dtype=torch.float64).reshape(-1, 3, 3),
-                irregular_atoms=as_long(irr),
-                irregular_refs=as_long(irr_refs),
-                scan_atoms=as_long(order),
-                scan_phi_zero=torch.as_tensor(np.array([j in third for j in order], dtype=bool)),
-                step_sizes=tuple(len(step) for step in steps_nodes),
-                step_parent=tuple(step_parent),
-                n_boundary=len(boundary),
-                band_parent=as_long(band_parent),
-                jumps=tuple(jumps),
-                rot_steps=rot_steps,
-                scan_band_root=as_long([top_of[j] for j in order]),
-                node_root=as_long(node_root),
-                pool_blocks=len(block_sizes),
-                path=Take.of(path_order) if is_path else None,
-            )
-        )
-        # this round's block: node rows (sentinel and anchors included, never read)
-        for j in irr + order:
-            if j in third:
-                continue  # third seeds keep their closed-form block-0 position
-            block_of[j] = rnd + 1
-            slot_of[j] = node_index[("atom", j)]
-        block_sizes.append(n_nodes)
-
-    offsets = np.concatenate([[0], np.cumsum(block_sizes)])
-    inverse = offsets[block_of] + slot_of
-    width = max([len(p) for p in paths] + [1])
-    phi_paths = np.full((n, width), n, dtype=np.int64)
-    for j, p in enumerate(paths):
-        phi_paths[j, : len(p)] = p
+    phi_paths = _chains(np.where(full, np.arange(n), -1), tree.phi_from, n)
+    if phi_paths is None:
+        phi_paths = np.full((n, 1), n, dtype=np.int64)
     # a sibling placed with sin(angle) < 0 sits on the far side of the axis: its
     # frame is turned by pi, so the offset gains pi (third seeds included)
-    flip_width = max(len(f) for f in flips) if flips else 0
-    flip_paths = None
-    if flip_width:
-        flip_paths = np.full((n, flip_width), n, dtype=np.int64)
-        for j, f in enumerate(flips):
-            flip_paths[j, : len(f)] = f
+    flip_paths = _chains(np.array(tree.flip_on), tree.flip_on, n)
     # seed_block reads a few columns: take them as slices first (an index_select's
     # backward is an index_add, which torch 2.13's CPU inductor miscompiles)
-    used = sorted(set(seed_second.tolist()) | set(seed_third.tolist()))
-    local = {a: k for k, a in enumerate(used)}
-    seeds_local = replace(
-        seeds,
-        second=as_long([local[a] for a in seed_second.tolist()]),
-        third=as_long([local[a] for a in seed_third.tolist()]),
-    )
-    phi_mask = (
-        torch.as_tensor(np.array([p == [j] for j, p in enumerate(paths)], dtype=bool))
-        if width == 1 and flip_paths is None and all(p in ([], [j]) for j, p in enumerate(paths))
-        else None
-    )
-    assemble = Take.of(inverse)
+    second, third = np.flatnonzero(topo.kind == SECOND), np.flatnonzero(topo.kind == THIRD)
+    used = np.sort(np.concatenate([second, third]))
+    local = np.zeros(n, dtype=np.int64)
+    local[used] = np.arange(used.size)
+    seeds_local = replace(seeds, second=as_long(local[second]), third=as_long(local[third]))
+    phi_mask = torch.as_tensor(full) if phi_paths.shape[1] == 1 and flip_paths is None else None
+    assemble = _take(inverse)
     slices_only = (
         phi_mask is not None
         and assemble.runs is not None
-        and (not used or Take.of(used).runs is not None)
+        and (not used.size or _take(used).runs is not None)
         and all(
             r.path is not None
             and r.path.runs is not None
@@ -278,57 +374,38 @@ def scan_plan(topo: Topology, block: int = 1) -> ScanPlan:
     )
     return ScanPlan(
         gathers=not slices_only,
-        seed_inputs=Take.of(used) if used else None,
-        seeds_local=seeds_local if used else None,
+        seed_inputs=_take(used) if used.size else None,
+        seeds_local=seeds_local if used.size else None,
         phi_mask=phi_mask,
         assemble=assemble,
         seeds=seeds,
         phi_paths=as_long(phi_paths),
         flip_paths=None if flip_paths is None else as_long(flip_paths),
-        rounds=tuple(rounds),
+        rounds=rounds,
         inverse=as_long(inverse),
-        depth=max_depth,
+        depth=depth,
     )
 
 
-def _chain(link: np.ndarray, j: int, start: list[int]) -> list[int]:
-    """``start`` followed by ``link[j], link[link[j]], ...`` up to the first ``-1``."""
-    out = start
-    k = int(link[j])
-    while k >= 0:
-        out.append(k)
-        k = int(link[k])
-    return out
+def _chains(start: np.ndarray, link: np.ndarray, n: int) -> np.ndarray | None:
+    """``(n, L)``: ``start[j], link[start[j]], ...`` up to the first ``-1``, padded with ``n``.
+
+    None when every chain is empty. One vectorised step per column.
+    """
+    columns = []
+    cur = start
+    while (cur >= 0).any():
+        columns.append(np.where(cur >= 0, cur, n))
+        cur = np.where(cur >= 0, link[np.maximum(cur, 0)], -1)
+    return np.stack(columns, axis=1) if columns else None
 
 
-def _band_top(
-    j: int, depth: dict[int, int], k_band: int, parent: dict[int, tuple[str, int]]
-) -> tuple[str, int]:
-    """Key of the node above ``j``'s band: ``(depth - 1) % K + 1`` parents up."""
-    key: tuple[str, int] = ("atom", j)
-    for _ in range((depth[j] - 1) % k_band + 1):
-        key = parent[key[1]]
-    return key
-
-
-def _depths(scanned: list[int], parent: dict[int, tuple[str, int]]) -> dict[int, int]:
-    """Depth of each scanned atom below its root (children of an anchor or root: 1)."""
-    depth: dict[int, int] = {}
-    for j in scanned:
-        path = []
-        node = j
-        while node not in depth:
-            kind, p = parent.get(node, ("root", node))
-            if kind == "root":  # an irregular root
-                depth[node] = 0
-                break
-            path.append(node)
-            if kind == "anchor":
-                depth[node] = 1
-                path.pop()
-                break
-            node = p
-        base = depth[node]
-        for k, a in enumerate(reversed(path), start=1):
-            depth[a] = base + k
-    return depth
+def _take(index: np.ndarray, max_runs: int = 4) -> Take:
+    """:meth:`Take.of` without the loop over entries: the runs from the breaks of ``index``."""
+    idx = np.array(index, dtype=np.int64).reshape(-1)
+    breaks = np.flatnonzero(idx[1:] != idx[:-1] + 1) + 1
+    if idx.size == 0 or breaks.size >= max_runs:  # Take.of keeps 1 to max_runs runs
+        return Take(torch.as_tensor(idx), None)
+    bounds = [0, *breaks.tolist(), idx.size]
+    runs = tuple((int(idx[s]), e - s) for s, e in zip(bounds[:-1], bounds[1:]))
+    return Take(torch.as_tensor(idx), runs)
