@@ -23,7 +23,7 @@ __all__ = ["Engine", "Movable", "as_long"]
 
 def as_long(values: Any) -> Tensor:
     """``torch.long`` CPU tensor from integer array-likes."""
-    return torch.tensor(np.asarray(values, dtype=np.int64))  # a copy: topology arrays are read-only
+    return torch.from_numpy(np.array(values, dtype=np.int64))  # a copy: topology arrays are read-only
 
 
 def _to(obj: Any, device: torch.device) -> Any:
