@@ -15,21 +15,26 @@ the ions of a salt, solvent molecules) are *linked* into one build by
 the nearest atoms already placed. Those references are not chemical bonds;
 :func:`nonbonded_references` marks them (and any other non-bonded reference).
 
+At scale (solvent boxes): the fragments of up to three atoms (water, ions)
+get their rows all at once in numpy, exactly the rows the per-atom rules give
+them; larger fragments go atom by atom (about 50-80 us per atom). Components,
+bond pairs and the non-bonded mask are numpy throughout; the linking lives in
+:mod:`batched_nerf._autolink`, bond perception in :mod:`batched_nerf._perceive`.
+
 This module works on numpy arrays only; :class:`~batched_nerf.ConstructionTable`
 wraps its results (``ConstructionTable.from_connectivity``, ``from_xyz``).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._autolink import LINEAR_TOLERANCE_DEG, _Picker, components, link_components
 from ._perceive import COVALENT_RADII, DEFAULT_SCALE, as_xyz, check_not_coincident, perceive_connectivity
-from ._topology import components
 
 __all__ = [
     "COVALENT_RADII",
@@ -45,11 +50,8 @@ __all__ = [
 #: How many nearby earlier atoms the last-resort search considers.
 _POOL = 16
 
-#: How many of the nearest placed atoms a fragment link considers.
-_LINK_POOL = 64
-
-#: Reference triples whose angle lies within this many degrees of 0 or 180 are avoided.
-LINEAR_TOLERANCE_DEG = 5.0
+#: Fragments of up to this many atoms get their rows all at once in numpy (the same rows as atom by atom).
+_SMALL = 3
 
 #: Atoms closer than this (in the unit of ``xyz``) are rejected as coincident.
 COINCIDENT_DISTANCE = 1e-4
@@ -72,7 +74,8 @@ class AutoRefs(NamedTuple):
     connectivity: np.ndarray
 
 
-def _adjacency(connectivity: Any, n_atoms: int) -> tuple[list[list[int]], np.ndarray]:
+def _bond_pairs(connectivity: Any, n_atoms: int) -> np.ndarray:
+    """Checked ``(E, 2)`` ``np.int64`` bonded pairs ``i < j``, sorted and unique."""
     if hasattr(connectivity, "detach"):
         connectivity = connectivity.detach().cpu().numpy()
     arr = (
@@ -84,19 +87,35 @@ def _adjacency(connectivity: Any, n_atoms: int) -> tuple[list[list[int]], np.nda
         raise ValueError(f"connectivity must be a sequence of (i, j) pairs, got shape {tuple(arr.shape)}")
     if not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"connectivity must hold integer atom indices, got dtype {arr.dtype}")
-    neighbours: list[set[int]] = [set() for _ in range(n_atoms)]
-    for k, (i, j) in enumerate(arr.astype(np.int64).tolist()):
-        for x in (i, j):
-            if x < 0 or x >= n_atoms:
-                raise ValueError(
-                    f"connectivity pair {k} ({i}, {j}): atom index {x} out of range [0, {n_atoms - 1}]"
-                )
-        if i == j:
-            raise ValueError(f"connectivity pair {k} ({i}, {j}): an atom cannot be bonded to itself")
-        neighbours[i].add(j)
-        neighbours[j].add(i)
-    pairs = np.array([(i, j) for i in range(n_atoms) for j in sorted(neighbours[i]) if i < j], dtype=np.int64)
-    return [sorted(s) for s in neighbours], pairs.reshape(-1, 2)
+    arr = arr.astype(np.int64)
+    out = (arr < 0) | (arr >= n_atoms)
+    wrong = out.any(1) | (arr[:, 0] == arr[:, 1])
+    if wrong.any():
+        k = int(np.argmax(wrong))
+        i, j = (int(v) for v in arr[k])
+        if out[k].any():
+            x = i if out[k, 0] else j
+            raise ValueError(
+                f"connectivity pair {k} ({i}, {j}): atom index {x} out of range [0, {n_atoms - 1}]"
+            )
+        raise ValueError(f"connectivity pair {k} ({i}, {j}): an atom cannot be bonded to itself")
+    code = np.unique(np.minimum(arr[:, 0], arr[:, 1]) * n_atoms + np.maximum(arr[:, 0], arr[:, 1]))
+    return np.stack([code // max(n_atoms, 1), code % max(n_atoms, 1)], axis=1).reshape(-1, 2)
+
+
+def _adjacency(pairs: np.ndarray, n_atoms: int, atoms: np.ndarray) -> list[list[int]]:
+    """Sorted neighbour lists of ``atoms`` (the other atoms get an empty list, never used)."""
+    src = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    dst = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    start = np.searchsorted(src, atoms, "left").tolist()
+    stop = np.searchsorted(src, atoms, "right").tolist()
+    dst_list = dst.tolist()
+    adj: list[list[int]] = [[]] * n_atoms  # shared empty list: read only
+    for a, lo, hi in zip(atoms.tolist(), start, stop):
+        adj[a] = dst_list[lo:hi]
+    return adj
 
 
 def _bfs(adj: list[list[int]], start: int) -> dict[int, int]:
@@ -144,41 +163,49 @@ def _centre(adj: list[list[int]], start: int) -> tuple[int, list[int]]:
     return best, sorted(d0)
 
 
-class _Picker:
-    """Chooses references, refusing near-linear triples when coordinates are known."""
-
-    def __init__(self, xyz: np.ndarray | None, tol_deg: float) -> None:
-        self.xyz = None if xyz is None else [tuple(p) for p in xyz.tolist()]
-        self.cos_tol = math.cos(math.radians(tol_deg))
-
-    def badness(self, p: int, q: int, r: int) -> float:
-        """``|cos|`` of the angle p-q-r at q (1 = linear); 0 without coordinates."""
-        if self.xyz is None:
-            return 0.0
-        (px, py, pz), (qx, qy, qz), (rx, ry, rz) = self.xyz[p], self.xyz[q], self.xyz[r]
-        ux, uy, uz, vx, vy, vz = px - qx, py - qy, pz - qz, rx - qx, ry - qy, rz - qz
-        norm = math.sqrt((ux * ux + uy * uy + uz * uz) * (vx * vx + vy * vy + vz * vz))
-        if norm < 1e-16:
-            return 1.0
-        return abs(ux * vx + uy * vy + uz * vz) / norm
-
-    def ok(self, p: int, q: int, r: int) -> bool:
-        return self.badness(p, q, r) < self.cos_tol
-
-
-def _refs_from_adjacency(
-    adj: list[list[int]], n_atoms: int, xyz: np.ndarray | None, root: int | None, tol_deg: float
+def _refs_from_pairs(
+    pairs: np.ndarray, n_atoms: int, xyz: np.ndarray | None, root: int | None, tol_deg: float
 ) -> np.ndarray:
-    picker = _Picker(xyz, tol_deg)
+    """Per-fragment references (one seed triple each) for the bond graph ``pairs``.
+
+    Fragments of one, two or three atoms (ions, solvent such as water) are done
+    all at once in numpy, with exactly the rows the general, per-atom rules
+    below give them; larger fragments (and the one of ``root``) atom by atom.
+    """
     refs = np.full((n_atoms, 3), -1, dtype=np.int64)
-    done = np.zeros(n_atoms, dtype=bool)
-    starts = ([root] if root is not None else []) + list(range(n_atoms))
-    for start in starts:
-        if done[start]:
-            continue
+    comp, n_comp = components(n_atoms, pairs[:, 0], pairs[:, 1])
+    sizes = np.bincount(comp, minlength=n_comp)
+    size = sizes[comp]
+    atoms = np.argsort(comp, kind="stable")  # by fragment, in index order
+    general = size[atoms] > _SMALL
+    if root is not None:
+        general |= comp[atoms] == comp[root]
+    # two atoms a < b: the centre is b, so a gets (b, -1, -1)
+    two = atoms[(size[atoms] == 2) & ~general].reshape(-1, 2)
+    refs[two[:, 0], 0] = two[:, 1]
+    # three atoms x < y < z: the root is the middle of the chain (y of a triangle),
+    # the other two follow in index order: (root, -1, -1) and (root, second, -1)
+    three = atoms[(size[atoms] == 3) & ~general].reshape(-1, 3)
+    if len(three):
+        degree = np.bincount(pairs.reshape(-1), minlength=n_atoms)[three]
+        middle = np.where((degree == 2).all(1), 1, np.argmax(degree == 2, 1))
+        rows = np.arange(len(three))
+        centre = three[rows, middle]
+        others = np.sort(np.where(np.arange(3) == middle[:, None], n_atoms, three), axis=1)[:, :2]
+        refs[others[:, 0], 0] = centre
+        refs[others[:, 1], 0] = centre
+        refs[others[:, 1], 1] = others[:, 0]
+    rest = atoms[general]
+    if not rest.size:
+        return refs
+    adj = _adjacency(pairs, n_atoms, rest)
+    picker = _Picker(xyz, tol_deg)
+    firsts = rest[np.concatenate([[True], comp[rest][1:] != comp[rest][:-1]])].tolist()
+    if root is not None:
+        firsts = [root] + [f for f in firsts if comp[f] != comp[root]]
+    for start in firsts:
         centre, members = (start, sorted(_bfs(adj, start))) if start == root else _centre(adj, start)
         _place_component(adj, centre, members, refs, picker)
-        done[members] = True
     return refs
 
 
@@ -312,205 +339,7 @@ def _dihedral_ref(
     return -1
 
 
-# ------------------------------------------------------------------ linking
-def link_components(
-    refs: Any,
-    xyz: Any,
-    *,
-    fixed: Iterable[int] | np.ndarray | None = None,
-    first: int | None = None,
-) -> np.ndarray:
-    """Join the seeded components of a table into one build, referencing the nearest placed atoms.
-
-    The components are placed one after the other: first the one containing
-    atom ``first`` (default: the largest whose atoms are not all on one line,
-    so that the seed triple lies in the main molecule rather than on an ion),
-    then the others in order of the distance of their root atom to that
-    first component (shell by shell, which keeps the links short and the build
-    shallow). The (up to) three seed rows of each get references to atoms
-    already placed, chosen nearest to its root first and so that no reference
-    triple is within :data:`LINEAR_TOLERANCE_DEG` of 0 or 180 deg (the least
-    linear choice when no other exists):
-
-    * root ``r``: ``(p1, p2, p3)``, ``p1`` the placed atom nearest to ``r``;
-    * second seed ``s = (r, -1, -1)``: ``(r, q1, q2)``;
-    * third seed ``t = (b, a, -1)``: ``(b, a, q)``.
-
-    Every other row is kept. While all atoms placed so far lie on one line
-    (linear molecules, single atoms) they define no frame for a dihedral; then
-    the first seed atom off that line becomes the build's third seed instead.
-    The new references are not chemical bonds (see :func:`nonbonded_references`).
-    Components anchored by ``fixed`` atoms are not changed; when they hold
-    three or more atoms the seeded components are linked to them too (so the
-    whole system keeps its absolute placement).
-
-    Args:
-        refs: ``(N, 3)`` integer references of a valid table.
-        xyz: ``(N, 3)`` coordinates of one conformation.
-        fixed: indices of the table's fixed atoms (default none).
-        first: an atom whose component is placed first (default: the largest component).
-
-    Returns:
-        ``(N, 3)`` ``np.int64`` references with a single seed triple (or none,
-        when anchored components received the links).
-
-    Raises:
-        ValueError: ``refs`` or ``xyz`` of the wrong shape, or ``first`` out of range.
-
-    Example:
-        >>> from batched_nerf._autotable import link_components
-        >>> two_waters = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [-1, -1, -1], [3, -1, -1], [3, 4, -1]]
-        >>> xyz = [[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0],
-        ...        [2.9, 0.1, 0.2], [3.3, 0.9, 0], [3.3, -0.6, 0.5]]
-        >>> link_components(two_waters, xyz).tolist()[3:]
-        [[1, 0, 2], [3, 1, 0], [3, 4, 1]]
-    """
-    arr = np.array(refs, dtype=np.int64)
-    if arr.ndim != 2 or arr.shape[1] != 3:
-        raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
-    n = len(arr)
-    coords = as_xyz(xyz, n)
-    if first is not None and not 0 <= int(first) < n:
-        raise ValueError(f"first must be an atom index in [0, {n - 1}], got {first!r}")
-    comp = components(arr)
-    n_comp = int(comp.max()) + 1 if n else 0
-    is_fixed = np.zeros(n, dtype=bool)
-    is_fixed[np.asarray(list(fixed) if fixed is not None else [], dtype=np.int64)] = True
-    anchored = np.zeros(n_comp, dtype=bool)
-    anchored[comp[is_fixed]] = True
-    members = [np.flatnonzero(comp == c) for c in range(n_comp)]
-    seeded = [c for c in range(n_comp) if not anchored[c]]
-    placed_atoms = np.flatnonzero(anchored[comp])
-    if placed_atoms.size < 3:
-        placed_atoms = np.zeros(0, dtype=np.int64)
-    n_refs = (arr >= 0).sum(1)
-    picker = _Picker(coords, LINEAR_TOLERANCE_DEG)
-    line: list[int] | None = None  # the seed atoms (R0, S0) of the build while all its atoms are collinear
-    if not placed_atoms.size:
-        if len(seeded) < 2:
-            return arr
-        # largest first, preferring a molecule whose atoms are not all on one line (its seed
-        # triple then spans a plane that every further link can use)
-        bent = {c: not _collinear(members[c], n_refs, picker) for c in seeded}
-        largest = max(seeded, key=lambda c: (bent[c], members[c].size, -c))
-        start = int(comp[first]) if first is not None and int(comp[first]) in seeded else largest
-        seeded.remove(start)
-        placed_atoms = members[start]
-        if not bent[start]:
-            line = [int(v) for v in sorted(placed_atoms.tolist(), key=lambda v: n_refs[v])[:2]]
-    if not seeded:
-        return arr
-    roots = np.array([int(members[c][n_refs[members[c]] == 0][0]) for c in seeded], dtype=np.int64)
-    # shell by shell outwards from the first component: the links stay short and the build shallow
-    dmin = _min_distance(coords[roots], coords[placed_atoms])
-    placed = list(placed_atoms.tolist())
-    for k in np.lexsort((np.arange(len(seeded)), dmin)).tolist():
-        c, r = seeded[k], int(roots[k])
-        d = np.linalg.norm(coords[placed] - coords[r], axis=1)
-        near = np.argpartition(d, _LINK_POOL)[:_LINK_POOL] if len(d) > _LINK_POOL else np.arange(len(d))
-        near = near[np.lexsort((near, d[near]))]
-        cands = [placed[m] for m in near.tolist()]
-        atoms = members[c]
-        s = atoms[n_refs[atoms] == 1]
-        t = atoms[n_refs[atoms] == 2]
-        seeds = [r, int(s[0]) if s.size else None, int(t[0]) if t.size else None]
-        _link_seeds(arr, seeds[0], seeds[1], seeds[2], cands, picker)
-        if line is not None:
-            line = _unbend(arr, line, placed, [v for v in seeds if v is not None], atoms, picker)
-        placed.extend(atoms.tolist())
-    return arr
-
-
-def _collinear(atoms: np.ndarray, n_refs: np.ndarray, picker: _Picker) -> bool:
-    """Whether all ``atoms`` of a component lie (within the tolerance) on the line of its first two seeds."""
-    if atoms.size < 3:
-        return True
-    r0, s0 = (int(v) for v in sorted(atoms.tolist(), key=lambda v: n_refs[v])[:2])
-    return all(_on_line(int(x), r0, s0, picker) for x in atoms.tolist() if x not in (r0, s0))
-
-
-def _on_line(x: int, r0: int, s0: int, picker: _Picker) -> bool:
-    return picker.badness(x, r0, s0) >= picker.cos_tol and picker.badness(x, s0, r0) >= picker.cos_tol
-
-
-def _unbend(
-    refs: np.ndarray, line: list[int], placed: list[int], seeds: list[int], atoms: np.ndarray, picker: _Picker
-) -> list[int] | None:
-    """Keep the build's frame defined while its atoms so far lie on one line.
-
-    While every placed atom is on the line of the build's root ``R0`` and second
-    seed ``S0``, no dihedral reference frame exists among them, so the first
-    seed atom ``o`` of the new component that is off that line becomes the
-    build's third seed ``(R0 or S0, the other, -1)`` and the old, collinear third
-    seed (whose angle is straight, so its dihedral is free) takes ``o`` as its
-    dihedral reference. Returns the line's ``[R0, S0]`` while the build stays on
-    it, else ``None``.
-    """
-    build = placed + [int(v) for v in atoms.tolist()]
-    n_refs = (refs[build] >= 0).sum(1)
-    r0 = build[int(np.flatnonzero(n_refs == 0)[0])]
-    second = np.flatnonzero(n_refs == 1)
-    if not second.size:
-        return [r0]
-    s0 = build[int(second[0])]
-    third = np.flatnonzero(n_refs == 2)
-    off = [v for v in seeds if v not in (r0, s0) and not _on_line(v, r0, s0, picker)]
-    if third.size and off:
-        t0, o = build[int(third[0])], off[0]
-        if o != t0 and _on_line(t0, r0, s0, picker):
-            near, far = sorted((r0, s0), key=lambda v: picker.badness(o, v, r0 + s0 - v))
-            refs[o] = [near, far, -1]
-            refs[t0, 2] = o
-    if all(_on_line(v, r0, s0, picker) for v in build if v not in (r0, s0)):
-        return [r0, s0]
-    return None
-
-
-def _min_distance(a: np.ndarray, b: np.ndarray, chunk: int = 4096) -> np.ndarray:
-    """Distance from each point of ``a`` to the nearest point of ``b``."""
-    out = np.full(len(a), np.inf)
-    for k in range(0, len(b), chunk):
-        d = np.linalg.norm(a[:, None, :] - b[None, k : k + chunk, :], axis=-1)
-        out = np.minimum(out, d.min(1))
-    return out
-
-
-def _link_seeds(
-    refs: np.ndarray, r: int, s: int | None, t: int | None, cands: list[int], picker: _Picker
-) -> None:
-    """Give the seed rows ``r``, ``s``, ``t`` references to placed atoms ``cands`` (nearest first)."""
-
-    def pick(exclude: Sequence[int], triple: Callable[[int], tuple[int, int, int]]) -> int:
-        best: tuple[float, int] | None = None
-        for c in cands:
-            if c in exclude:
-                continue
-            bad = picker.badness(*triple(c))
-            if bad < picker.cos_tol:
-                return c
-            if best is None or bad < best[0]:
-                best = (bad, c)
-        assert best is not None  # the caller checks that enough candidates exist
-        return best[1]
-
-    k = len(cands)
-    p = [cands[0]]
-    if k >= 2:
-        p.append(pick(p, lambda c: (r, p[0], c)))
-    if k >= 3:
-        p.append(pick(p, lambda c: (p[0], p[1], c)))
-    refs[r] = p + [-1] * (3 - len(p))
-    if s is not None:
-        q = [pick([], lambda c: (s, r, c))]
-        if k >= 2:
-            q.append(pick(q, lambda c: (r, q[0], c)))
-        refs[s] = [r, *q] + [-1] * (2 - len(q))
-    if t is not None:
-        b, a = int(refs[t, 0]), int(refs[t, 1])
-        refs[t, 2] = pick([], lambda c: (b, a, c))
-
-
-def nonbonded_references(refs: Any, connectivity: Any) -> np.ndarray:
+def nonbonded_references(refs: Any, connectivity: Any = None) -> np.ndarray:
     """Mask of the internal coordinates of a table that are not chemical ones.
 
     For row ``i`` with references ``(b, a, d)``, with "bonded" meaning a pair
@@ -528,28 +357,57 @@ def nonbonded_references(refs: Any, connectivity: Any) -> np.ndarray:
     bond angles or torsions (a flow or a force field should treat them as such).
 
     Args:
-        refs: ``(N, 3)`` integer references (numpy, lists or torch).
-        connectivity: ``(E, 2)`` bonded pairs.
+        refs: ``(N, 3)`` integer references (numpy, lists or torch), a
+            :class:`~batched_nerf.ConstructionTable` (its ``refs``) or a
+            :class:`~batched_nerf.ZMatrix` (its table's ``refs``, and its
+            ``connectivity`` unless one is given).
+        connectivity: ``(E, 2)`` bonded pairs; required unless ``refs`` is a
+            ZMatrix that has a bond graph.
 
     Returns:
         ``(N, 3)`` boolean numpy array.
 
     Raises:
-        ValueError: malformed ``refs`` or ``connectivity``.
+        TypeError: ``refs`` is none of the above (naming its type), or
+            ``connectivity`` is missing.
+        ValueError: malformed ``refs`` (not integers, ragged, not ``(N, 3)``)
+            or ``connectivity``.
 
     Example:
         >>> import batched_nerf as bn
         >>> refs = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [1, 0, 2]]   # a water and an ion
         >>> bn.nonbonded_references(refs, [(0, 1), (0, 2)]).tolist()[3]
         [True, True, True]
+        >>> bn.nonbonded_references(bn.ConstructionTable(refs), [(0, 1), (0, 2)]).tolist()[3]
+        [True, True, True]
     """
+    # duck-typed: this ground layer cannot import the table or the ZMatrix
+    if hasattr(refs, "table") and hasattr(refs, "connectivity"):  # a ZMatrix
+        if connectivity is None:
+            connectivity = refs.connectivity
+        if connectivity is None:
+            raise TypeError(
+                "nonbonded_references needs connectivity, the (E, 2) bonded pairs: this ZMatrix has none"
+            )
+        refs = refs.table
+    if hasattr(refs, "topology") and hasattr(refs.topology, "refs"):  # a ConstructionTable
+        refs = refs.topology.refs
+    if connectivity is None:
+        raise TypeError("nonbonded_references needs connectivity, the (E, 2) bonded pairs")
     if hasattr(refs, "detach"):
         refs = refs.detach().cpu().numpy()
-    arr = np.asarray(refs, dtype=np.int64)
+    try:
+        arr = np.asarray(refs, dtype=np.int64)
+    except (TypeError, ValueError) as e:
+        kind = TypeError if isinstance(e, TypeError) else ValueError
+        raise kind(
+            "refs must be (N, 3) integer references, a ConstructionTable or a ZMatrix, "
+            f"got {type(refs).__name__}"
+        ) from None
     if arr.ndim != 2 or arr.shape[1] != 3:
         raise ValueError(f"refs must have shape (N, 3), got {tuple(arr.shape)}")
     n = len(arr)
-    _, pairs = _adjacency(connectivity, n)
+    pairs = _bond_pairs(connectivity, n)
     keys = np.sort(np.concatenate([pairs[:, 0] * n + pairs[:, 1], pairs[:, 1] * n + pairs[:, 0]]))
 
     def bonded(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -642,7 +500,7 @@ def refs_from_connectivity(
     if isinstance(n_atoms, bool) or not isinstance(n_atoms, (int, np.integer)) or n_atoms < 0:
         raise ValueError(f"n_atoms must be a non-negative integer, got {n_atoms!r}")
     n_atoms = int(n_atoms)
-    adj, pairs = _adjacency(connectivity, n_atoms)
+    pairs = _bond_pairs(connectivity, n_atoms)
     coords = None if xyz is None else as_xyz(xyz, n_atoms)
     if root is not None and (isinstance(root, bool) or not 0 <= int(root) < n_atoms):
         raise ValueError(f"root must be an atom index in [0, {n_atoms - 1}], got {root!r}")
@@ -654,10 +512,16 @@ def refs_from_connectivity(
         )
     if coords is not None:
         check_not_coincident(coords, np.full(n_atoms, COINCIDENT_DISTANCE / 2))
-    refs = _refs_from_adjacency(adj, n_atoms, coords, start, LINEAR_TOLERANCE_DEG)
+    return _auto_refs(pairs, n_atoms, coords, start, link)
+
+
+def _auto_refs(
+    pairs: np.ndarray, n_atoms: int, coords: np.ndarray | None, root: int | None, link: bool
+) -> AutoRefs:
+    refs = _refs_from_pairs(pairs, n_atoms, coords, root, LINEAR_TOLERANCE_DEG)
     if link:
         assert coords is not None
-        refs = link_components(refs, coords, first=start)
+        refs = link_components(refs, coords, first=root)
     return AutoRefs(refs, nonbonded_references(refs, pairs), pairs)
 
 
@@ -701,5 +565,6 @@ def refs_from_xyz(
         [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
     """
     coords = as_xyz(xyz)
+    # perception has refused atoms closer than 0.4 x the sum of their radii (>= 1e-4): no second check
     pairs = perceive_connectivity(coords, elements, scale=scale)
-    return refs_from_connectivity(pairs, len(coords), xyz=coords, link_fragments=link_fragments)
+    return _auto_refs(pairs, len(coords), coords, None, bool(link_fragments))

@@ -2,6 +2,7 @@
 
 * :func:`check_table`: the ``table`` argument is a :class:`ConstructionTable`;
 * :func:`as_float`: a real floating tensor from array-likes;
+* :func:`cast_like`: a value in the dtype of the coordinates it goes with, never losing precision;
 * :func:`broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
 * :func:`broadcast_fixed`: ``fixed_xyz`` ``(..., F, 3)`` for a table's fixed atoms;
 * :func:`check_xyz`: ``xyz`` ``(..., N, 3)``;
@@ -24,6 +25,7 @@ __all__ = [
     "as_float",
     "broadcast_fixed",
     "broadcast_internal",
+    "cast_like",
     "check_device",
     "check_table",
     "check_xyz",
@@ -67,6 +69,30 @@ def as_float(
     if not value.is_floating_point():
         value = value.to(torch.get_default_dtype())
     return value
+
+
+def cast_like(value: Any, name: str, like: Tensor, like_name: str) -> Tensor:
+    """``value`` as a real tensor in the dtype (and, for array-likes, on the device) of ``like``.
+
+    Array-likes and integer tensors take ``like``'s dtype; a floating tensor of
+    a lower precision is promoted. A floating tensor of a higher (or
+    incomparable) precision is not cast down silently.
+
+    Raises:
+        TypeError: a complex or boolean value, or a floating tensor whose dtype
+            ``like.dtype`` cannot hold (naming both dtypes).
+    """
+    t = as_float(value, name, like)
+    if (
+        isinstance(value, Tensor)
+        and value.is_floating_point()
+        and torch.promote_types(value.dtype, like.dtype) != like.dtype
+    ):
+        raise TypeError(
+            f"{name} has dtype {value.dtype} but {like_name} {like.dtype}: casting {name} down would lose "
+            f"precision; convert one of them (e.g. {name}.to({like.dtype}))"
+        )
+    return t.to(like.dtype)
 
 
 def check_device(named: dict[str, Any], expected: torch.device | None = None) -> None:
@@ -140,6 +166,9 @@ def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> T
     Returns None for a table without fixed atoms.
 
     Raises:
+        TypeError: a complex or boolean ``fixed_xyz``, or a floating tensor of a
+            higher precision than ``like`` (float64 ``fixed_xyz`` with float32
+            internal coordinates), naming both dtypes.
         ValueError: missing or superfluous ``fixed_xyz``, a shape other than
             ``(..., F, 3)``, a batch shape that does not broadcast with
             ``like`` ``(..., N)``, or another device than ``like``.
@@ -151,8 +180,8 @@ def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> T
         return None
     if fixed_xyz is None:
         raise ValueError(f"the table has {f} fixed atoms: pass fixed_xyz of shape (..., {f}, 3)")
-    fixed = as_float(fixed_xyz, "fixed_xyz", like)
-    check_device({"fixed_xyz": fixed}, like.device)
+    check_device({"fixed_xyz": fixed_xyz}, like.device)
+    fixed = cast_like(fixed_xyz, "fixed_xyz", like, "the internal coordinates are")
     if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (f, 3):
         raise ValueError(f"fixed_xyz must have shape (..., {f}, 3), got {tuple(fixed.shape)}")
     try:
@@ -162,7 +191,7 @@ def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> T
             f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with internal "
             f"coordinates of shape {tuple(like.shape)}"
         ) from None
-    return fixed.to(like.dtype)
+    return fixed
 
 
 def check_xyz(xyz: Any, table: ConstructionTable, name: str = "xyz") -> Tensor:

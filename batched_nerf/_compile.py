@@ -24,14 +24,36 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from . import engines
 from ._checks import check_table
 from ._convert import _METHODS, to_cartesian
 from ._table import ConstructionTable
 from .engines.compiled import check_compiled_backward
 from .engines.dispatch import auto_method
+
+
+def _call_plan(table: ConstructionTable, method: str, inputs: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The engine and plan one call of the compiled builder uses, built now (outside the trace).
+
+    Returns ``(None, None)`` when the inputs' shapes do not broadcast (the
+    compiled ``to_cartesian`` then raises its own error).
+    """
+    tensors = [t for t in inputs if isinstance(t, Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    shapes = [tuple(t.shape[:-1]) for t in inputs[:3] if isinstance(t, Tensor) and t.ndim]
+    if isinstance(inputs[3], Tensor) and inputs[3].ndim >= 2:
+        shapes.append(tuple(inputs[3].shape[:-2]))
+    try:
+        samples = math.prod(np.broadcast_shapes(*shapes)) if shapes else 1
+    except ValueError:
+        return None, None
+    name = method if method != "auto" else auto_method(table, samples, device.type, compiled=True)
+    engine = engines.get(name)
+    return engine, table.plan(name, device, engine.choose_variant(table.n_atoms, samples))
 
 
 def compile_builder(
@@ -46,8 +68,9 @@ def compile_builder(
     Returns ``build(bonds, angles, dihedrals, fixed_xyz=None) -> (..., N, 3)``,
     the same map as ``bn.to_cartesian(bonds, angles, dihedrals, table,
     method=method, fixed_xyz=fixed_xyz)``, compiled with ``fullgraph=True`` (and
-    ``compile_options``, e.g. ``mode="max-autotune"`` or ``dynamic=True``). The
-    table's plans for ``device`` are prepared first. The first call with a new
+    ``compile_options``, e.g. ``mode="max-autotune"`` or ``dynamic=True``). Each
+    call first makes (or finds) the one plan it uses, outside the trace, so a
+    new table needs no :meth:`~ConstructionTable.prepare`. The first call with a new
     input shape compiles (seconds to a minute on a CPU); compile time does not
     grow with the number of atoms: a chain is at most 64 band steps plus
     ``log2(N)`` jump steps.
@@ -63,7 +86,8 @@ def compile_builder(
         table: the :class:`ConstructionTable`.
         method: ``"scan"`` (default), ``"levels"``, ``"auto"`` or ``"fused"`` (which compiles
             as ``"scan"``: its kernels are compiled already).
-        device: device whose plans to prepare (default CPU).
+        device: prepare every plan of ``method`` for this device now (default:
+            none ahead; each call makes the plan it uses).
         compile_options: passed to :func:`torch.compile`.
 
     Returns:
@@ -83,8 +107,9 @@ def compile_builder(
     check_table(table)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    table.prepare(device)
     method = "scan" if method == "fused" else method  # fused kernels are compiled already: compile scan
+    if device is not None:
+        table.prepare(device, methods=engines.METHODS if method == "auto" else (method,))
 
     def build(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
         return to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed_xyz, method=method)  # type: ignore[arg-type]
@@ -94,12 +119,10 @@ def compile_builder(
 
     def checked(bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed_xyz: Tensor | None = None) -> Tensor:
         inputs = (bonds, angles, dihedrals, fixed_xyz)
-        if any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
-            b = bonds if isinstance(bonds, Tensor) else torch.as_tensor(bonds)
-            samples = math.prod(b.shape[:-1])
-            engine = method if method != "auto" else auto_method(table, samples, b.device.type, compiled=True)
-            gathers = engine != "scan" or table.plan("scan", b.device).gathers
-            check_compiled_backward(gathers, b.device, *inputs, tracing=False)  # type: ignore[arg-type]
+        engine, plan = _call_plan(table, method, inputs)
+        if engine is not None and any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+            device = next(t for t in inputs if isinstance(t, Tensor)).device
+            check_compiled_backward(engine.gathers(plan), device, *inputs, tracing=False)  # type: ignore[arg-type]
         return compiled(bonds, angles, dihedrals, fixed_xyz)
 
     return checked

@@ -78,7 +78,8 @@ def to_cartesian(
             imports, see :func:`backends`).
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
-            about the component's root atom (see :func:`apply_pose`).
+            about the component's root atom (see :func:`apply_pose`; an
+            improper one, ``det < 0``, gives NaN rather than a mirror image).
         translation: optional ``(..., 3)`` (or ``(..., S, 3)``) position of each
             seeded component's root atom. With ``rotation`` this makes the map
             bijective; :func:`to_internal` with ``return_pose=True`` inverts it.
@@ -93,7 +94,9 @@ def to_cartesian(
         the row order of ``table``; dtype and device of the inputs.
 
     Raises:
-        TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
+        TypeError: ``table`` is not a ConstructionTable, a non-real dtype, or a
+            ``fixed_xyz``, ``rotation`` or ``translation`` tensor of a higher
+            precision than the internal coordinates (naming both dtypes).
         ValueError: the last dimension is not ``N``, the inputs do not
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.

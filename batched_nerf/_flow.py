@@ -76,7 +76,9 @@ class InternalCoordinateTransform(nn.Module):
 
     Index buffers (``bond_atoms``, ``angle_atoms``, ``dihedral_atoms``,
     ``fixed_atoms``) move with ``.to()``; there are no parameters. Pure
-    tensor code: works under ``torch.func`` (``vmap``, ``jacrev``).
+    tensor code: works under ``torch.func`` (``vmap``, ``jacrev``). The
+    buffers are made outside ``torch.inference_mode`` even when the layer is
+    built inside it, so a layer made during a validation pass still trains.
 
     Args:
         table: the :class:`~batched_nerf.ConstructionTable`.
@@ -124,14 +126,14 @@ class InternalCoordinateTransform(nn.Module):
         self.pose = bool(pose)
         self.normalize_angles = bool(normalize_angles)
         self.method = method
-        self.register_buffer("bond_atoms", torch.as_tensor(np.flatnonzero(refs[:, 0] >= 0)), persistent=False)
-        self.register_buffer(
-            "angle_atoms", torch.as_tensor(np.flatnonzero(refs[:, 1] >= 0)), persistent=False
-        )
-        self.register_buffer(
-            "dihedral_atoms", torch.as_tensor(np.flatnonzero(refs[:, 2] >= 0)), persistent=False
-        )
-        self.register_buffer("fixed_atoms", table.fixed, persistent=False)
+        # index buffers made outside inference mode: a layer first built in a validation
+        # pass (under torch.inference_mode) must still train afterwards
+        with torch.inference_mode(False):
+            for name, col in (("bond_atoms", 0), ("angle_atoms", 1), ("dihedral_atoms", 2)):
+                self.register_buffer(
+                    name, torch.as_tensor(np.flatnonzero(refs[:, col] >= 0)), persistent=False
+                )
+            self.register_buffer("fixed_atoms", table.fixed, persistent=False)
         # build the CPU plans eagerly: the first build must not happen inside a torch.func transform
         for kind in ("levels", "inverse"):
             table.plan(kind)

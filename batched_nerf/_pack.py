@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ._checks import check_table
 from ._table import ConstructionTable
+from ._topology import concatenate
 
 
 def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
@@ -16,7 +17,9 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
 
     Atom ``k`` of ``tables[m]`` becomes atom ``offset_m + k`` of the packed
     table, with ``offset_m = sum(len(t) for t in tables[:m])``; fixed atoms keep
-    their order, table by table. Build the packed molecules in one call by
+    their order, table by table. The packed table's analysis is composed from
+    the parts' (offsets added, components and seeds renumbered, build orders
+    concatenated), not redone; its plans are made on first use. Build the packed molecules in one call by
     concatenating their values along the atom dimension (``torch.cat(...,
     dim=-1)`` for internal coordinates, ``dim=-2`` for ``fixed_xyz``), then
     :func:`split_atoms` the result.
@@ -46,13 +49,19 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     tables = list(tables)
     if not tables:
         raise ValueError("pack_tables needs at least one table")
-    refs, fixed, offset = [], [], 0
-    for k, table in enumerate(tables):
-        topo = check_table(table, f"tables[{k}]").topology
-        refs.append(np.where(topo.refs >= 0, topo.refs + offset, -1))
-        fixed.append(topo.fixed + offset)
-        offset += table.n_atoms
-    return ConstructionTable(np.concatenate(refs), fixed=np.concatenate(fixed))
+    parts = [check_table(table, f"tables[{k}]").topology for k, table in enumerate(tables)]
+    # the parts are checked and analysed: compose their analyses (no re-analysis); plans on first use
+    return ConstructionTable._from_topology(concatenate(parts))
+
+
+def _n_atoms(table: ConstructionTable | int, k: int) -> int:
+    if isinstance(table, ConstructionTable):
+        return table.n_atoms
+    if isinstance(table, (int, np.integer)) and not isinstance(table, (bool, np.bool_)):
+        if table < 0:
+            raise ValueError(f"tables[{k}] = {int(table)}: an atom count must be >= 0")
+        return int(table)
+    raise TypeError(f"tables[{k}] must be a ConstructionTable or an atom count, got {type(table).__name__}")
 
 
 def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: int = -2) -> list[Tensor]:
@@ -61,21 +70,23 @@ def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: 
     Args:
         values: e.g. ``(..., N, 3)`` coordinates (``dim=-2``) or ``(..., N)``
             internal coordinates (``dim=-1``) of a packed table.
-        tables: the tables given to :func:`pack_tables`, or their atom counts.
+        tables: the tables given to :func:`pack_tables`, or their atom counts
+            (Python or numpy integers).
         dim: the atom dimension of ``values``.
 
     Returns:
         Views ``(..., N_m, 3)`` (or ``(..., N_m)``), one per molecule.
 
     Raises:
-        ValueError: the sizes do not add up to ``values.shape[dim]``.
+        TypeError: an element is neither a ConstructionTable nor an integer.
+        ValueError: a negative count, or the sizes do not add up to ``values.shape[dim]``.
 
     Example:
         >>> import torch, batched_nerf as bn
         >>> [x.shape for x in bn.split_atoms(torch.zeros(8, 7, 3), [3, 4])]
         [torch.Size([8, 3, 3]), torch.Size([8, 4, 3])]
     """
-    sizes = [t if isinstance(t, int) else t.n_atoms for t in tables]
+    sizes = [_n_atoms(t, k) for k, t in enumerate(tables)]
     if sum(sizes) != values.shape[dim]:
         raise ValueError(
             f"molecule sizes {sizes} add up to {sum(sizes)} atoms, but values of shape "

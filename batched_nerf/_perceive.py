@@ -15,9 +15,10 @@ bohr read as Angstrom) give a warning naming the closest pair.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,19 @@ def _radius(symbol: str) -> float:
     return 0.0 if z == 0 else COVALENT_RADII["H" if z == 1 else symbol]
 
 
+def _symbols(elements: Sequence[Any]) -> list[str]:
+    """Canonical symbols of ``elements`` (each distinct spelling checked once), naming the first bad index."""
+    names = [str(el) for el in elements]
+    canonical: dict[str, str] = {}
+    for name in set(names):
+        try:
+            canonical[name] = element_symbol(name)
+        except ValueError:
+            k = names.index(name)
+            element_symbol(elements[k], k)  # raises, naming the index
+    return [canonical[name] for name in names]
+
+
 def as_xyz(xyz: Any, n_atoms: int | None = None, what: str = "xyz") -> np.ndarray:
     """``(N, 3)`` float64 numpy copy of coordinates (numpy, lists or torch); checks shape, finiteness."""
     if hasattr(xyz, "detach"):
@@ -119,40 +133,174 @@ def as_xyz(xyz: Any, n_atoms: int | None = None, what: str = "xyz") -> np.ndarra
     return arr
 
 
+#: Neighbour search backend: ``"auto"`` (scipy's cKDTree when importable, else numpy), ``"numpy"``
+#: (a cell list) or ``"scipy"``. Both give identical results: candidates are filtered with the
+#: same numpy distance test.
+_BACKEND = "auto"
+
+#: Candidate pairs handled per numpy step of the cell list (bounds the memory).
+_CHUNK = 1 << 21
+
+
+@contextlib.contextmanager
+def neighbour_backend(name: str) -> Iterator[None]:
+    """Use the ``"numpy"`` cell list or scipy's ``"scipy"`` cKDTree (or ``"auto"``) for neighbour search.
+
+    Raises:
+        ValueError: an unknown backend name.
+
+    Example:
+        >>> from batched_nerf._perceive import close_pairs, neighbour_backend
+        >>> import numpy as np
+        >>> with neighbour_backend("numpy"):
+        ...     close_pairs(np.array([[0.0, 0, 0], [1.0, 0, 0], [5.0, 0, 0]]), np.full(3, 0.6)).tolist()
+        [[0, 1]]
+    """
+    global _BACKEND
+    if name not in ("auto", "numpy", "scipy"):
+        raise ValueError(f"unknown neighbour backend {name!r}; expected 'auto', 'numpy' or 'scipy'")
+    old, _BACKEND = _BACKEND, name
+    try:
+        yield
+    finally:
+        _BACKEND = old
+
+
+def _kdtree() -> Any:
+    """scipy's ``cKDTree`` class when the backend allows it and scipy is importable, else ``None``."""
+    if _BACKEND == "numpy":
+        return None
+    try:
+        from scipy.spatial import cKDTree
+    except ImportError:  # pragma: no cover - depends on the environment
+        if _BACKEND == "scipy":
+            raise ImportError("neighbour backend 'scipy' needs scipy: pip install scipy") from None
+        return None
+    return cKDTree
+
+
+def _cells(points: np.ndarray, origin: np.ndarray, h: float) -> np.ndarray:
+    return np.floor((points - origin) / h).astype(np.int64) + 1  # one empty layer of padding
+
+
+#: The 27 cell offsets of a neighbourhood, and the 14 of a half one (each unordered cell pair once).
+_OFFSETS = list(itertools.product((-1, 0, 1), repeat=3))
+_HALF = [o for o in _OFFSETS if o >= (0, 0, 0)]
+
+
+def _cell_candidates(
+    a: np.ndarray, b: np.ndarray, radius: float, offsets: list[tuple[int, ...]] = _OFFSETS
+) -> Iterator[tuple[np.ndarray, np.ndarray, bool]]:
+    """Chunks ``(ia, ib, same_cell)`` of index pairs of points in neighbouring cells of side ``>= radius``.
+
+    Every pair closer than ``radius`` is among them (and more); no Python loop over points.
+    With ``a is b`` and the half neighbourhood :data:`_HALF`, the same-cell
+    chunks hold each pair in both orders, the others each pair once.
+    """
+    both = np.concatenate([a, b])
+    lo = both.min(0)
+    extent = float((both.max(0) - lo).max())
+    h = max(float(radius), extent / 2**16, 1e-300)  # at most 2^16 cells per axis
+    ca, cb = _cells(a, lo, h), _cells(b, lo, h)
+    dims = np.maximum(ca.max(0), cb.max(0)) + 2
+    key_a = (ca[:, 0] * dims[1] + ca[:, 1]) * dims[2] + ca[:, 2]
+    key_b = (cb[:, 0] * dims[1] + cb[:, 1]) * dims[2] + cb[:, 2]
+    order = np.argsort(key_b, kind="stable")
+    sorted_b = key_b[order]
+    n_cells = int(np.prod(dims))
+    dense = n_cells <= max(8 * len(b), 1 << 16)  # a table per cell, else binary search
+    if dense:
+        cell_count = np.bincount(key_b, minlength=n_cells)
+        cell_first = np.cumsum(cell_count) - cell_count
+    for dx, dy, dz in offsets:
+        nid = key_a + (dx * dims[1] + dy) * dims[2] + dz
+        if dense:
+            first, counts = cell_first[nid], cell_count[nid]
+        else:
+            first = np.searchsorted(sorted_b, nid, "left")
+            counts = np.searchsorted(sorted_b, nid, "right") - first
+        total = np.cumsum(counts)
+        start = 0
+        while start < len(a):  # chunks of about _CHUNK pairs
+            base = int(total[start - 1]) if start else 0
+            stop = max(int(np.searchsorted(total, base + _CHUNK, "right")), start + 1)
+            cnt = counts[start:stop]
+            ia = np.repeat(np.arange(start, stop), cnt)
+            offset = np.repeat(first[start:stop] - (total[start:stop] - cnt - base), cnt)
+            yield ia, order[offset + np.arange(len(ia))], (dx, dy, dz) == (0, 0, 0)
+            start = stop
+
+
+def pairs_within(
+    a: np.ndarray,
+    b: np.ndarray,
+    radius: float,
+    allow: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Index pairs ``(ia, ib)`` with ``|a[ia] - b[ib]| < radius`` (and ``allow(ia, ib)``), and the distances.
+
+    Unordered; by the numpy cell list. ``allow`` filters candidates before any
+    distance is measured.
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    if not len(a) or not len(b) or not radius > 0:
+        return empty, empty, np.zeros(0)
+    ia_all, ib_all, d_all = [empty], [empty], [np.zeros(0)]
+    for ia, ib, _ in _cell_candidates(a, b, radius):
+        if allow is not None:
+            keep = allow(ia, ib)
+            ia, ib = ia[keep], ib[keep]
+        dist = np.linalg.norm(b[ib] - a[ia], axis=1)
+        keep = dist < radius
+        ia_all.append(ia[keep])
+        ib_all.append(ib[keep])
+        d_all.append(dist[keep])
+    return np.concatenate(ia_all), np.concatenate(ib_all), np.concatenate(d_all)
+
+
 def close_pairs(coords: np.ndarray, reach: np.ndarray) -> np.ndarray:
-    """Pairs ``i < j`` with ``|x_i - x_j| < reach_i + reach_j``, via a cell list (linear time)."""
+    """Sorted pairs ``i < j`` with ``|x_i - x_j| < reach_i + reach_j`` (cell list or KD-tree: linear)."""
     n = len(coords)
     if n < 2 or not float(reach.max()) > 0:
         return np.zeros((0, 2), dtype=np.int64)
-    extent = float((coords.max(0) - coords.min(0)).max())
-    h = max(2.0 * float(reach.max()), extent / 2**16)  # at most 2^16 cells per axis
-    cell = np.floor((coords - coords.min(0)) / h).astype(np.int64) + 1  # one empty layer of padding
-    dims = cell.max(0) + 2
-    cid = (cell[:, 0] * dims[1] + cell[:, 1]) * dims[2] + cell[:, 2]
-    order = np.argsort(cid, kind="stable")
-    sorted_cid = cid[order]
-    found = []
-    for dx, dy, dz in itertools.product((-1, 0, 1), repeat=3):
-        nid = cid + (dx * dims[1] + dy) * dims[2] + dz
-        lo = np.searchsorted(sorted_cid, nid, "left")
-        counts = np.searchsorted(sorted_cid, nid, "right") - lo
-        i = np.repeat(np.arange(n), counts)
-        start = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        j = order[start + np.arange(len(i))]
-        keep = i < j
-        i, j = i[keep], j[keep]
+    radius = 2.0 * float(reach.max())
+    tree = _kdtree()
+    if tree is not None:
+        found = tree(coords).query_pairs(radius * (1 + 1e-9), output_type="ndarray").astype(np.int64)
+        chunks = [(found.min(1), found.max(1), True)]
+    else:
+        chunks = _cell_candidates(coords, coords, radius, _HALF)
+    found_i, found_j = [], []
+    for i, j, same_cell in chunks:
+        if same_cell:  # both orders (and i == j): keep i < j
+            keep = i < j
+            i, j = i[keep], j[keep]
+        else:  # each pair once, in either order
+            i, j = np.minimum(i, j), np.maximum(i, j)
         close = np.linalg.norm(coords[i] - coords[j], axis=1) < reach[i] + reach[j]
-        found.append(np.stack([i[close], j[close]], axis=1))
-    pairs = np.concatenate(found)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))].astype(np.int64)
+        found_i.append(i[close])
+        found_j.append(j[close])
+    i, j = np.concatenate(found_i), np.concatenate(found_j)
+    order = np.lexsort((j, i))
+    return np.stack([i[order], j[order]], axis=1).astype(np.int64)
 
 
 def check_not_coincident(coords: np.ndarray, reach: np.ndarray, names: Sequence[str] | None = None) -> None:
     """Raise ValueError naming the closest pair ``i, j`` with ``|x_i - x_j| < reach_i + reach_j``."""
-    pairs = close_pairs(coords, reach)
+    _refuse_coincident(coords, close_pairs(coords, reach), reach, names)
+
+
+def _refuse_coincident(
+    coords: np.ndarray, pairs: np.ndarray, reach: np.ndarray, names: Sequence[str] | None
+) -> None:
+    """Raise for the closest of ``pairs`` (candidates) with ``|x_i - x_j| < reach_i + reach_j``."""
     if not len(pairs):
         return
     dist = np.linalg.norm(coords[pairs[:, 0]] - coords[pairs[:, 1]], axis=1)
+    close = dist < reach[pairs[:, 0]] + reach[pairs[:, 1]]
+    pairs, dist = pairs[close], dist[close]
+    if not len(pairs):
+        return
     k = int(np.argmin(dist))
     i, j = (int(v) for v in pairs[k])
     label = (lambda a: f"{a} ({names[a]})") if names is not None else str
@@ -169,6 +317,8 @@ def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = D
 
     ``r`` are the covalent radii of :data:`COVALENT_RADII` (Cordero et al.
     2008); ``D`` and ``T`` are bonded as hydrogen, dummy atoms ``X`` never.
+    The neighbour search is a cell list in numpy (scipy's ``cKDTree`` when
+    scipy is importable: the same pairs, faster), linear in ``N``.
 
     Args:
         xyz: ``(N, 3)`` coordinates in Angstrom (numpy or torch).
@@ -179,6 +329,7 @@ def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = D
         ``(E, 2)`` ``np.int64`` array of bonded pairs, sorted.
 
     Raises:
+        TypeError: ``elements`` given as one string (``"OHH"``) instead of a sequence.
         ValueError: for an unknown element, mismatched lengths, a bad shape, a
             non-positive ``scale``, or two atoms closer than
             :data:`COINCIDENT_FRACTION` (0.4) times the sum of their radii
@@ -194,15 +345,28 @@ def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = D
         [[0, 1], [0, 2]]
     """
     coords = as_xyz(xyz)
+    if isinstance(elements, (str, bytes)):
+        raise TypeError(
+            f"elements must be a sequence of element symbols such as ['O', 'H', 'H'], got the string "
+            f"{elements!r} (a string would be split into characters)"
+        )
     elements = list(elements)
     if len(elements) != len(coords):
         raise ValueError(f"got {len(elements)} elements for {len(coords)} atoms")
     if not scale > 0:
         raise ValueError(f"scale must be positive, got {scale!r}")
-    symbols = [element_symbol(el, k) for k, el in enumerate(elements)]
-    radii = np.array([_radius(s) for s in symbols], dtype=np.float64).reshape(-1)
-    check_not_coincident(coords, np.maximum(COINCIDENT_FRACTION / 2 * radii, 5e-5), symbols)
-    pairs = close_pairs(coords, scale * radii)
+    symbols = _symbols(elements)
+    radius = {sym: _radius(sym) for sym in set(symbols)}
+    radii = np.array([radius[sym] for sym in symbols], dtype=np.float64).reshape(-1)
+    coincident = np.maximum(COINCIDENT_FRACTION / 2 * radii, 5e-5)
+    reach = scale * radii
+    # one neighbour search serves both tests: its reach covers either
+    found = close_pairs(coords, np.maximum(reach, coincident))
+    _refuse_coincident(coords, found, coincident, symbols)
+    i, j = found[:, 0], found[:, 1]
+    real = (radii[i] > 0) & (radii[j] > 0)  # dummy atoms never bond
+    bonded = (np.linalg.norm(coords[i] - coords[j], axis=1) < reach[i] + reach[j]) & real
+    pairs = found[bonded]
     _warn_if_unbonded(coords, radii, symbols, pairs, scale)
     return pairs
 
@@ -217,6 +381,7 @@ def _warn_if_unbonded(
     if lonely.size < 2 or 2 * lonely.size < int(real.sum()):
         return
     near = close_pairs(coords, 2.0 * radii)  # pairs within 4 x the sum of radii
+    near = near[real[near[:, 0]] & real[near[:, 1]]]  # dummies have no radius to compare with
     closest = ""
     if len(near):
         ratio = np.linalg.norm(coords[near[:, 0]] - coords[near[:, 1]], axis=1) / (

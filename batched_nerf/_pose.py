@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_device, check_table, check_xyz
+from ._checks import cast_like, check_device, check_table, check_xyz
 from ._geometry import EPS, cross, dot, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
@@ -130,14 +130,22 @@ def apply_pose(
         table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
         rotation: ``(..., 3, 3)`` (one seeded component) or ``(..., S, 3, 3)``
             rotation matrices applied as ``R @ x``; ``None`` means identity.
-            Not checked for orthogonality.
+            Not checked for orthogonality, but a matrix with ``det R < 0``
+            (an improper rotation: a reflection would turn an L molecule into
+            its D mirror image) gives NaN for every atom of its component
+            (no data-dependent check, so this holds under ``torch.func`` and
+            ``torch.compile`` too, without a device synchronisation).
         translation: ``(..., 3)`` or ``(..., S, 3)``; ``None`` means zero.
 
     Returns:
-        ``(..., N, 3)``, batch shape broadcast over ``xyz`` and the pose.
+        ``(..., N, 3)``, batch shape broadcast over ``xyz`` and the pose; dtype
+        of ``xyz``.
 
     Raises:
-        TypeError: ``table`` is not a ConstructionTable.
+        TypeError: ``table`` is not a ConstructionTable, or ``rotation`` /
+            ``translation`` is a floating tensor of a higher precision than
+            ``xyz`` (naming both dtypes; it is not cast down silently), or
+            complex or boolean.
         ValueError: ``xyz`` is not ``(..., N, 3)``, the pose has the wrong
             shape, shapes do not broadcast, or the table has no seeded
             component but a pose was given.
@@ -169,17 +177,20 @@ def apply_pose(
         dev,
     )
     if rotation is not None:
-        rot = torch.as_tensor(rotation, dtype=x.dtype, device=dev)
+        rot = cast_like(rotation, "rotation", x, "the coordinates are")
         if info.squeeze:
             if rot.ndim < 2 or tuple(rot.shape[-2:]) != (3, 3):
                 raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
             rot = rot.unsqueeze(-3)
         elif rot.ndim < 3 or tuple(rot.shape[-3:]) != (s, 3, 3):
             raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
+        # an improper rotation (det < 0) would mirror its component: NaN, not a silent reflection
+        proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
     else:
         rot = torch.eye(3, dtype=x.dtype, device=dev).expand(s, 3, 3)
+        proper = None
     if translation is not None:
-        tr = torch.as_tensor(translation, dtype=x.dtype, device=dev)
+        tr = cast_like(translation, "translation", x, "the coordinates are")
         if info.squeeze:
             if tr.ndim < 1 or tr.shape[-1] != 3:
                 raise ValueError(f"translation must have shape {tr_shape}, got {tuple(tr.shape)}")
@@ -203,7 +214,11 @@ def apply_pose(
     slot = _long(info.slot, dev)
     rot_atom = rot.index_select(-3, slot)  # (..., N, 3, 3)
     tr_atom = tr.index_select(-2, slot)  # (..., N, 3)
-    return (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
+    out = (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
+    if proper is None:
+        return out
+    ok = torch.cat((proper, proper.new_ones(proper.shape[:-1] + (1,))), -1).index_select(-1, slot)
+    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
 
 
 def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:

@@ -2,16 +2,28 @@
 
 A :class:`ConstructionTable` holds, for each atom ``i``, the three atoms it is
 placed from: ``(bond_ref, angle_ref, dihedral_ref)``, ``-1`` meaning "no
-reference". It checks the rows once, when it is made (every check names the
-offending row; see :mod:`._topology`), and caches what is derived from them:
-the engines' build plans per device and other static data
-(:meth:`ConstructionTable.cached`).
+reference". It checks and analyses the rows once, when it is made (every check
+names the offending row; see :mod:`._topology`), and caches what is derived
+from them:
+
+* the engines' build plans, made on first use, one engine and variant at a
+  time, per device (:meth:`ConstructionTable.plan`; at most
+  :data:`PLAN_CACHE_SIZE` per table, least recently used dropped first;
+  :meth:`ConstructionTable.prepare` builds them ahead of ``torch.compile``);
+* other static data (:meth:`ConstructionTable.cached`: one entry per caller).
+
+A table pickles as its rows, fixed atoms and topology (no plans, no memo), so
+that sending it to ``DataLoader`` workers is cheap; plans are rebuilt there on
+first use.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -21,13 +33,58 @@ from torch import Tensor
 from . import engines
 from ._autotable import refs_from_connectivity, refs_from_xyz
 from ._topology import Topology, analyse
+from .engines.dispatch import single_path
 
 __all__ = ["ConstructionTable"]
 
-#: Deeper tables build their level plan (one entry per level) on first use only.
-EAGER_LEVELS_DEPTH = 256
+#: Most plans a table keeps (engine x variant x device); the least recently used goes first.
+#: Every variant of every engine on two devices fits (5 plans per device today).
+PLAN_CACHE_SIZE = 16
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def outside_inference_mode(fn: _F) -> _F:
+    """``fn`` run with ``torch.inference_mode(False)``: what it makes can be saved for backward.
+
+    Cached tensors (plans, device copies, ``table.cached`` values) first made
+    inside ``torch.inference_mode()`` (a validation pass before training) would
+    be inference tensors, and every later backward through them would fail.
+    Skipped under ``torch.compile`` (which never builds caches).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+try:  # a private torch helper: tensors made inside torch.func transforms are wrapped at their level
+    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_transforms
+except ImportError:  # pragma: no cover - other torch releases
+    _clear_transforms = None
+
+
+@contextmanager
+def _static_tensors() -> Iterator[None]:
+    """Make plan tensors as plain tensors: outside inference mode and outside torch.func transforms.
+
+    A plan made on a first call under ``torch.inference_mode()`` would otherwise
+    hold inference tensors that no later backward may save, and one made inside
+    ``jacrev``/``hessian`` tensors wrapped at a transform level that ends with
+    the call.
+    """
+    with ExitStack() as stack:
+        if torch.is_inference_mode_enabled():
+            stack.enter_context(torch.inference_mode(False))
+        if _clear_transforms is not None and torch._C._functorch.maybe_current_level() is not None:
+            stack.enter_context(_clear_transforms())
+        yield
 
 
 class ConstructionTable:
@@ -67,14 +124,30 @@ class ConstructionTable:
     """
 
     def __init__(self, refs: Any, fixed: Iterable[int] | Tensor | np.ndarray | None = None) -> None:
-        self._topology = analyse(refs, fixed)
-        self._refs = torch.from_numpy(self._topology.refs.copy())
-        self._fixed = torch.from_numpy(self._topology.fixed.copy())
-        self._plans: dict[tuple[str, int, torch.device], Any] = {}
+        self._init(analyse(refs, fixed))
+
+    @classmethod
+    def _from_topology(cls, topology: Topology) -> ConstructionTable:
+        """A table of an already analysed (checked) topology, e.g. one composed by ``pack_tables``."""
+        table = cls.__new__(cls)
+        table._init(topology)
+        return table
+
+    def _init(self, topology: Topology) -> None:
+        self._topology = topology
+        self._single_path = single_path(topology)
+        self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
         self._memo: dict[Any, Any] = {}
-        # Plans are static structure: build the CPU ones now, outside any
-        # torch.func transform or torch.compile trace that a first call may sit in.
-        self.prepare(levels=self._topology.depth <= EAGER_LEVELS_DEPTH)
+        for engine in engines.ENGINES.values():  # plans that cost next to nothing, if any
+            if engine.eager:
+                self.plan(engine.name, None, engine.variants[0])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # rows and analysis only: plans and the memo are rebuilt on first use
+        return {"topology": self._topology}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._init(state["topology"])
 
     # ------------------------------------------------------------- properties
     @property
@@ -88,12 +161,12 @@ class ConstructionTable:
     @property
     def refs(self) -> Tensor:
         """``(N, 3)`` ``torch.long`` references, ``-1`` for none (CPU, read-only copy)."""
-        return self._refs.clone()
+        return torch.from_numpy(self._topology.refs.copy())
 
     @property
     def fixed(self) -> Tensor:
         """``(F,)`` ``torch.long`` indices of the fixed atoms, in ``fixed_xyz`` order."""
-        return self._fixed.clone()
+        return torch.from_numpy(self._topology.fixed.copy())
 
     @property
     def n_atoms(self) -> int:
@@ -109,6 +182,14 @@ class ConstructionTable:
     def depth(self) -> int:
         """Number of dependency levels of fully referenced atoms (sequential level steps)."""
         return self._topology.depth
+
+    @property
+    def single_path(self) -> bool:
+        """The scan engine builds this table as one unbranched path (a chain); fixed when it is made.
+
+        Read by ``method="auto"`` (:func:`~batched_nerf.engines.dispatch.single_path`).
+        """
+        return self._single_path
 
     @property
     def n_components(self) -> int:
@@ -251,25 +332,41 @@ class ConstructionTable:
         return cls(refs_from_xyz(xyz, elements, scale=scale, link_fragments=link_fragments).refs)
 
     # ------------------------------------------------------------------ plans
-    def plan(self, kind: str, device: torch.device | str | None = None, block: int = 1) -> Any:
-        """Build plan of an engine (``"levels"``, ``"scan"`` or ``"inverse"``), cached per device.
+    def plan(
+        self,
+        kind: str,
+        device: torch.device | str | None = None,
+        variant: int = 1,
+        *,
+        block: int | None = None,
+    ) -> Any:
+        """Build plan of an engine (``"levels"``, ``"scan"``, ``"inverse"``, ...), cached per device.
 
-        CPU plans are built when the table is made (the level plan of a very
-        deep table on first use). A table is not tied to a device: the first
-        call with inputs on another device copies the plans there (or ahead of
-        time, :meth:`prepare`). ``block`` is the engine's plan variant (the
-        scan engine's band size).
+        Made on first use, for this engine, variant and device only (numpy work
+        on :attr:`topology`, which also runs inside ``torch.func`` transforms);
+        a plan for another device is a copy of the CPU one. ``variant`` is the
+        engine's plan variant (the scan engine's band size; ``block=`` is its
+        old name, still accepted). Plans are static: they are built outside
+        inference mode and outside ``torch.func`` transforms, so a plan first
+        made under ``torch.inference_mode()`` or inside ``jacrev`` serves every
+        later call and backward pass. The table keeps at most :data:`PLAN_CACHE_SIZE` plans, least
+        recently used dropped first.
 
         Raises:
             ValueError: an unknown engine.
-            RuntimeError: the plan is missing while ``torch.compile`` traces.
+            RuntimeError: the plan is missing while ``torch.compile`` traces
+                (call :meth:`prepare` first, or use :func:`~batched_nerf.compile_builder`).
         """
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
             device = torch.device("cuda", torch.cuda.current_device())
-        key = (kind, block, device)
+        if block is not None:
+            variant = block
+        key = (kind, variant, device)
         cached = self._plans.get(key)
         if cached is not None:
+            if not torch.compiler.is_compiling():
+                self._plans.move_to_end(key)
             return cached
         if kind not in engines.ENGINES:
             raise ValueError(f"unknown plan kind {kind!r}; expected one of {tuple(engines.ENGINES)}")
@@ -278,28 +375,52 @@ class ConstructionTable:
                 f"the {kind!r} plan of this table is not ready for device {device}: call "
                 f"table.prepare({str(device)!r}) before compiling a function that uses the table"
             )
-        cpu_key = (kind, block, torch.device("cpu"))
-        base = self._plans.get(cpu_key)
-        if base is None:
-            base = engines.make_plan(kind, self._topology, block)
-            self._plans[cpu_key] = base
-        cached = base if device.type == "cpu" else base.to(device)
-        self._plans[key] = cached
+        with _static_tensors():
+            cpu_key = (kind, variant, torch.device("cpu"))
+            base = self._plans.get(cpu_key)
+            if base is None:
+                base = engines.make_plan(kind, self._topology, variant)
+                self._store(cpu_key, base)
+            cached = base if device.type == "cpu" else base.to(device)
+        self._store(key, cached)
         return cached
 
-    def prepare(self, device: torch.device | str | None = None, *, levels: bool = True) -> ConstructionTable:
-        """Build every engine's plans for ``device`` now; returns the table itself.
+    def _store(self, key: tuple[str, int, torch.device], plan: Any) -> None:
+        self._plans[key] = plan
+        self._plans.move_to_end(key)
+        while len(self._plans) > PLAN_CACHE_SIZE:
+            self._plans.popitem(last=False)
 
-        Needed only before ``torch.compile`` on a non-CPU device (or for the
-        level engine of a table deeper than ``EAGER_LEVELS_DEPTH``); elsewhere
-        plans are made on first use.
+    def prepare(
+        self,
+        device: torch.device | str | None = None,
+        *,
+        methods: Iterable[str] | None = None,
+        levels: bool = True,
+    ) -> ConstructionTable:
+        """Build plans for ``device`` now (every variant of each engine); returns the table itself.
+
+        Plans are otherwise made on first use. Call this before ``torch.compile``
+        of a function that uses the table, since a trace cannot build them
+        (:func:`~batched_nerf.compile_builder` prepares what each call needs by
+        itself), or to move the planning cost out of a timed loop.
+
+        Args:
+            device: the inputs' device (default CPU).
+            methods: the engines to plan (default: every engine).
+            levels: plan the level engine too (with the default ``methods``).
+
+        Raises:
+            ValueError: an unknown engine in ``methods``.
 
         Example:
             >>> import batched_nerf as bn
             >>> table = bn.ConstructionTable.chain(8).prepare("cpu")
         """
-        for engine in engines.ENGINES.values():
-            if levels or engine.name != "levels":
+        names = list(engines.ENGINES) if methods is None else list(methods)
+        for name in names:
+            engine = engines.get(name)
+            if levels or methods is not None or engine.name != "levels":
                 for variant in engine.variants:
                     self.plan(engine.name, device, variant)
         return self
@@ -310,7 +431,9 @@ class ConstructionTable:
         The one per-table memo of the package (pose layout, log-det masks and
         clash pair lists use it): ``make(table.topology)`` runs on the first
         call for ``key``, and its result is returned from then on. Use a key
-        that names the caller (e.g. the function ``make`` itself).
+        that names the caller (e.g. the function ``make`` itself). ``make``
+        runs outside ``torch.inference_mode``, so tensors it builds during an
+        inference pass can still take part in a later backward.
 
         Example:
             >>> import batched_nerf as bn
@@ -321,5 +444,5 @@ class ConstructionTable:
         try:
             return self._memo[key]
         except KeyError:
-            value = self._memo[key] = make(self._topology)
+            value = self._memo[key] = outside_inference_mode(make)(self._topology)
             return value

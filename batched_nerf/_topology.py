@@ -29,6 +29,7 @@ __all__ = [
     "as_index_array",
     "build_order",
     "components",
+    "concatenate",
 ]
 
 #: Row kinds, by number of references: root, second and third seed atom,
@@ -116,6 +117,11 @@ class Topology:
     n_components: int
     depth: int
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled arrays are writeable: make them read-only again
+        for key, value in state.items():
+            object.__setattr__(self, key, _readonly(value) if isinstance(value, np.ndarray) else value)
+
     @property
     def is_fixed(self) -> np.ndarray:
         """``(N,)`` ``bool``: the atom is listed in :attr:`fixed`."""
@@ -126,6 +132,12 @@ class Topology:
 
 def analyse(refs: Any, fixed: Any = None) -> Topology:
     """Check the rows of a table and analyse them (see :class:`Topology`).
+
+    Whole-array numpy passes (no Python loop over atoms or rows): row checks,
+    components (hooking and pointer jumping), seeds (per-component counts),
+    build order, levels (pointer jumping along a critical-reference forest).
+    Tables whose rows are not in build order take a heap-based build order
+    (:func:`build_order`).
 
     Args:
         refs: integer array-like ``(N, 3)``.
@@ -142,20 +154,25 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     if fixed_arr.ndim != 1:
         raise ValueError(f"fixed must be a 1-D sequence of atom indices, got shape {fixed_arr.shape}")
     _check_rows(arr, fixed_arr)
+    n = arr.shape[0]
     kind = (arr >= 0).sum(1).astype(np.int64)
     component = components(arr)
-    n = arr.shape[0]
+    n_components = int(component.max()) + 1 if n else 0
     is_fixed = np.zeros(n, dtype=bool)
     is_fixed[fixed_arr] = True
-    seeded = _check_seeds(arr, kind, component, is_fixed)
+    seeded = _check_seeds(arr, kind, component, is_fixed, n_components)
+    order, stuck = _order(arr)
+    if stuck is not None:
+        cycle = _find_cycle(arr, stuck)
+        raise ValueError(
+            f"row {cycle[0]}: reference cycle {' -> '.join(map(str, cycle))}; "
+            "an atom must not depend, directly or indirectly, on itself"
+        )
     level = _levels(arr, kind)
-    order = build_order(arr)
-    root, second, third, from_second = _seed_atoms(arr, kind, component, seeded)
-    slot = np.full(n, seeded.size, dtype=np.int64)
-    comp_slot = np.full(int(component.max()) + 1 if n else 0, seeded.size, dtype=np.int64)
+    root, second, third, from_second = _seed_atoms(arr, kind, component, seeded, n_components)
+    comp_slot = np.full(n_components, seeded.size, dtype=np.int64)
     comp_slot[seeded] = np.arange(seeded.size)
-    if n:
-        slot = comp_slot[component]
+    slot = comp_slot[component]
     arrays = {
         "refs": arr,
         "fixed": fixed_arr,
@@ -174,8 +191,72 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
         **{name: _readonly(value) for name, value in arrays.items()},
         n_atoms=int(n),
         n_fixed=int(fixed_arr.size),
-        n_components=int(component.max()) + 1 if n else 0,
+        n_components=n_components,
         depth=int(level.max()) if n else 0,
+    )
+
+
+def concatenate(parts: Sequence[Topology]) -> Topology:
+    """The topology of the rows of ``parts`` one after another, without re-analysing them.
+
+    Atom ``k`` of ``parts[m]`` becomes atom ``offset_m + k``; components,
+    seeded components and fixed atoms keep their order, part by part. Equal to
+    :func:`analyse` of the concatenated rows: components are numbered by their
+    first atom, and the build order (lowest ready index first) places every
+    atom of a part before any atom of a later part, so the parts' orders
+    concatenate.
+
+    Raises:
+        ValueError: ``parts`` is empty.
+
+    Example:
+        >>> from batched_nerf._topology import analyse, concatenate
+        >>> water = analyse([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+        >>> chain = analyse([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
+        >>> both = concatenate([water, chain])
+        >>> both.component.tolist(), both.order.tolist(), both.seed_root.tolist()
+        ([0, 0, 0, 1, 1, 1, 1], [0, 1, 2, 3, 4, 5, 6], [0, 3])
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("concatenate needs at least one topology")
+    atom_off = np.cumsum([0] + [p.n_atoms for p in parts])
+    comp_off = np.cumsum([0] + [p.n_components for p in parts])
+    seed_off = np.cumsum([0] + [p.seeded.size for p in parts])
+    n_seeded = int(seed_off[-1])
+
+    def atoms(name: str) -> np.ndarray:  # atom indices, -1 kept
+        pieces = [np.where(getattr(p, name) >= 0, getattr(p, name) + o, -1) for p, o in zip(parts, atom_off)]
+        return np.concatenate(pieces).astype(np.int64)
+
+    def cat(name: str, offsets: np.ndarray | None = None) -> np.ndarray:
+        if offsets is None:
+            return np.concatenate([getattr(p, name) for p in parts])
+        return np.concatenate([getattr(p, name) + o for p, o in zip(parts, offsets)]).astype(np.int64)
+
+    slots = [
+        np.where(p.seed_slot < p.seeded.size, p.seed_slot + o, n_seeded) for p, o in zip(parts, seed_off)
+    ]
+    arrays = {
+        "refs": atoms("refs").reshape(-1, 3),
+        "fixed": cat("fixed", atom_off),
+        "kind": cat("kind"),
+        "component": cat("component", comp_off),
+        "level": cat("level"),
+        "order": cat("order", atom_off),
+        "seeded": cat("seeded", comp_off),
+        "seed_root": atoms("seed_root"),
+        "seed_second": atoms("seed_second"),
+        "seed_third": atoms("seed_third"),
+        "third_from_second": cat("third_from_second"),
+        "seed_slot": np.concatenate(slots).astype(np.int64),
+    }
+    return Topology(
+        **{name: _readonly(value) for name, value in arrays.items()},
+        n_atoms=int(atom_off[-1]),
+        n_fixed=sum(p.n_fixed for p in parts),
+        n_components=int(comp_off[-1]),
+        depth=max(p.depth for p in parts),
     )
 
 
@@ -183,186 +264,346 @@ def build_order(refs: np.ndarray) -> np.ndarray:
     """A build order in which every atom comes after its references.
 
     Among the atoms ready to be placed the lowest index goes first, so a table
-    that is already in build order keeps its order. Works on raw ``(N, 3)``
+    that is already in build order keeps its order (found in one vectorised
+    pass; other tables take a heap over their rows). Works on raw ``(N, 3)``
     reference arrays too (the file writers order rows with it).
 
     Raises:
         ValueError: for references out of range or a reference cycle.
+
+    Example:
+        >>> from batched_nerf._topology import build_order
+        >>> build_order([[1, -1, -1], [-1, -1, -1], [0, 1, -1]]).tolist()
+        [1, 0, 2]
     """
-    n = len(refs)
-    waiting = np.zeros(n, dtype=np.int64)
-    users: list[list[int]] = [[] for _ in range(n)]
-    for i, row in enumerate(refs.tolist()):
-        for r in row:
-            if r >= n or r < -1:
-                raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
-            if r >= 0:
-                waiting[i] += 1
-                users[r].append(i)
+    arr = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
+    n = len(arr)
+    bad = ((arr >= n) | (arr < -1)).any(1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        r = next(r for r in arr[i].tolist() if r >= n or r < -1)
+        raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
+    order, stuck = _order(arr)
+    if stuck is not None:
+        raise ValueError(f"the references contain a cycle (atoms {stuck[:8].tolist()} can never be placed)")
+    return order
+
+
+def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Build order (lowest ready index first) and the atoms that can never be placed (or None)."""
+    n = len(arr)
+    rows = np.arange(n, dtype=np.int64)
+    if bool((arr < rows[:, None]).all()):  # every reference before its reader: the rows' own order
+        return rows, None
+    order = _grouped_order(arr, rows)
+    if order is not None:
+        return order, None
+    # a heap over the rows (the lowest ready index first is inherently sequential)
+    ref_rows, cols = np.nonzero(arr >= 0)
+    targets = arr[ref_rows, cols]
+    waiting = np.bincount(ref_rows, minlength=n).tolist()
+    by_ref = np.argsort(targets, kind="stable")
+    users_flat = ref_rows[by_ref].tolist()
+    starts = np.concatenate([[0], np.cumsum(np.bincount(targets, minlength=n))]).tolist()
     ready = [i for i in range(n) if waiting[i] == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
         i = heapq.heappop(ready)
         order.append(i)
-        for u in users[i]:
+        for u in users_flat[starts[i] : starts[i + 1]]:
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
-    if len(order) != n:
-        stuck = sorted(set(range(n)) - set(order))
-        raise ValueError(f"the references contain a cycle (atoms {stuck[:8]} can never be placed)")
-    return np.asarray(order, dtype=np.int64)
+    out = np.asarray(order, dtype=np.int64)
+    if out.size == n:
+        return out, None
+    placed = np.zeros(n, dtype=bool)
+    placed[out] = True
+    return out, np.flatnonzero(~placed)
+
+
+def _grouped_order(arr: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """The heap's order in whole-array passes for tables with few forward references, else None.
+
+    With ``m(i)`` the largest index among ``i`` and everything it depends on,
+    the heap places the *heads* ``m(i) = i`` in increasing order, each followed
+    by the rows that waited for it (``m(i) = head``); when those rows' other
+    references within the group all point backwards they follow in increasing
+    order. So the order is the sort by ``(m(i), not head, i)``, used once it is
+    checked to be a build order (which also proves the table acyclic).
+    """
+    m = _max_ancestor(arr, rows)
+    if m is None:
+        return None
+    has = arr >= 0
+    ref = np.where(has, arr, 0)
+    group = m[:, None]
+    if (has & (m[ref] == group) & (ref != group) & (ref > rows[:, None])).any():
+        return None
+    order = np.lexsort((rows, m != rows, m))
+    pos = np.empty_like(order)
+    pos[order] = rows
+    if not (~has | (pos[ref] < pos[:, None])).all():
+        return None
+    return order
+
+
+def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 32) -> np.ndarray | None:
+    """``m(i) = max(i, m(r) for each reference r)``, by pointer jumping along critical references.
+
+    None when it does not settle (reference cycles) within ``rounds`` choices of
+    critical references or ``log2(N) + 2`` jumps.
+    """
+    n = rows.size
+    has = arr >= 0
+    ref = np.where(has, arr, rows[:, None])
+    m = rows.copy()
+    jumps = int(np.log2(max(n, 2))) + 2
+    for _ in range(rounds):
+        vals = np.where(has, m[ref], -1)
+        want = np.maximum(rows, vals.max(1))
+        if np.array_equal(want, m):
+            return m
+        parent = ref[rows, vals.argmax(1)]
+        parent = np.where(vals.max(1) > rows, parent, rows)  # only references that raise m
+        m = rows.copy()
+        for _ in range(jumps):
+            grand = parent[parent]
+            m = np.maximum(m, m[parent])
+            if np.array_equal(grand, parent):
+                break
+            parent = grand
+        else:
+            return None
+    return None
+
+
+def _row_error(arr: np.ndarray, i: int) -> str | None:
+    """The message for row ``i`` of :func:`_check_rows`, or None."""
+    n = arr.shape[0]
+    row = arr[i].tolist()
+    for r in row:
+        if r < -1 or r >= n:
+            return (
+                f"row {i}: reference {r} out of range; references must be -1 or "
+                f"an atom index in [0, {n - 1}] (refs {row})"
+            )
+    filled = [r for r in row if r != -1]
+    if any(r == -1 for r in row[: len(filled)]):
+        return (
+            f"row {i}: references must be filled from the left "
+            f"(bond, angle, dihedral) with -1 only at the end, got {row}"
+        )
+    if i in filled:
+        return f"row {i}: atom {i} references itself (refs {row})"
+    if len(set(filled)) != len(filled):
+        return f"row {i}: repeated atom in references {row}"
+    return None
 
 
 def _check_rows(arr: np.ndarray, fixed: np.ndarray) -> None:
+    """Row and fixed-atom checks in whole-array passes; the first offending row is named."""
     n = arr.shape[0]
-    for i, row in enumerate(arr.tolist()):
-        for r in row:
-            if r < -1 or r >= n:
-                raise ValueError(
-                    f"row {i}: reference {r} out of range; references must be -1 or "
-                    f"an atom index in [0, {n - 1}] (refs {row})"
-                )
-        filled = [r for r in row if r != -1]
-        if any(r == -1 for r in row[: len(filled)]):
-            raise ValueError(
-                f"row {i}: references must be filled from the left "
-                f"(bond, angle, dihedral) with -1 only at the end, got {row}"
-            )
-        if i in filled:
-            raise ValueError(f"row {i}: atom {i} references itself (refs {row})")
-        if len(set(filled)) != len(filled):
-            raise ValueError(f"row {i}: repeated atom in references {row}")
-    seen: set[int] = set()
-    for f in fixed.tolist():
-        if f < 0 or f >= n:
-            raise ValueError(f"fixed atom {f} out of range [0, {n - 1}]")
-        if f in seen:
-            raise ValueError(f"fixed atom {f} listed twice")
-        seen.add(f)
-        if arr[f].tolist() != [-1, -1, -1]:
+    if n:
+        out_of_range = ((arr < -1) | (arr >= n)).any(1)
+        empty = arr == -1
+        count = (~empty).sum(1)
+        not_left = (empty & (np.arange(3)[None, :] < count[:, None])).any(1)
+        itself = (arr == np.arange(n)[:, None]).any(1)
+        c0, c1, c2 = arr.T
+        repeated = (~empty[:, 0] & ((c0 == c1) | (c0 == c2))) | (~empty[:, 1] & (c1 == c2))
+        bad = out_of_range | not_left | itself | repeated
+        if bad.any():
+            raise ValueError(_row_error(arr, int(np.argmax(bad))))
+    if fixed.size:
+        out = (fixed < 0) | (fixed >= n)
+        by_value = np.argsort(fixed, kind="stable")
+        twice = np.zeros(fixed.size, dtype=bool)
+        twice[by_value[1:]] = fixed[by_value[1:]] == fixed[by_value[:-1]]
+        safe = np.clip(fixed, 0, max(n - 1, 0))
+        has_refs = ~out & (arr[safe] != -1).any(1) if n else np.zeros(fixed.size, dtype=bool)
+        bad = out | twice | has_refs
+        if bad.any():
+            p = int(np.argmax(bad))
+            f = int(fixed[p])
+            if out[p]:
+                raise ValueError(f"fixed atom {f} out of range [0, {n - 1}]")
+            if twice[p]:
+                raise ValueError(f"fixed atom {f} listed twice")
             raise ValueError(f"row {f}: fixed atom must have references (-1, -1, -1), got {arr[f].tolist()}")
 
 
 def components(arr: np.ndarray) -> np.ndarray:
-    """Connected component of each atom (atoms linked by references), numbered by first atom."""
+    """Connected component of each atom (atoms linked by references), numbered by first atom.
+
+    Any ``(N, 3)`` reference array (``-1`` for none), cycles included: roots are
+    hooked under the smaller root of every reference, then pointers jump to
+    their roots, until every reference joins atoms of one root.
+    """
+    arr = np.asarray(arr, dtype=np.int64).reshape(-1, 3)
     n = arr.shape[0]
-    parent = list(range(n))
+    parent = np.arange(n, dtype=np.int64)
+    rows, cols = np.nonzero(arr >= 0)
+    targets = arr[rows, cols]
+    while rows.size:
+        pu, pv = parent[rows], parent[targets]
+        differ = pu != pv
+        if not differ.any():
+            break
+        pu, pv = pu[differ], pv[differ]
+        np.minimum.at(parent, np.maximum(pu, pv), np.minimum(pu, pv))
+        parent = _roots(parent)
+    # each root is its component's smallest atom: number the roots in order
+    first = np.zeros(n, dtype=np.int64)
+    first[parent] = 1
+    return (np.cumsum(first) - 1)[parent].astype(np.int64)
 
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
 
-    for i, row in enumerate(arr.tolist()):
-        for r in row:
-            if r >= 0:
-                ri, rr = find(i), find(r)
-                if ri != rr:
-                    parent[ri] = rr
-    comp_root = np.array([find(i) for i in range(n)], dtype=np.int64)
-    _, component = np.unique(comp_root, return_inverse=True)
-    return component.reshape(-1).astype(np.int64)
+def _roots(parent: np.ndarray) -> np.ndarray:
+    """Pointer jumping until every atom points at the root of its tree."""
+    while True:
+        grand = parent[parent]
+        if np.array_equal(grand, parent):
+            return parent
+        parent = grand
+
+
+def _check_component(arr: np.ndarray, kind: np.ndarray, members: np.ndarray, is_fixed: np.ndarray) -> None:
+    """The seed checks of one component (raises the first message that applies)."""
+    kinds = kind[members]
+    if is_fixed[members].any():
+        seeds = members[(kinds < FULL) & ~is_fixed[members]]
+        if seeds.size:
+            raise ValueError(
+                f"row {int(seeds[0])}: component of atoms {short(members)} is anchored by "
+                f"fixed atoms {short(members[is_fixed[members]])} and must not contain seed "
+                f"rows, but row {int(seeds[0])} has references {arr[seeds[0]].tolist()}"
+            )
+        return
+    if not (kinds == ROOT).any():
+        raise ValueError(
+            f"row {int(members[0])}: atoms {short(members)} are not connected to any "
+            "seed atom (a row (-1, -1, -1)) or fixed atom"
+        )
+    expected = min(members.size, 3)
+    for k, label in ((ROOT, "(-1, -1, -1)"), (SECOND, "(b, -1, -1)"), (THIRD, "(b, a, -1)")):
+        rows = members[kinds == k]
+        want = 1 if k < expected else 0
+        if rows.size != want:
+            where = f" (rows {short(rows)})" if rows.size else ""
+            raise ValueError(
+                f"row {int(rows[0]) if rows.size else int(members[0])}: the component of "
+                f"atoms {short(members)} has {rows.size} seed rows of the form {label}{where}; "
+                f"expected exactly {want}"
+            )
+    root = int(members[kinds == ROOT][0])
+    for i in members[kinds == SECOND].tolist():
+        if arr[i, 0] != root:
+            raise ValueError(
+                f"row {i}: the seed row (b, -1, -1) must reference its component's root "
+                f"atom {root}, got {arr[i].tolist()}"
+            )
+    for i in members[kinds == THIRD].tolist():
+        second = int(members[kinds == SECOND][0])
+        if set(arr[i, :2].tolist()) != {root, second}:
+            raise ValueError(
+                f"row {i}: the seed row (b, a, -1) must reference the root atom {root} "
+                f"and the second seed atom {second}, got {arr[i].tolist()}"
+            )
 
 
 def _check_seeds(
-    arr: np.ndarray, kind: np.ndarray, component: np.ndarray, is_fixed: np.ndarray
+    arr: np.ndarray, kind: np.ndarray, component: np.ndarray, is_fixed: np.ndarray, n_comp: int
 ) -> np.ndarray:
-    """Seed rows of every component; returns the seeded (not anchored) components."""
-    seeded = []
-    for c in range(int(component.max()) + 1 if component.size else 0):
-        members = np.flatnonzero(component == c)
-        kinds = kind[members]
-        if is_fixed[members].any():
-            seeds = members[(kinds < FULL) & ~is_fixed[members]]
-            if seeds.size:
-                raise ValueError(
-                    f"row {int(seeds[0])}: component of atoms {short(members)} is anchored by "
-                    f"fixed atoms {short(members[is_fixed[members]])} and must not contain seed "
-                    f"rows, but row {int(seeds[0])} has references {arr[seeds[0]].tolist()}"
-                )
-            continue
-        seeded.append(c)
-        if not (kinds == ROOT).any():
-            raise ValueError(
-                f"row {int(members[0])}: atoms {short(members)} are not connected to any "
-                "seed atom (a row (-1, -1, -1)) or fixed atom"
-            )
-        expected = min(members.size, 3)
-        for k, label in ((ROOT, "(-1, -1, -1)"), (SECOND, "(b, -1, -1)"), (THIRD, "(b, a, -1)")):
-            rows = members[kinds == k]
-            want = 1 if k < expected else 0
-            if rows.size != want:
-                where = f" (rows {short(rows)})" if rows.size else ""
-                raise ValueError(
-                    f"row {int(rows[0]) if rows.size else int(members[0])}: the component of "
-                    f"atoms {short(members)} has {rows.size} seed rows of the form {label}{where}; "
-                    f"expected exactly {want}"
-                )
-        root = int(members[kinds == ROOT][0])
-        for i in members[kinds == SECOND].tolist():
-            if arr[i, 0] != root:
-                raise ValueError(
-                    f"row {i}: the seed row (b, -1, -1) must reference its component's root "
-                    f"atom {root}, got {arr[i].tolist()}"
-                )
-        for i in members[kinds == THIRD].tolist():
-            second = int(members[kinds == SECOND][0])
-            if set(arr[i, :2].tolist()) != {root, second}:
-                raise ValueError(
-                    f"row {i}: the seed row (b, a, -1) must reference the root atom {root} "
-                    f"and the second seed atom {second}, got {arr[i].tolist()}"
-                )
-    return np.asarray(seeded, dtype=np.int64)
+    """Seed rows of every component; returns the seeded (not anchored) components.
+
+    Per-component counts in whole-array passes; the first offending component
+    (in component order) is then checked alone for its message.
+    """
+
+    def per_component(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(component[mask], minlength=n_comp)
+
+    anchored = per_component(is_fixed) > 0
+    bad = anchored & (per_component((kind < FULL) & ~is_fixed) > 0)
+    size = np.bincount(component, minlength=n_comp)
+    counts = [per_component(kind == k) for k in (ROOT, SECOND, THIRD)]
+    want = [size >= 1, size >= 2, size >= 3]
+    seeded = ~anchored
+    bad |= seeded & ((counts[0] != want[0]) | (counts[1] != want[1]) | (counts[2] != want[2]))
+    seed_atom = np.full((3, n_comp), -1, dtype=np.int64)
+    for k in (ROOT, SECOND):
+        atoms = np.flatnonzero(kind == k)
+        seed_atom[k, component[atoms]] = atoms
+    second = np.flatnonzero(kind == SECOND)
+    c2 = component[second]
+    bad[c2[seeded[c2] & (arr[second, 0] != seed_atom[ROOT, c2])]] = True
+    third = np.flatnonzero(kind == THIRD)
+    c3 = component[third]
+    r, s = seed_atom[ROOT, c3], seed_atom[SECOND, c3]
+    b, a = arr[third, 0], arr[third, 1]
+    bad[c3[seeded[c3] & ~(((b == r) & (a == s)) | ((b == s) & (a == r)))]] = True
+    if bad.any():
+        order = np.argsort(component, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(size)])
+        for c in np.flatnonzero(bad).tolist():  # the first one raises
+            _check_component(arr, kind, order[starts[c] : starts[c + 1]], is_fixed)
+    return np.flatnonzero(seeded).astype(np.int64)
 
 
 def _levels(arr: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """Dependency levels (Kahn's algorithm); raises on a reference cycle."""
+    """Dependency levels of an acyclic table: 0 for seed and fixed rows, ``1 + max`` over references.
+
+    Longest paths by pointer jumping: every full row picks one *critical*
+    reference (first the bond reference); the depth of each row in that forest
+    is a lower bound of its level, reached for every row once each critical
+    reference is one of highest level. Each round chooses the critical
+    references anew from the last depths; the depths only grow, so a few
+    rounds (one for a chain) reach the fixed point.
+    """
     n = arr.shape[0]
-    level = np.where(kind < FULL, 0, -1).astype(np.int64)
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    waiting = np.zeros(n, dtype=np.int64)
-    for i in np.flatnonzero(kind == FULL).tolist():
-        waiting[i] = 3
-        for r in arr[i].tolist():
-            dependents[r].append(i)
-    frontier = np.flatnonzero(level == 0).tolist()
-    while frontier:
-        nxt: list[int] = []
-        for r in frontier:
-            for i in dependents[r]:
-                waiting[i] -= 1
-                if waiting[i] == 0:
-                    level[i] = 1 + max(int(level[j]) for j in arr[i])
-                    nxt.append(i)
-        frontier = nxt
-    stuck = np.flatnonzero(level < 0)
-    if stuck.size:
-        cycle = _find_cycle(arr, stuck)
-        raise ValueError(
-            f"row {cycle[0]}: reference cycle {' -> '.join(map(str, cycle))}; "
-            "an atom must not depend, directly or indirectly, on itself"
-        )
-    return level
+    rows = np.flatnonzero(kind == FULL)
+    weight = (kind == FULL).astype(np.int64)
+    level = np.zeros(n, dtype=np.int64)
+    if not rows.size:
+        return level
+    refs = arr[rows]
+    critical = refs[:, 0]
+    pick = np.arange(rows.size)
+    while True:
+        parent = np.arange(n, dtype=np.int64)
+        parent[rows] = critical
+        level = weight.copy()  # path weight from each row up to (not including) parent[row]
+        while True:
+            grand = parent[parent]
+            if np.array_equal(grand, parent):
+                break
+            level += level[parent]
+            parent = grand
+        ref_levels = level[refs]
+        best = ref_levels.argmax(1)
+        if np.array_equal(level[rows], ref_levels[pick, best] + 1):
+            return level
+        critical = refs[pick, best]
 
 
 def _seed_atoms(
-    arr: np.ndarray, kind: np.ndarray, component: np.ndarray, seeded: np.ndarray
+    arr: np.ndarray, kind: np.ndarray, component: np.ndarray, seeded: np.ndarray, n_comp: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Root, second and third seed atom (``-1`` if absent) of each seeded component."""
     s = seeded.size
-    root = np.full(s, -1, dtype=np.int64)
-    second = np.full(s, -1, dtype=np.int64)
-    third = np.full(s, -1, dtype=np.int64)
-    slot = {int(c): k for k, c in enumerate(seeded.tolist())}
-    for target, k in ((root, ROOT), (second, SECOND), (third, THIRD)):
+    comp_slot = np.full(n_comp, -1, dtype=np.int64)
+    comp_slot[seeded] = np.arange(s)
+    out = []
+    for k in (ROOT, SECOND, THIRD):
+        target = np.full(s, -1, dtype=np.int64)
         atoms = np.flatnonzero(kind == k)
-        for a in atoms.tolist():
-            c = slot.get(int(component[a]))
-            if c is not None:
-                target[c] = a
+        slot = comp_slot[component[atoms]]
+        keep = slot >= 0
+        target[slot[keep]] = atoms[keep]
+        out.append(target)
+    root, second, third = out
     from_second = (third >= 0) & (second >= 0) & (arr[np.maximum(third, 0), 0] == second)
     return root, second, third, from_second
 

@@ -364,7 +364,9 @@ class ZMatrix:
 
         Args:
             xyz: ``(..., N, 3)`` coordinates of the ``N`` rows of ``table``; the
-                positions of fixed atoms become ``fixed_xyz``.
+                positions of fixed atoms become ``fixed_xyz``. Floating tensors
+                keep their dtype; integer tensors and all array-likes become
+                ``float64``.
             table: the :class:`~batched_nerf.ConstructionTable`, or ``None`` to
                 choose one from the bonds (needs ``elements``).
             elements: optional ``N`` element symbols (required without ``table``).
@@ -377,7 +379,8 @@ class ZMatrix:
             anchored by fixed atoms).
 
         Raises:
-            TypeError: ``table`` is neither a ConstructionTable nor ``None``.
+            TypeError: ``table`` is neither a ConstructionTable nor ``None``,
+                or ``xyz`` is complex or boolean.
             ValueError: ``xyz`` is not ``(..., N, 3)``, no ``table`` and no
                 ``elements``, bad ``elements``/``labels``, or a row whose
                 position the Z-matrix cannot hold (naming the row and the
@@ -395,7 +398,10 @@ class ZMatrix:
         """
         if table is not None:
             check_table(table)
-        x = xyz if isinstance(xyz, Tensor) else torch.as_tensor(xyz, dtype=torch.float64)
+        if isinstance(xyz, Tensor) and (xyz.is_complex() or xyz.dtype == torch.bool):
+            raise TypeError(f"xyz must hold real coordinates, got dtype {xyz.dtype}")
+        floating = isinstance(xyz, Tensor) and xyz.is_floating_point()
+        x = xyz if floating else torch.as_tensor(xyz, dtype=torch.float64)  # integers: float64
         if x.ndim < 2 or x.shape[-1] != 3:
             raise ValueError(f"xyz must have shape (..., N, 3), got {tuple(x.shape)}")
         first = x.detach().reshape(-1, *x.shape[-2:])[0].cpu().double().numpy()
@@ -416,6 +422,11 @@ class ZMatrix:
 
 
 def _as_connectivity(value: Any, n: int) -> np.ndarray:
+    """``(E, 2)`` bonded pairs of rows ``< n`` as sorted unique read-only int64 pairs ``i < j``.
+
+    Raises:
+        ValueError: not ``(E, 2)`` integers, an index out of range, or a self-bond.
+    """
     pairs = as_index_array(value, "connectivity")
     if pairs.size == 0:
         pairs = pairs.reshape(0, 2)

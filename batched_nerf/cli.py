@@ -25,11 +25,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
@@ -59,6 +60,53 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+# ------------------------------------------------------------------- options
+_PRECISION_MAX = 17  # decimals; beyond float64's resolution for coordinates of a few Angstrom
+
+
+def _check_range(option: str, value: float, low: float, high: float | None = None, what: str = "") -> None:
+    """Raise the usage error (exit 2) ``--option must be ..., got value`` unless ``low <= value <= high``.
+
+    NaN and infinities always fail (``math.isfinite``).
+    """
+    if math.isfinite(value) and low <= value and (high is None or value <= high):
+        return
+    bound = what or (f"between {low} and {high}" if high is not None else f">= {low}")
+    raise CliError(f"{option} must be {bound}, got {value}", code=2)
+
+
+def _device_of(option: str, spec: str) -> torch.device:
+    """``torch.device(spec)`` after a round trip of a tensor through it (``meta`` holds no data: refused)."""
+    try:
+        device = torch.device(spec)
+        torch.zeros(1, device=device).cpu()
+    except Exception as exc:  # RuntimeError, AssertionError, NotImplementedError, ImportError, ...
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CliError(f"{option} {spec!r} is not available: {reason}", code=2) from None
+    return device
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[str]:
+    """A temporary path next to ``path``, renamed to ``path`` when the block succeeds, removed otherwise.
+
+    A failed or interrupted command leaves no partial output (and an existing
+    ``path`` untouched). Special files (``/dev/stdout``, FIFOs) are written directly.
+    """
+    if os.path.exists(path) and not os.path.isfile(path):
+        yield path
+        return
+    head, tail = os.path.split(path)
+    stem, ext = os.path.splitext(tail)
+    tmp = os.path.join(head, f".{stem}.partial-{os.getpid()}{ext}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 # --------------------------------------------------------------------------- input
@@ -113,14 +161,13 @@ def _import_chemcoord() -> Any:
 
 
 def _read_chemcoord(path: str) -> ZMatrix:
-    from .formats.chemcoord import from_chemcoord
+    from .formats.chemcoord import read_chemcoord
 
-    cc = _import_chemcoord()
+    _import_chemcoord()
     if not os.path.exists(path):
         raise CliError(f"cannot read {path!r}: No such file or directory")
-    try:
-        zmat = cc.Zmat.read_zmat(path)
-        return from_chemcoord(zmat)
+    try:  # checks the lines (byte-order marks, empty or malformed files: named by line and atom)
+        return read_chemcoord(path)
     except Exception as exc:  # chemcoord raises many kinds of errors
         raise _bad_input(path, exc) from None
 
@@ -195,6 +242,8 @@ def load_source(spec: str, table_from: str = "auto") -> ZMatrix:
     name = os.path.splitext(os.path.basename(spec))[0]
     if _EXTENSIONS[ext] == "xyz":
         elements, frames, comments = _read_xyz(spec)
+        if len(frames) > 1:
+            print(f"{PROG}: note: {spec} has {len(frames)} frames; using frame 0", file=sys.stderr)
         table = _table_from(table_from, frames[0], elements)
         z = ZMatrix.from_cartesian(torch.from_numpy(frames[0]), table, elements=elements)
         return _named(z, name, comments[0].strip())
@@ -388,13 +437,11 @@ def _cmd_info(args: argparse.Namespace, out: IO[str]) -> int:
 def _cmd_sample(args: argparse.Namespace, out: IO[str]) -> int:
     if args.n < 1:
         raise CliError(f"--n must be positive, got {args.n}", code=2)
-    if args.sigma < 0:
-        raise CliError(f"--sigma must be non-negative, got {args.sigma}", code=2)
-    try:
-        device = torch.device(args.device)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as exc:
-        raise CliError(f"device {args.device!r} is not available: {exc}", code=2) from None
+    _check_range("--sigma", args.sigma, 0.0, what="a finite number >= 0 (degrees)")
+    _check_range("--chunk", args.chunk, 0, what="positive (or 0: automatic)")
+    _check_range("--precision", args.precision, 0, _PRECISION_MAX)
+    _check_range("--seed", args.seed, -(2**63), 2**64 - 1, what="an integer in [-2**63, 2**64)")
+    device = _device_of("--device", args.device)
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
     z = load_source(args.molecule, args.table_from).to(device=device, dtype=dtype)
     if z.real_elements is None:
@@ -429,34 +476,36 @@ def _cmd_sample(args: argparse.Namespace, out: IO[str]) -> int:
     t_convert = 0.0
     t0 = time.perf_counter()
     written = 0
-    try:
-        handle = open(args.output, "w", encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     from .formats.xyz import write_xyz
 
-    with handle:
-        while written < args.n:
-            m = min(chunk, args.n - written)
-            if args.uniform:
-                delta = (torch.rand(m, len(groups), generator=gen, dtype=torch.float64) * 2 - 1) * math.pi
-            else:
-                delta = torch.randn(m, len(groups), generator=gen, dtype=torch.float64) * sigma
-            delta = delta.to(device=device, dtype=dtype)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t = time.perf_counter()
-            dihedrals = base + delta @ incidence
-            xyz = ZMatrix(z.table, bonds, angles, dihedrals, fixed).to_cartesian(dummies=True)
-            xyz = xyz[:, real, :] if not bool(real.all()) else xyz
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t_convert += time.perf_counter() - t
-            comments = [f"{z.name} conformer {written + k}" for k in range(m)]
-            write_xyz(handle, elements, xyz.cpu(), comments, precision=args.precision)
-            written += m
-            progress.update(m)
-    progress.close()
+    try:
+        with _output(args.output) as path, open(path, "w", encoding="utf-8") as handle:
+            while written < args.n:
+                m = min(chunk, args.n - written)
+                if args.uniform:
+                    delta = (torch.rand(m, len(groups), generator=gen, dtype=torch.float64) * 2 - 1) * math.pi
+                else:
+                    delta = torch.randn(m, len(groups), generator=gen, dtype=torch.float64) * sigma
+                delta = delta.to(device=device, dtype=dtype)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t = time.perf_counter()
+                dihedrals = base + delta @ incidence
+                xyz = ZMatrix(z.table, bonds, angles, dihedrals, fixed).to_cartesian(dummies=True)
+                xyz = xyz[:, real, :] if not bool(real.all()) else xyz
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t_convert += time.perf_counter() - t
+                comments = [f"{z.name} conformer {written + k}" for k in range(m)]
+                write_xyz(handle, elements, xyz.cpu(), comments, precision=args.precision)
+                written += m
+                progress.update(m)
+    except OSError as exc:
+        raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CliError(f"cannot write {args.output!r}: {exc}") from None
+    finally:
+        progress.close()
     total = time.perf_counter() - t0
     atoms = args.n * z.n_atoms
     mode = "uniform" if args.uniform else f"Gaussian, sigma {args.sigma:g} deg"
@@ -486,9 +535,10 @@ def _to_zmatrix_for_output(
             raise CliError("the input Z-matrix has no element symbols")
         frames = zin.to_cartesian().detach().reshape(-1, zin.n_real, 3).double().numpy()
     assert elements is not None and frames is not None
-    if not 0 <= args.frame < len(frames) and not -len(frames) <= args.frame < 0:
-        raise CliError(f"--frame {args.frame} out of range: the input has {len(frames)} frame(s)", code=2)
-    xyz = frames[args.frame]
+    frame = 0 if args.frame is None else args.frame
+    if not -len(frames) <= frame < len(frames):
+        raise CliError(f"--frame {frame} out of range: the input has {len(frames)} frame(s)", code=2)
+    xyz = frames[frame]
     table = _table_from(args.table_from or "auto", xyz, elements)
     return ZMatrix.from_cartesian(torch.from_numpy(xyz), table, elements=elements)
 
@@ -500,7 +550,8 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
     frames: np.ndarray | None = None
     comments: list[str] = []
     zin: ZMatrix | None = None
-    note = ""
+    notes: list[str] = []
+    _check_range("--precision", args.precision, 0, _PRECISION_MAX)
     if fin == "xyz":
         elements, frames, comments = _read_xyz(args.input)
     elif fin in ("gzmat", "gjf"):
@@ -510,49 +561,73 @@ def _cmd_convert(args: argparse.Namespace, out: IO[str]) -> int:
     if fout == "chemcoord":
         _import_chemcoord()
     try:
-        if fout == "xyz":
-            from .formats.xyz import write_xyz
-
-            if zin is not None:
-                if zin.real_elements is None:
-                    raise CliError("the input Z-matrix has no element symbols")
-                elements = zin.real_elements
-                frames = zin.to_cartesian().detach().reshape(-1, zin.n_real, 3).double().numpy()
-                comments = [f"converted from {os.path.basename(args.input)} by {PROG}"] * len(frames)
-            assert elements is not None and frames is not None
-            write_xyz(args.output, elements, frames, comments, precision=args.precision)
-            what = f"{len(frames)} frame(s) of {len(elements)} atoms"
-        else:
-            z = _to_zmatrix_for_output(args, elements, frames, zin)
-            order = None
-            if fout == "gzmat":
-                from .formats.gaussian import write_zmat
-
-                order = write_zmat(args.output, z, precision=args.precision)
-            elif fout == "gjf":
-                from .formats.gaussian import write_gaussian
-
-                title = f"{os.path.basename(args.input)} converted by {PROG}"
-                order = write_gaussian(args.output, z, title=title, precision=args.precision)
-            else:
-                from .formats.chemcoord import to_chemcoord
-
-                to_chemcoord(z).to_zmat(args.output, float_format=f"{{:.{args.precision}f}}".format)
-            what = f"a Z-matrix of {z.n_real} atoms"
-            if order is not None and not np.array_equal(order, np.arange(len(order))):
-                note = (
-                    "note: atoms reordered into build order (a Z-matrix row may reference only earlier "
-                    "rows); to keep the input order, pass --table-from a table whose rows reference only "
-                    "earlier rows"
-                )
+        with _output(args.output) as path:
+            what = _write_converted(args, path, fin, fout, elements, frames, comments, zin, notes)
     except OSError as exc:
         raise CliError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CliError(f"cannot write {args.output!r} as {fout}: {exc}") from None
     print(f"wrote {what} to {args.output} ({fin} -> {fout})", file=out)
-    if note:
+    for note in notes:
         print(note, file=out)
     return 0
+
+
+def _write_converted(
+    args: argparse.Namespace,
+    path: str,
+    fin: str,
+    fout: str,
+    elements: list[str] | None,
+    frames: np.ndarray | None,
+    comments: list[str],
+    zin: ZMatrix | None,
+    notes: list[str],
+) -> str:
+    """Write the input as ``fout`` to ``path``; returns what was written, appends notes for the user."""
+    if fout == "xyz":
+        from .formats.xyz import write_xyz
+
+        if zin is not None:
+            if zin.real_elements is None:
+                raise CliError("the input Z-matrix has no element symbols")
+            elements = zin.real_elements
+            frames = zin.to_cartesian().detach().reshape(-1, zin.n_real, 3).double().numpy()
+            comments = [f"converted from {os.path.basename(args.input)} by {PROG}"] * len(frames)
+        assert elements is not None and frames is not None
+        write_xyz(path, elements, frames, comments, precision=args.precision)
+        return f"{len(frames)} frame(s) of {len(elements)} atoms"
+    z = _to_zmatrix_for_output(args, elements, frames, zin)
+    order = None
+    if fout == "gzmat":
+        from .formats.gaussian import write_zmat
+
+        order = write_zmat(path, z, precision=args.precision)
+    elif fout == "gjf":
+        from .formats.gaussian import write_gaussian
+
+        title = f"{os.path.basename(args.input)} converted by {PROG}"
+        order = write_gaussian(path, z, title=title, precision=args.precision)
+    else:
+        from .formats.chemcoord import to_chemcoord
+
+        to_chemcoord(z).to_zmat(path, float_format=f"{{:.{args.precision}f}}".format)
+    what = f"a Z-matrix of {z.n_real} atoms"
+    if zin is None and frames is not None and len(frames) > 1:
+        frame = 0 if args.frame is None else args.frame
+        what += f" (frame {frame} of {len(frames)})"
+        if args.frame is None:
+            notes.append(
+                f"note: {args.input} has {len(frames)} frames; a Z-matrix holds one geometry: wrote frame 0 "
+                "(choose another with --frame K; convert to .xyz to keep them all)"
+            )
+    if order is not None and not np.array_equal(order, np.arange(len(order))):
+        notes.append(
+            "note: atoms reordered into build order (a Z-matrix row may reference only earlier "
+            "rows); to keep the input order, pass --table-from a table whose rows reference only "
+            "earlier rows"
+        )
+    return what
 
 
 def _cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
@@ -565,6 +640,7 @@ def _cmd_bench(args: argparse.Namespace, out: IO[str]) -> int:
     import subprocess
     from pathlib import Path
 
+    _device_of("--device", args.device)
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
     if not script.is_file():
         raise CliError(
@@ -657,7 +733,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="construction table of the written Z-matrix: auto (bond perception) or a .npy/text file of "
         "(N, 3) integer references; default auto for XYZ input, the input's own table for Z-matrix input",
     )
-    p.add_argument("--frame", type=int, default=0, help="frame of a multi-frame XYZ written as a Z-matrix")
+    p.add_argument(
+        "--frame",
+        type=int,
+        default=None,
+        metavar="K",
+        help="frame of a multi-frame XYZ written as a Z-matrix (default 0, with a note; negative counts "
+        "from the end)",
+    )
     p.add_argument("--precision", type=int, default=6, help="decimals written per value (default 6)")
     p.set_defaults(func=_cmd_convert)
 

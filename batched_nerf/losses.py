@@ -4,7 +4,8 @@ r"""Differentiable loss terms for learning with molecular coordinates.
   boundary terms, for training a committor network ``q(x)``.
 * :func:`clash_loss`: a smooth flat-bottom penalty on non-bonded atom pairs
   that come closer than a minimum distance, with bond-graph exclusions
-  derived from a :class:`~batched_nerf.ConstructionTable`.
+  derived from the chemical bonds (``connectivity``, or those of a
+  :class:`~batched_nerf.ZMatrix`) and a :class:`~batched_nerf.ConstructionTable`.
 
 Both are plain tensor code, differentiable twice.
 """
@@ -20,10 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import check_table, check_xyz
+from ._checks import as_float, check_device, check_xyz
 from ._geometry import safe_norm
 from ._table import ConstructionTable
 from ._topology import Topology
+from ._zmatrix import ZMatrix, _as_connectivity
 
 __all__ = ["clash_loss", "clash_pairs", "committor_loss"]
 
@@ -84,12 +86,15 @@ def committor_loss(
         boundary_weight: factor of the boundary term.
 
     Returns:
-        Scalar loss tensor.
+        Scalar loss tensor; ``0`` (with zero gradients) for an empty batch
+        ``B = 0``.
 
     Raises:
         ValueError: ``q`` is not ``(B,)`` / ``(B, 1)``, ``x`` has a different
             leading size, ``masses``/``weights``/``in_a``/``in_b`` are misshapen,
-            or ``x`` does not require grad.
+            ``x`` does not require grad, or ``q`` does not depend on ``x`` (no
+            autograd path from ``x`` to ``q``: computed from a detached copy,
+            under ``no_grad``, or a constant).
 
     Example:
         >>> import torch
@@ -110,7 +115,19 @@ def committor_loss(
         raise ValueError(f"x must have shape (B, ...) with B = {n} like q, got {tuple(x.shape)}")
     if not x.requires_grad:
         raise ValueError("x must require grad and q must be computed from it")
-    (g,) = torch.autograd.grad(q.sum(), x, create_graph=True)
+    w = _as_mask(weights, "weights", n, q)
+    a = _as_mask(in_a, "in_a", n, q)
+    b = _as_mask(in_b, "in_b", n, q)
+    if n == 0:  # an empty batch (e.g. one rank's share): nothing to average, zero loss and gradient
+        return q.sum() * 0.0
+    g = None
+    if q.requires_grad:
+        (g,) = torch.autograd.grad(q.sum(), x, create_graph=True, allow_unused=True)
+    if g is None:
+        raise ValueError(
+            "q does not depend on x (no autograd path from x to q): compute q from x itself, "
+            "not from a detached copy or under torch.no_grad()"
+        )
     sq = g * g
     if masses is not None:
         m = torch.as_tensor(masses, dtype=x.dtype, device=x.device)
@@ -122,12 +139,9 @@ def committor_loss(
             )
         sq = sq / (m.unsqueeze(-1) if x.ndim > 2 else m)
     kin = sq.reshape(n, -1).sum(-1)
-    w = _as_mask(weights, "weights", n, q)
     w = torch.ones_like(q) if w is None else w
     total = w.sum()
     loss = (w * kin).sum() / total
-    a = _as_mask(in_a, "in_a", n, q)
-    b = _as_mask(in_b, "in_b", n, q)
     if a is not None or b is not None:
         bnd = q.new_zeros(n)
         if a is not None:
@@ -148,19 +162,62 @@ class _Exclusions:
     n_pairs: int  # number of included pairs
 
 
-def _graph_exclusions(table: ConstructionTable, depth: int) -> _Exclusions:
-    """Pairs within ``depth`` bonds (computed once per table and depth, cached)."""
-    return table.cached((_graph_exclusions, depth), lambda topo: _exclusions(topo, depth))
+@dataclass(frozen=True)
+class _Graph:
+    """What the exclusions are derived from: the table, its bond graph and the unscored rows."""
+
+    table: ConstructionTable
+    connectivity: np.ndarray  # (E, 2) sorted unique pairs i < j
+    dummies: np.ndarray  # (D,) rows that are never scored (dummy atoms of a ZMatrix)
+
+    def key(self, depth: int) -> tuple[Any, ...]:
+        return (_exclusions, depth, self.connectivity.tobytes(), self.dummies.tobytes())
 
 
-def _exclusions(topo: Topology, depth: int) -> _Exclusions:
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _graph(table: Any, connectivity: Any) -> _Graph:
+    """Table and bond graph of a ``table`` argument (ConstructionTable, ZMatrix or protein table)."""
+    if not isinstance(table, (ZMatrix, ConstructionTable)) and isinstance(
+        getattr(table, "table", None), ConstructionTable
+    ):  # a container with its own bond graph, e.g. bn.protein.ProteinTable
+        if connectivity is None:
+            connectivity = getattr(table, "connectivity", None)
+        table = table.table
+    if isinstance(table, ZMatrix):
+        tab, dummies = table.table, np.flatnonzero(~table.real.numpy())
+        if connectivity is None:
+            connectivity = table.connectivity
+    elif isinstance(table, ConstructionTable):
+        tab, dummies = table, _NO_ROWS
+    else:
+        raise TypeError(f"table must be a ConstructionTable or a ZMatrix, got {type(table).__name__}")
+    n = tab.n_atoms
+    if connectivity is None:
+        pairs = np.zeros((0, 2), dtype=np.int64)
+    elif isinstance(table, ZMatrix) and connectivity is table.connectivity:
+        pairs = connectivity  # checked and normalised when the ZMatrix was made
+    else:
+        pairs = _as_connectivity(connectivity, n)
+    return _Graph(tab, pairs, dummies)
+
+
+def _graph_exclusions(graph: _Graph, depth: int) -> _Exclusions:
+    """Pairs within ``depth`` bonds (computed once per table, bond graph and depth, cached)."""
+    return graph.table.cached(
+        graph.key(depth), lambda topo: _exclusions(topo, depth, graph.connectivity, graph.dummies)
+    )
+
+
+def _exclusions(topo: Topology, depth: int, connectivity: np.ndarray, dummies: np.ndarray) -> _Exclusions:
     refs = topo.refs
     n = len(refs)
     adj: list[list[int]] = [[] for _ in range(n)]
-    for i, b in enumerate(refs[:, 0].tolist()):
-        if b >= 0:
-            adj[i].append(b)
-            adj[b].append(i)
+    edges = [(i, b) for i, b in enumerate(refs[:, 0].tolist()) if b >= 0] + connectivity.tolist()
+    for i, b in edges:
+        adj[i].append(b)
+        adj[b].append(i)
     pairs: set[tuple[int, int]] = set()
     for s in range(n):
         seen = {s}
@@ -174,6 +231,8 @@ def _exclusions(topo: Topology, depth: int) -> _Exclusions:
                         nxt.append(v)
             frontier = nxt
         pairs.update((s, v) for v in seen if v > s)
+    for d in dummies.tolist():
+        pairs.update((min(d, v), max(d, v)) for v in range(n) if v != d)
     arr = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
     return _Exclusions(arr[:, 0].copy(), arr[:, 1].copy(), n * (n - 1) // 2 - len(arr))
 
@@ -182,37 +241,71 @@ def _depth(exclude_14: bool) -> int:
     return 3 if exclude_14 else 2
 
 
-def clash_pairs(table: ConstructionTable, *, exclude_14: bool = False) -> Tensor:
+TableLike = Union[ConstructionTable, ZMatrix]
+
+
+def clash_pairs(table: TableLike, *, connectivity: Any = None, exclude_14: bool = False) -> Tensor:
     r"""The atom pairs :func:`clash_loss` scores, in its order: ``(P, 2)`` long, ``i < j``.
 
     All pairs ``i < j`` except those within 2 bonds (1-2 and 1-3 pairs, or 3
-    bonds with ``exclude_14``) in the bond graph of the table, whose edges are
-    ``(i, refs[i, 0])``. Sorted by ``i``, then ``j``. Materialises ``O(N^2)``
+    bonds with ``exclude_14``) in the bond graph, whose edges are the pairs of
+    ``connectivity`` and the bond references ``(i, refs[i, 0])`` of the table
+    (see :func:`clash_loss`), and except every pair with a dummy row of a
+    ``ZMatrix``. Sorted by ``i``, then ``j``. Materialises ``O(N^2)``
     indices; :func:`clash_loss` itself does not.
 
+    Args:
+        table: a :class:`~batched_nerf.ConstructionTable`, a
+            :class:`~batched_nerf.ZMatrix` (its table, its ``connectivity``
+            unless one is given, and its dummy rows), or an object with
+            ``table`` and ``connectivity`` (e.g. a protein table).
+        connectivity: optional ``(E, 2)`` bonded pairs (ring closures included).
+        exclude_14: also exclude pairs three bonds apart.
+
     Raises:
-        TypeError: ``table`` is not a ConstructionTable.
+        TypeError: ``table`` is neither a ConstructionTable nor a ZMatrix.
+        ValueError: ``connectivity`` is not ``(E, 2)`` pairs of distinct rows.
 
     Example:
         >>> import batched_nerf as bn
         >>> from batched_nerf.losses import clash_pairs
         >>> clash_pairs(bn.ConstructionTable.chain(5)).tolist()
         [[0, 3], [0, 4], [1, 4]]
+        >>> clash_pairs(bn.ConstructionTable.chain(5), connectivity=[(0, 4)]).tolist()  # a 5-ring
+        []
     """
-    ex = _graph_exclusions(check_table(table), _depth(exclude_14))
-    n = table.n_atoms
+    graph = _graph(table, connectivity)
+    ex = _graph_exclusions(graph, _depth(exclude_14))
+    n = graph.table.n_atoms
     keep = np.triu(np.ones((n, n), dtype=bool), 1)
     keep[ex.i, ex.j] = False
     i, j = np.nonzero(keep)
     return torch.as_tensor(np.stack([i, j], axis=1).astype(np.int64)).reshape(-1, 2)
 
 
-def _device_exclusions(table: ConstructionTable, depth: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    ex = _graph_exclusions(table, depth)
-    return table.cached(
-        (_device_exclusions, depth, device),
+def _device_exclusions(graph: _Graph, depth: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    ex = _graph_exclusions(graph, depth)
+    return graph.table.cached(
+        (_device_exclusions, *graph.key(depth), device),
         lambda topo: (torch.as_tensor(ex.i, device=device), torch.as_tensor(ex.j, device=device)),
     )
+
+
+def _min_distance(value: Any, batch: torch.Size, like: Tensor) -> Tensor:
+    """``min_distance`` as a tensor of a shape broadcasting with ``batch``: ``()`` or ``(...)``."""
+    dm = as_float(value, "min_distance", like)
+    check_device({"min_distance": dm}, like.device)
+    dm = dm.to(like.dtype)
+    if dm.ndim == len(batch) + 1 and dm.shape[-1] == 1:  # (..., 1): one value per sample
+        dm = dm.squeeze(-1)
+    try:
+        torch.broadcast_shapes(dm.shape, batch)
+    except RuntimeError:
+        raise ValueError(
+            f"min_distance must be a scalar or one value per sample, of shape (...) or (..., 1) "
+            f"broadcasting with the batch shape {tuple(batch)} of xyz, got shape {tuple(dm.shape)}"
+        ) from None
+    return dm
 
 
 ChunkSize = Union[int, Literal["auto"], None]
@@ -221,8 +314,9 @@ _AUTO_ELEMENTS = 1 << 22
 
 def clash_loss(
     xyz: Tensor,
-    table: ConstructionTable,
+    table: TableLike,
     *,
+    connectivity: Any = None,
     min_distance: float | Tensor | None = None,
     radii: Tensor | Sequence[float] | None = None,
     scale: float = 1.0,
@@ -240,23 +334,48 @@ def clash_loss(
 
     zero (flat) beyond ``d_min - tolerance``; with the default ``power = 2``
     it is continuously differentiable and its gradient grows linearly with
-    the overlap. ``d_min_ij`` is ``min_distance`` or ``scale * (r_i + r_j)``
-    from per-atom ``radii``. Distances use :func:`batched_nerf._geometry.safe_norm`,
-    so values and gradients are finite even for coincident atoms.
+    the overlap. ``d_min_ij`` is ``min_distance`` (one value, or one per
+    sample) or ``scale * (r_i + r_j)`` from per-atom ``radii``. Distances use
+    :func:`batched_nerf._geometry.safe_norm`, so values and gradients are
+    finite even for coincident atoms.
 
-    Pairs bonded to each other (1-2) or sharing a neighbour (1-3), and with
-    ``exclude_14`` also 1-4 pairs, are excluded; the bond graph has the edges
-    ``(i, refs[i, 0])`` of the table. The pair lists are derived once per
-    table and cached.
+    Exclusions. Pairs bonded to each other (1-2) or sharing a neighbour (1-3),
+    and with ``exclude_14`` also 1-4 pairs, are not scored. The bond graph
+    has two kinds of edges:
+
+    * the chemical bonds ``connectivity`` (ring closures included), given
+      explicitly or taken from a :class:`~batched_nerf.ZMatrix` passed as
+      ``table`` (its :attr:`~batched_nerf.ZMatrix.connectivity`);
+    * the table's bond references ``(i, refs[i, 0])`` (their distance is an
+      internal coordinate; links between fragments count as bonds too).
+
+    Without ``connectivity`` only the references are known, so a ring's
+    closing bond is missing and the pairs across it are scored as clashes
+    (benzene at its own geometry scores ``> 0`` for ``min_distance = 2.5``):
+    pass the bond graph for molecules with rings (prolines and aromatic side
+    chains too): for a protein, pass its
+    :class:`~batched_nerf.protein.ProteinTable` as ``table`` (its
+    ``connectivity`` holds the residue templates' ring bonds); for a table from an
+    mdtraj/OpenMM topology, ``[(a.index, b.index) for a, b in top.bonds]``. Dummy rows of a
+    ``ZMatrix`` (``real`` false) are never scored. The pair lists are derived
+    once per table and bond graph and cached.
 
     Memory: pairs are scored in blocks of ``chunk_size`` rows ``i`` (each
     block ``(..., chunk, N)``); ``"auto"`` keeps a block under ``2**22``
     elements, ``None`` scores all ``N^2`` at once. Results do not depend on it.
 
     Args:
-        xyz: ``(..., N, 3)`` coordinates (length unit ``L``).
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
-        min_distance: scalar minimum distance (``L``); exclusive with ``radii``.
+        xyz: ``(..., N, 3)`` coordinates of all ``N`` rows (length unit ``L``;
+            for a ZMatrix with dummies, ``z.to_cartesian(dummies=True)``).
+        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms,
+            a :class:`~batched_nerf.ZMatrix` (its table and bond graph), or any
+            object with a ``table`` and a ``connectivity`` attribute, such as
+            :class:`~batched_nerf.protein.ProteinTable`.
+        connectivity: optional ``(E, 2)`` bonded pairs (numpy, lists or torch);
+            overrides a ZMatrix's own.
+        min_distance: minimum distance (``L``): a scalar, or one value per
+            sample of shape ``(...)`` or ``(..., 1)`` broadcasting with the
+            batch shape of ``xyz``; exclusive with ``radii``.
         radii: ``(N,)`` per-atom radii (``L``), e.g. van der Waals radii by
             element; exclusive with ``min_distance``.
         scale: factor on ``r_i + r_j`` (e.g. ``0.8`` for a soft vdW clash).
@@ -269,13 +388,19 @@ def clash_loss(
         chunk_size: rows per block, ``"auto"`` or ``None``.
 
     Returns:
-        ``(...)`` (``"mean"``, ``"sum"``) or ``(..., P)`` (``"none"``), in ``L^power``.
+        ``(...)`` (``"mean"``, ``"sum"``) or ``(..., P)`` (``"none"``), in
+        ``L^power``; the batch shape is that of ``xyz`` broadcast with ``min_distance``.
 
     Raises:
-        TypeError: ``table`` is not a ConstructionTable.
-        ValueError: ``xyz`` is not ``(..., N, 3)``; neither or both of
-            ``min_distance`` and ``radii``; ``radii`` not ``(N,)``; an unknown
-            ``reduction``; ``power < 1``; ``chunk_size`` not a positive int, ``"auto"`` or None.
+        TypeError: ``table`` is neither a ConstructionTable nor a ZMatrix, or
+            ``min_distance`` is complex or boolean.
+        ValueError: ``xyz`` is not ``(..., N, 3)`` (or holds only the real
+            atoms of a ZMatrix with dummies); neither or both of
+            ``min_distance`` and ``radii``; ``min_distance`` of a shape that
+            does not broadcast with the batch (naming both shapes) or on
+            another device; ``radii`` not ``(N,)``; ``connectivity`` not ``(E, 2)``
+            pairs of distinct rows; an unknown ``reduction``; ``power < 1``;
+            ``chunk_size`` not a positive int, ``"auto"`` or None.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -284,11 +409,30 @@ def clash_loss(
         >>> xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [0.5, 0, 0]])
         >>> clash_loss(xyz, table, min_distance=1.0, reduction="sum")  # only pair (0, 3): (1 - 0.5)^2
         tensor(0.2500)
+        >>> clash_loss(xyz, table, connectivity=[(0, 3)], min_distance=1.0, reduction="sum")  # a ring
+        tensor(0.)
+        >>> benzene = bn.data.load("benzene")
+        >>> float(clash_loss(benzene.to_cartesian(), benzene, min_distance=2.4))  # with its own bonds
+        0.0
+        >>> float(clash_loss(benzene.to_cartesian(), benzene.table, min_distance=2.4)) > 0  # ring not closed
+        True
     """
-    xyz = check_xyz(xyz, check_table(table))
-    n = table.n_atoms
+    graph = _graph(table, connectivity)
+    tab = graph.table
+    if (
+        len(graph.dummies)
+        and isinstance(xyz, Tensor)
+        and xyz.ndim >= 2
+        and xyz.shape[-2] == tab.n_atoms - len(graph.dummies)
+    ):
+        raise ValueError(
+            f"xyz has the {xyz.shape[-2]} real atoms of the ZMatrix, but clash_loss needs all "
+            f"{tab.n_atoms} rows (dummies are skipped): pass z.to_cartesian(dummies=True)"
+        )
+    xyz = check_xyz(xyz, tab)
+    n = tab.n_atoms
     if (min_distance is None) == (radii is None):
-        raise ValueError("give exactly one of min_distance (a scalar) and radii (shape (N,))")
+        raise ValueError("give exactly one of min_distance (a scalar or per sample) and radii (shape (N,))")
     if not power >= 1.0:
         raise ValueError(f"power must be >= 1 (finite gradients at the flat bottom), got {power!r}")
     if reduction not in ("mean", "sum", "none"):
@@ -297,16 +441,20 @@ def clash_loss(
         if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk_size!r}")
     dev, dtype = xyz.device, xyz.dtype
+    batch = xyz.shape[:-2]
     rad: Tensor | None = None
     if radii is not None:
         rad = torch.as_tensor(radii, dtype=dtype, device=dev)
         if tuple(rad.shape) != (n,):
             raise ValueError(f"radii must have shape (N,) = ({n},), got {tuple(rad.shape)}")
         rad = rad * scale
+    else:
+        dm = _min_distance(min_distance, batch, xyz)
+        batch = torch.broadcast_shapes(dm.shape, batch)
+        dm = dm[..., None, None]  # against (..., R, N) blocks
     depth = _depth(exclude_14)
-    ex = _graph_exclusions(table, depth)
-    ex_i, ex_j = _device_exclusions(table, depth, dev)
-    batch = xyz.shape[:-2]
+    ex = _graph_exclusions(graph, depth)
+    ex_i, ex_j = _device_exclusions(graph, depth, dev)
     batch_numel = math.prod(batch)
     if chunk_size is None:
         rows = max(n, 1)
@@ -327,10 +475,7 @@ def clash_loss(
                 (ex_i[lo:hi] - i0, ex_j[lo:hi]), torch.zeros((), dtype=torch.bool, device=dev)
             )
         d = safe_norm(xyz[..., i0:i1, None, :] - xyz[..., None, :, :])  # (..., R, N)
-        if rad is None:
-            dmin = torch.as_tensor(min_distance, dtype=dtype, device=dev)
-        else:
-            dmin = rad[i0:i1, None] + rad[None, :]
+        dmin = dm if rad is None else rad[i0:i1, None] + rad[None, :]
         pen = torch.relu(dmin - tolerance - d) ** power
         if reduction == "none":
             flat = keep.flatten().nonzero().squeeze(-1)

@@ -19,7 +19,9 @@ in one process (every implementation runs once per round, in turn).
   is timed separately and added in the "with compile" column, per chain.
 
 Also reports the float32 heavy-atom error of batched_nerf against its float64
-build at ``--error-residues`` residues (same torsions).
+build at ``--error-residues`` residues (same torsions), and with ``--all-atom``
+the all-atom build (``hydrogens=True``) of 1,000 x 163 residues and of one
+1,000-residue chain (times and float32 error).
 
 Run with the peers' interpreter so all three import in one process::
 
@@ -243,6 +245,45 @@ def mixed_batch(n_chains: int, seed: int, rounds: int, budget: float) -> str:
     )
 
 
+def all_atom(workloads: list[tuple[int, int]], seed: int, rounds: int, budget: float) -> list[str]:
+    """All-atom builds (``hydrogens=True``): forward and forward+backward times, float32 error vs float64."""
+    import batched_nerf as bn
+
+    lines = []
+    for n_res, batch in workloads:
+        seq = random_sequence(n_res, seed)
+        shape = (batch,) if batch > 1 else ()
+        ins = random_torsions(n_res, shape, seed, torch.float32)
+        leaves = [t.clone().requires_grad_(True) for t in ins]
+        t0 = time.perf_counter()
+        table = bn.protein.protein_table(seq, hydrogens=True)
+        t1 = time.perf_counter()
+
+        def forward(seq=seq, ins=ins):
+            with torch.no_grad():
+                return bn.protein.build(seq, *ins, hydrogens=True).xyz
+
+        def forward_backward(seq=seq, leaves=leaves):
+            for t in leaves:
+                t.grad = None
+            bn.protein.build(seq, *leaves, hydrogens=True).xyz.sum().backward()
+
+        forward()
+        forward_backward()
+        med = interleaved({"forward": forward, "forward_backward": forward_backward}, rounds, budget)
+        one = [t[0] if batch > 1 else t for t in ins]
+        ref = bn.protein.build(seq, *(t.double() for t in one), hydrogens=True).xyz
+        f32 = bn.protein.build(seq, *one, hydrogens=True).xyz
+        err = float((f32.double() - ref).norm(dim=-1).max())
+        label = f"{n_res} x {batch}" if batch > 1 else f"{n_res}"
+        lines.append(
+            f"all-atom {label} residues ({table.n_atoms} atoms per chain): table {t1 - t0:.1f} s "
+            f"(first call, cached), forward {fmt(med['forward'])}, "
+            f"forward+backward {fmt(med['forward_backward'])}, float32 max atom error {err:.1e} A"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="*", default=[10, 100, 300, 1000])
@@ -257,6 +298,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--error-residues", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mixed", type=int, default=0, help="chains of a mixed-length batch (0: skip)")
+    parser.add_argument(
+        "--all-atom",
+        action="store_true",
+        help="also time all-atom builds (1,000 x 163 and one 1,000-residue chain)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -332,6 +378,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"float32 vs float64 max atom error, {args.error_residues} residues, {method}: {err:.2e} A")
     if args.mixed:
         print("\n" + mixed_batch(args.mixed, args.seed, args.rounds, args.budget))
+    if args.all_atom:
+        print()
+        for line in all_atom(
+            [(args.chain_length, args.chains or 1000), (1000, 1)], args.seed, args.rounds, args.budget
+        ):
+            print(line)
     print(
         f"\ntorch {torch.__version__}, {args.threads} torch thread(s); ratio = peer time / batched_nerf time"
     )

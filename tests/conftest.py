@@ -40,3 +40,24 @@ def device(request: pytest.FixtureRequest) -> torch.device:
 @pytest.fixture(params=METHODS)
 def method(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+#: ``torch.compile(fullgraph=True)`` of ``to_cartesian`` is tested from this torch release on (2.13.0 and
+#: 2.14.1 are); torch 2.3 and 2.4, which the package still supports eagerly, cannot trace it (dynamo:
+#: ``next(generator, default)``, ``Tensor.is_complex()``, ``math.log2`` of a size, ``str.split`` of
+#: ``torch.__version__``), so tests marked ``compile`` skip there with this reason.
+COMPILE_TESTED_FROM = (2, 13)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if release >= COMPILE_TESTED_FROM:
+        return
+    tested = ".".join(map(str, COMPILE_TESTED_FROM))
+    skip = pytest.mark.skip(
+        reason=f"torch.compile of the builder is tested on torch >= {tested} only "
+        f"(2.3 and 2.4 cannot trace it); this is torch {torch.__version__}"
+    )
+    for item in items:
+        if "compile" in item.keywords:
+            item.add_marker(skip)

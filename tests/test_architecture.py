@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "batched_nerf"
 LAYERS: list[tuple[str, ...]] = [
     # ground: numpy topology, geometry
     ("batched_nerf._version", "batched_nerf._geometry", "batched_nerf._topology"),
-    ("batched_nerf._perceive", "batched_nerf._autotable"),
+    ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
     # engines: planners and builders behind a registry
     ("batched_nerf.engines", "batched_nerf.engines.frame_tree"),
     # the table (owns the plan cache) and the input checks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -307,3 +309,174 @@ def test_scale() -> None:
 def test_errors(call: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call()  # type: ignore[operator]
+
+
+# ------------------------------------------------- at scale: vectorised, same tables
+def water_box(n_side: int, seed: int = 0, spacing: float = 3.1) -> np.ndarray:
+    """``n_side**3`` randomly turned waters on a cubic grid (``(3 n_side**3, 3)``, O first)."""
+    rng = np.random.default_rng(seed)
+    water = np.array([[0.0, 0.0, 0.0], [0.9572, 0.0, 0.0], [-0.24, 0.9266, 0.0]])
+    grid = np.stack(np.meshgrid(*[np.arange(n_side)] * 3, indexing="ij"), -1).reshape(-1, 3) * spacing
+    turns = np.linalg.qr(rng.normal(size=(len(grid), 3, 3)))[0]
+    return (np.einsum("wij,aj->wai", turns, water) + grid[:, None, :]).reshape(-1, 3)
+
+
+def mixed_system(seed: int) -> tuple[np.ndarray, list[str]]:
+    """A solute (alanine dipeptide) among waters, CO2 (linear), ions and methane, at random places."""
+    rng = np.random.default_rng(seed)
+    mol = load("alanine_dipeptide")
+    parts = [mol.to_cartesian().numpy().reshape(-1, 3)]
+    elements = list(mol.elements or [])
+    kinds = {
+        "water": (["O", "H", "H"], [[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]]),
+        "co2": (["C", "O", "O"], [[0, 0, 0], [1.16, 0, 0], [-1.16, 0, 0]]),
+        "ion": (["Na"], [[0, 0, 0]]),
+        "pair": (["H", "F"], [[0, 0, 0], [0.92, 0, 0]]),
+        "methane": (["C", "H", "H", "H", "H"], [[0, 0, 0], [0.63, 0.63, 0.63], [-0.63, -0.63, 0.63],
+                                                 [-0.63, 0.63, -0.63], [0.63, -0.63, -0.63]]),
+    }  # fmt: skip
+    grid = np.stack(np.meshgrid(*[np.arange(5)] * 3, indexing="ij"), -1).reshape(-1, 3) * 4.0 - 8.0
+    grid = grid[np.linalg.norm(grid, axis=1) > 6.0]
+    for centre in grid[rng.permutation(len(grid))[:60]]:
+        name = list(kinds)[int(rng.integers(len(kinds)))]
+        els, xyz = kinds[name]
+        turn = np.linalg.qr(rng.normal(size=(3, 3)))[0]
+        parts.append(np.asarray(xyz, dtype=np.float64) @ turn.T + centre + rng.normal(size=3) * 0.3)
+        elements += els
+    return np.concatenate(parts), elements
+
+
+@pytest.mark.parametrize("backend", ["numpy", "scipy"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_neighbour_backends_give_identical_results(backend: str, seed: int) -> None:
+    """The numpy cell list and scipy's cKDTree (optional) find the same bonds and build the same tables."""
+    if backend == "scipy":
+        pytest.importorskip("scipy", reason="the scipy backend needs scipy")
+    from batched_nerf._perceive import close_pairs, neighbour_backend
+
+    rng = np.random.default_rng(seed)
+    points = rng.uniform(0, 12, size=(800, 3))
+    reach = rng.uniform(0.2, 1.0, size=800)
+    xyz, elements = mixed_system(seed)
+    with neighbour_backend("numpy"):
+        pairs0 = close_pairs(points, reach)
+        auto0 = refs_from_xyz(xyz, elements)
+    with neighbour_backend(backend):
+        pairs1 = close_pairs(points, reach)
+        auto1 = refs_from_xyz(xyz, elements)
+    brute = np.argwhere(np.triu(pdist(torch.from_numpy(points)).numpy() < reach[:, None] + reach[None, :], 1))
+    np.testing.assert_array_equal(pairs0, brute)
+    np.testing.assert_array_equal(pairs1, brute)
+    for a, b in zip(auto0, auto1):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_neighbour_backend_refuses_unknown_names() -> None:
+    from batched_nerf._perceive import neighbour_backend
+
+    with pytest.raises(
+        ValueError, match=r"unknown neighbour backend 'kd'; expected 'auto', 'numpy' or 'scipy'"
+    ):
+        with neighbour_backend("kd"):
+            pass
+
+
+@pytest.mark.parametrize("backend", ["numpy", "auto"])
+@pytest.mark.parametrize("system", ["waters", "mixed0", "mixed1", "anchored"])
+def test_vectorised_tables_equal_the_atom_by_atom_rules(
+    system: str, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small fragments done at once and fragments linked at once: exactly the sequential rows."""
+    import batched_nerf._autolink as autolink
+    import batched_nerf._autotable as autotable
+    from batched_nerf._perceive import neighbour_backend
+
+    if system == "waters":
+        xyz = water_box(6, seed=3)
+        elements = ["O", "H", "H"] * (len(xyz) // 3)
+    else:
+        xyz, elements = mixed_system(int(system[-1]) if system != "anchored" else 5)
+    with neighbour_backend(backend):
+        fast = refs_from_xyz(xyz, elements)
+        per_fragment = refs_from_xyz(xyz, elements, link_fragments=False).refs
+        fixed = np.arange(22) if system == "anchored" else None  # the dipeptide's atoms fixed
+        if fixed is not None:
+            anchored = per_fragment.copy()
+            anchored[fixed] = -1
+            linked = autolink.link_components(anchored, xyz, fixed=fixed)
+        monkeypatch.setattr(autotable, "_SMALL", 0)
+        monkeypatch.setattr(autolink, "_SEQUENTIAL", True)
+        slow = refs_from_xyz(xyz, elements)
+        np.testing.assert_array_equal(refs_from_xyz(xyz, elements, link_fragments=False).refs, per_fragment)
+        if fixed is not None:
+            np.testing.assert_array_equal(autolink.link_components(anchored, xyz, fixed=fixed), linked)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+    table = ConstructionTable(fast.refs)
+    assert table.n_components == 1
+    x = torch.from_numpy(xyz)
+    back = to_cartesian(*to_internal(x, table), table)
+    pick = torch.from_numpy(np.random.default_rng(0).permutation(len(xyz))[:200])
+    torch.testing.assert_close(pdist(back[pick]), pdist(x[pick]), atol=1e-9, rtol=0)
+
+
+def test_components_in_numpy_match_a_graph_search() -> None:
+    from batched_nerf._autolink import components
+
+    rng = np.random.default_rng(4)
+    for n in (1, 7, 300):
+        edges = rng.integers(0, n, size=(int(rng.integers(0, 2 * n)), 2))
+        edges = edges[edges[:, 0] != edges[:, 1]]
+        comp, count = components(n, edges[:, 0], edges[:, 1])
+        expected = _components(_adjacency(edges, n))
+        assert comp.tolist() == expected and count == max(expected) + 1
+    # a long chain numbered backwards: pointer jumping, not one step per bond
+    n = 5000
+    comp, count = components(n, np.arange(n - 1)[::-1] + 1, np.arange(n - 1)[::-1])
+    assert count == 1 and not comp.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70), st.integers(0, 2**31 - 1), st.floats(0.0, 1.0), st.booleans(), st.booleans())
+def test_vectorised_linking_equals_linking_one_by_one(
+    n: int, seed: int, p_new: float, grid: bool, anchor: bool
+) -> None:
+    """Random forests at random or grid positions (exact ties and straight lines): the same rows."""
+    import batched_nerf._autolink as autolink
+
+    rng = np.random.default_rng(seed)
+    pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > p_new]
+    if grid:
+        points = np.stack(np.meshgrid(*[np.arange(5.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 1.5
+        xyz = points[rng.permutation(len(points))[:n]]
+    else:
+        xyz = rng.normal(size=(n, 3)) * 4.0
+    refs = refs_from_connectivity(pairs, n, xyz=xyz, link_fragments=False).refs
+    fixed = None
+    if anchor:  # the first fragment fixed: the others link to it
+        comp = np.array(_components(_adjacency(np.array(pairs).reshape(-1, 2), n)))
+        fixed = np.flatnonzero(comp == 0)
+        refs = refs.copy()
+        refs[fixed] = -1
+    fast = autolink.link_components(refs, xyz, fixed=fixed)
+    autolink._SEQUENTIAL = True
+    try:
+        slow = autolink.link_components(refs, xyz, fixed=fixed)
+    finally:
+        autolink._SEQUENTIAL = False
+    np.testing.assert_array_equal(fast, slow)
+
+
+@pytest.mark.parametrize(("n_a", "n_b"), [(50, 1), (5, 3), (700, 400)])
+def test_nearest_distances_are_exact_with_either_backend(n_a: int, n_b: int) -> None:
+    """The shell order of fragment linking: distances to the first fragment, bit for bit as brute force."""
+    from batched_nerf._autolink import _nearest_distance
+    from batched_nerf._perceive import neighbour_backend
+
+    rng = np.random.default_rng(n_a)
+    a, b = rng.uniform(-40, 40, (n_a, 3)), rng.uniform(-15, 15, (n_b, 3))
+    brute = np.linalg.norm(a[:, None] - b[None], axis=-1).min(1)
+    backends = ["numpy"] + (["scipy"] if importlib.util.find_spec("scipy") else [])
+    for backend in backends:
+        with neighbour_backend(backend):
+            np.testing.assert_array_equal(_nearest_distance(a, b), brute)

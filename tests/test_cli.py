@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,14 +158,48 @@ def test_sample_from_files_and_warning(tmp_path: Path, capsys: pytest.CaptureFix
     [
         (["--n", "0"], 2, "--n must be positive"),
         (["--sigma", "-1"], 2, "--sigma"),
-        (["--device", "nonsense"], 2, "device"),
+        (["--device", "nonsense"], 2, "--device 'nonsense' is not available"),
+        (["--chunk", "-1"], 2, "--chunk must be positive (or 0: automatic), got -1"),
+        (["--precision", "-2"], 2, "--precision must be between 0 and 17, got -2"),
+        (["--precision", "18"], 2, "--precision must be between 0 and 17, got 18"),
+        (["--sigma", "nan"], 2, "--sigma must be a finite number >= 0 (degrees), got nan"),
+        (["--sigma", "inf"], 2, "--sigma must be a finite number >= 0 (degrees), got inf"),
+        (["--device", "meta"], 2, "--device 'meta' is not available: "),
+        (["--seed", str(2**64)], 2, f"--seed must be an integer in [-2**63, 2**64), got {2**64}"),
     ],
 )
 def test_sample_bad_arguments(
     argv: list[str], code: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["sample", "chain_20", "-o", str(tmp_path / "x.xyz"), *argv]) == code
-    assert message in capsys.readouterr().err
+    out = tmp_path / "x.xyz"
+    assert main(["sample", "chain_20", "-q", "-o", str(out), *argv]) == code
+    err = capsys.readouterr().err
+    assert err == f"batched-nerf: error: {message}" + err[len("batched-nerf: error: ") + len(message) :]
+    assert message in err and err.count("\n") == 1  # one line
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # no (empty) output file
+
+
+def test_sample_failure_leaves_no_partial_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import batched_nerf.formats.xyz
+
+    calls = []
+
+    def failing_write(*args: object, **kwargs: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("xyz contains NaN or infinite values")
+        write_xyz(*args, **kwargs)  # type: ignore[arg-type]
+
+    write_xyz = batched_nerf.formats.xyz.write_xyz
+    monkeypatch.setattr(batched_nerf.formats.xyz, "write_xyz", failing_write)
+    out = tmp_path / "x.xyz"
+    out.write_text("an earlier result\n")
+    assert main(["sample", "chain_20", "-q", "--n", "30", "--chunk", "10", "-o", str(out)]) == 1
+    assert len(calls) == 2 and "cannot write" in capsys.readouterr().err
+    assert out.read_text() == "an earlier result\n"  # untouched, no half-written file beside it
+    assert [p.name for p in tmp_path.iterdir()] == ["x.xyz"]
 
 
 def test_sample_unwritable_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -241,6 +276,105 @@ def test_convert_bad_zmat_and_files(tmp_path: Path, capsys: pytest.CaptureFixtur
     ok = tmp_path / "ok.xyz"
     ok.write_text("2\n\nH 0 0 0\nH 0.74 0 0\n")
     assert main(["convert", str(ok), str(tmp_path / "o.zmat"), "--frame", "3"]) == 2
+    assert "--frame 3 out of range: the input has 1 frame(s)" in capsys.readouterr().err
+    assert main(["convert", str(ok), str(tmp_path / "o.zmat"), "--precision", "-1"]) == 2
+    assert "--precision must be between 0 and 17, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "o.zmat").exists() and not (tmp_path / "o.xyz").exists()
+
+
+def _trajectory(path: Path, frames: int) -> None:
+    lines = []
+    for k in range(frames):
+        lines += ["3", f"frame {k}", "O 0 0 0", f"H {0.9 + 0.0001 * k:.4f} 0 0", "H -0.24 0.93 0"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_convert_multi_frame_xyz_to_zmatrix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    traj = tmp_path / "traj.xyz"
+    _trajectory(traj, 1000)
+    out = tmp_path / "t.zmat"
+    assert main(["convert", str(traj), str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "(frame 0 of 1000)" in report
+    assert f"note: {traj} has 1000 frames; a Z-matrix holds one geometry: wrote frame 0" in report
+    assert "--frame K" in report
+    assert sorted(read_zmat(out).bonds[1:].tolist()) == pytest.approx([0.9, 0.960469], abs=1e-6)
+    assert main(["convert", str(traj), str(out), "--frame", "-1"]) == 0  # the last one, no note
+    report = capsys.readouterr().out
+    assert "(frame -1 of 1000)" in report and "note: " + str(traj) not in report
+    assert sorted(read_zmat(out).bonds[1:].tolist()) == pytest.approx([0.960469, 0.9999], abs=1e-6)
+    assert main(["convert", str(traj), str(tmp_path / "all.xyz")]) == 0  # xyz keeps all frames
+    assert "1000 frame(s)" in capsys.readouterr().out
+    assert main(["info", str(traj)]) == 0
+    assert f"note: {traj} has 1000 frames; using frame 0" in capsys.readouterr().err
+
+
+def test_convert_failure_leaves_no_partial_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import batched_nerf.formats.gaussian
+
+    def failing_write(path: str, *args: object, **kwargs: object) -> None:
+        Path(path).write_text("C\nH 1 1.0")  # half a file, then the writer fails
+        raise ValueError("cannot write row 2")
+
+    monkeypatch.setattr(batched_nerf.formats.gaussian, "write_zmat", failing_write)
+    ok = tmp_path / "ok.xyz"
+    ok.write_text("2\n\nH 0 0 0\nH 0.74 0 0\n")
+    assert main(["convert", str(ok), str(tmp_path / "o.zmat")]) == 1
+    assert "cannot write row 2" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.xyz"]
+
+
+#: invocations with bad values: each must end with a one-line ``error:`` and status 1 or 2
+BAD_INVOCATIONS = [
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--chunk", "-1"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--precision", "-2"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--sigma", "nan"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--sigma", "inf"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--sigma=-inf"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--device", "meta"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--device", "banana"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--device", "cpu:-1"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--device", ""],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--seed", "99999999999999999999999"],
+    ["sample", "chain_20", "-o", "{tmp}/o.xyz", "--n", "-5"],
+    ["sample", "chain_20", "-o", "{tmp}/missing/o.xyz"],
+    ["sample", "{tmp}/missing.zmat", "-o", "{tmp}/o.xyz"],
+    ["sample", "unobtainium", "-o", "{tmp}/o.xyz"],
+    ["bench", "--device", "banana"],
+    ["bench", "--device", "meta"],
+    ["convert", "{tmp}/missing.xyz", "{tmp}/o.zmat"],
+    ["convert", "{tmp}/o.zmat", "{tmp}/o.pdb"],
+    ["info", "{tmp}/missing.xyz"],
+    ["info", "chain_20.xyz", "--table-from", "{tmp}/missing.npy"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_INVOCATIONS, ids=" ".join)
+def test_bad_invocations_print_no_traceback(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    try:
+        code = main(argv)
+    except BaseException as exc:  # a traceback for the user
+        pytest.fail(f"{argv} raised {type(exc).__name__}: {exc}")
+    captured = capsys.readouterr()
+    assert code in (1, 2), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert len(errors) == 1 and re.match(r"batched-nerf( \w+)?: error: ", errors[0]), captured.err
+    assert not (tmp_path / "o.xyz").exists() and not (tmp_path / "o.zmat").exists()
+
+
+def test_bad_invocation_as_a_process() -> None:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [sys.executable, "-m", "batched_nerf", "bench", "--device", "banana"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("batched-nerf: error: --device 'banana' is not available")
 
 
 def test_convert_chemcoord_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -285,10 +419,10 @@ def test_bench_launches_checkout_suite(
     root = Path(__file__).resolve().parents[1]  # this checkout, whichever copy of the package is imported
     monkeypatch.setattr(batched_nerf.cli, "__file__", str(root / "batched_nerf" / "cli.py"))
     monkeypatch.setattr(subprocess, "run", run)
-    assert main(["bench", "--quick", "--out", "res", "--no-peers", "--device", "cuda"]) == 3  # its status
+    assert main(["bench", "--quick", "--out", "res", "--no-peers", "--device", "cpu"]) == 3  # its status
     script = root / "benchmarks" / "run.py"
     assert calls == [
-        [sys.executable, str(script), "--device", "cuda", "--quick", "--out", "res", "--no-peers"]
+        [sys.executable, str(script), "--device", "cpu", "--quick", "--out", "res", "--no-peers"]
     ]
     assert str(script) in capsys.readouterr().err
 

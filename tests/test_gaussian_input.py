@@ -148,7 +148,11 @@ def test_write_cartesian_input_keeps_fixed_atoms_and_multiplicity() -> None:
         ("#p hf\n\ntitle\n", r"line 4: expected the charge and multiplicity \(e.g. '0 1'\), got the end"),
         ("#p hf\n\nt\n\n0 0\nC\n", r"line 5: the multiplicity must be a positive integer, got 0"),
         ("#p hf\n\nt\n\n0 1\n\n", r"line 6: no atom lines found"),
-        ("C\nO 1.2 0 0\n", r"line 1: a Z-matrix line with fewer than three references cannot be combined"),
+        (
+            "C\nO 1.2 0 0\n",
+            r"line 2: atom 2 has 4 fields, the form of a Cartesian line .label x y z., but Cartesian lines "
+            r"cannot follow the Z-matrix line 1",
+        ),
         ("O 0 0 0\nH 0.9 0 zz\n", r"line 2: undefined variable 'zz'"),
         ("#p hf\n\nt\n\n0 1\nC\nH 1 R\n\nbasis\n", r"line 7: undefined variable 'R'"),
     ],

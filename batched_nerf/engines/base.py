@@ -41,9 +41,28 @@ class Movable:
         return replace(self, **{f.name: _to(getattr(self, f.name), device) for f in fields(self)})  # type: ignore[arg-type]
 
 
+def _one_variant(n_atoms: int, n_samples: int) -> int:
+    return 1
+
+
+def _always_gathers(plan: Any) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Engine:
-    """A named engine: its planner, its builder and the plan variants to prepare.
+    """A named engine: its planner, its builder, and what the table and dispatch ask about it.
+
+    The table (:meth:`~batched_nerf.ConstructionTable.plan`), ``method="auto"``
+    (:mod:`.dispatch`) and :func:`~batched_nerf.compile_builder` read an engine
+    only through this record:
+
+    * *when is it planned?* ``eager``: at table construction (only for plans
+      that cost next to nothing); otherwise on first use, one variant at a time;
+    * *which plans exist?* ``variants``, all built by ``table.prepare``; one call
+      uses ``choose_variant(n_atoms, n_samples)``;
+    * *does its compiled backward gather?* ``gathers(plan)`` (a compiled CPU
+      backward with index gathers needs torch >= 2.14.1, see :mod:`.compiled`).
 
     Attributes:
         name: the ``method=`` name.
@@ -55,10 +74,14 @@ class Engine:
             builds ahead of time.
         choose_variant: ``(n_atoms, n_samples) -> variant`` for one call (one of
             ``variants``); engines with a single plan return 1.
+        eager: plan variant ``variants[0]`` when the table is made (default: on first use).
+        gathers: ``plan -> bool``: the build's backward uses index gathers.
     """
 
     name: str
     plan: Callable[[Topology, int], Any]
     build: Callable[..., Any]
     variants: tuple[int, ...] = (1,)
-    choose_variant: Callable[[int, int], int] = lambda n_atoms, n_samples: 1
+    choose_variant: Callable[[int, int], int] = _one_variant
+    eager: bool = False
+    gathers: Callable[[Any], bool] = _always_gathers

@@ -37,11 +37,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
+from .._topology import FULL, THIRD, Topology
 from . import backends
+from .frame_tree import PARENT, frame_tree
 
-__all__ = ["auto_method", "choose_method", "scan_block"]
+__all__ = ["auto_method", "choose_method", "scan_block", "single_path"]
 
 #: Tables this shallow always take the level engine (CPU).
 SHALLOW_DEPTH = 8
@@ -97,12 +100,46 @@ def choose_method(
     return "scan"
 
 
-def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = False) -> str:
-    """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable` (read through its public view).
+def single_path(topo: Topology) -> bool:
+    """Whether the scan engine builds ``topo`` as one path without gathers (a chain), cheaply.
 
-    ``compiled``: the choice of a ``torch.compile``-d build (never the fused
-    engine; also implied while ``torch.compile`` traces).
+    Whole-array passes over the rows, no plan built: the table computes it once
+    when it is made, so that :func:`auto_method` reads a plain ``bool``. True
+    when every fully referenced row is a ``PARENT`` row of the frame tree
+    (:mod:`.frame_tree`) and they form one unbranched path below the table's
+    only third seed atom; tables without fully referenced rows count as one
+    path too. Tables with rows placed from positions (several scan rounds)
+    count as branched.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf.engines.dispatch import single_path
+        >>> single_path(bn.ConstructionTable.chain(6).topology)
+        True
+        >>> forked = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [2, 1, 3]]
+        >>> single_path(bn.ConstructionTable(forked).topology)
+        False
+    """
+    full = topo.kind == FULL
+    if not full.any():
+        return True
+    if int((topo.kind == THIRD).sum()) != 1:
+        return False
+    if np.bincount(topo.refs[full, 0], minlength=topo.n_atoms).max() > 1:  # a branch: cheap to see
+        return False
+    tree = frame_tree(topo)
+    if not (tree.frame[full] == PARENT).all():  # rows hanging from a seed's anchor or placed from positions
+        return False
+    return bool(np.bincount(tree.parent[full], minlength=topo.n_atoms).max() <= 1)
+
+
+def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = False) -> str:
+    """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable`.
+
+    Reads only plain values fixed when the table is made (``table.depth``,
+    ``table.single_path``) and whether a fused backend imports: no plan is built
+    to dispatch. ``compiled``: the choice of a ``torch.compile``-d build (never
+    the fused engine; also implied while ``torch.compile`` traces).
     """
     fused = not (compiled or torch.compiler.is_compiling()) and backends.available(device_type)
-    single_path = all(r.path is not None for r in table.plan("scan").rounds)
-    return choose_method(table.depth, single_path, n_samples, device_type, fused)
+    return choose_method(table.depth, table.single_path, n_samples, device_type, fused)

@@ -94,22 +94,48 @@ class LevelPlan(Movable):
     flip_rows: Tensor | None = None  # (F,) the rows (of `rows`) whose angle can turn a frame
 
 
-def _pool_plan(
-    need_block: np.ndarray, need_slot: np.ndarray, block_size: list[int]
-) -> tuple[tuple[tuple[int, Tensor | None], ...], Tensor | None]:
-    """Blocks (whole, or the rows used) concatenated into a pool, and the gather of ``need`` from it."""
-    parts: list[tuple[int, Tensor | None]] = []
-    pool_row = np.zeros(need_block.size, dtype=np.int64)
-    offset = 0
-    for s in np.unique(need_block).tolist():
-        sel = need_block == s
-        used = np.unique(need_slot[sel])
-        whole = 2 * used.size >= block_size[s]  # copy the whole block unless it is mostly unused
-        parts.append((s, None if whole else as_long(used)))
-        pool_row[sel] = offset + (need_slot[sel] if whole else np.searchsorted(used, need_slot[sel]))
-        offset += block_size[s] if whole else used.size
-    in_order = pool_row.size == offset and np.array_equal(pool_row, np.arange(offset))
-    return tuple(parts), None if in_order else as_long(pool_row)
+def _pool_plans(
+    reader: np.ndarray, need_block: np.ndarray, need_slot: np.ndarray, block_size: list[int], n_levels: int
+) -> tuple[list[tuple[tuple[int, Tensor | None], ...]], list[Tensor | None]]:
+    """Each level's pool (blocks, whole or the rows used, concatenated) and gather from it.
+
+    Entry ``e`` (rows of ``reader``, ``need_block``, ``need_slot``, grouped by
+    level in the order each level reads them) is the row ``need_slot[e]`` of
+    block ``need_block[e]`` that level ``reader[e]`` reads. Each ``(level,
+    block)`` pair copies the whole block or the rows it uses (sorted); an
+    entry's pool row is its pair's offset in the level plus its row in the copy.
+    Only the per-level tuples are assembled in Python.
+    """
+    sizes = np.asarray(block_size, dtype=np.int64)
+    n_blocks = sizes.size
+    width = int(sizes.max(initial=0)) + 1
+    pair_key = reader * n_blocks + need_block
+    pairs, pair_of = np.unique(pair_key, return_inverse=True)  # sorted by (level, block)
+    trips, trip_of = np.unique(pair_key * width + need_slot, return_inverse=True)
+    trip_pair = np.searchsorted(pairs, trips // width)
+    used = np.bincount(trip_pair, minlength=pairs.size)
+    pair_level, pair_block = pairs // n_blocks, pairs % n_blocks
+    whole = 2 * used >= sizes[pair_block]  # copy the whole block unless it is mostly unused
+    rows = np.where(whole, sizes[pair_block], used)
+    before = np.cumsum(rows) - rows  # pool rows before each pair, across levels
+    level_pair0 = np.searchsorted(pair_level, np.arange(n_levels + 1))  # first pair of each level
+    pair_offset = before - before[level_pair0[pair_level]]
+    trip0 = np.searchsorted(trip_pair, np.arange(pairs.size))  # first used row of each pair
+    rank = np.arange(trips.size) - trip0[trip_pair]
+    flat = pair_offset[pair_of] + np.where(whole[pair_of], need_slot, rank[trip_of])
+    count = np.bincount(reader, minlength=n_levels)
+    entry0 = np.concatenate([[0], np.cumsum(count)])
+    pool = np.bincount(pair_level, weights=rows, minlength=n_levels)
+    in_place = flat == np.arange(flat.size) - entry0[reader]
+    in_order = (np.bincount(reader, weights=~in_place, minlength=n_levels) == 0) & (pool == count)
+    # views of two index tensors: the rows of each partly copied pair, each gathered level's rows
+    part_rows = iter(as_long((trips % width)[~whole[trip_pair]]).split(used[~whole].tolist()))
+    pair_parts = [(b, None if w else next(part_rows)) for b, w in zip(pair_block.tolist(), whole.tolist())]
+    bounds = level_pair0.tolist()
+    parts = [tuple(pair_parts[bounds[k] : bounds[k + 1]]) for k in range(n_levels)]
+    level_rows = iter(as_long(flat[~in_order[reader]]).split(count[~in_order].tolist()))
+    gathers = [None if keep else next(level_rows) for keep in in_order.tolist()]
+    return parts, gathers
 
 
 def _link_paths(link: np.ndarray, start: np.ndarray, row: np.ndarray, pad: int) -> np.ndarray:
@@ -150,36 +176,41 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
     anchor_slot = np.full(n, -1, dtype=np.int64)
     fblock[third], fslot[third], anchor_slot[third] = 0, n3 + np.arange(n3), np.arange(n3)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    read_start, n_read, read_rows = [], [], []
-    for k, size in enumerate(sizes, start=1):
-        atoms = order[starts[k - 1] : starts[k - 1] + size]
-        block[atoms] = fblock[atoms] = k
-        slot[atoms] = np.arange(size)
-        read_start.append(int((group[atoms] == 0).sum()))
-        n_read.append(int(is_read[atoms].sum()))
-        fslot[atoms] = np.arange(size) - read_start[-1]
-        read_rows.append(starts[k - 1] + read_start[-1] + np.arange(n_read[-1]))
+    lv = level[order]  # (M,) level of each atom in build order
+    rank = np.arange(order.size) - starts[lv - 1]  # position of each atom in its level
+    n_levels = len(sizes)
+    block[order] = fblock[order] = lv
+    slot[order] = rank
+    # out-frames made per level: the atoms a later level reads, one slice from read_start
+    read_start_of = np.bincount(lv - 1, weights=group[order] == 0, minlength=n_levels).astype(np.int64)
+    n_read_of = np.bincount(lv - 1, weights=is_read[order], minlength=n_levels).astype(np.int64)
+    fslot[order] = rank - read_start_of[lv - 1]
+    read_start, n_read = read_start_of.tolist(), n_read_of.tolist()
+    read_rows = np.flatnonzero(is_read[order])  # groups 1 and 2: contiguous within each level
     block_size = [int(block0.size), *sizes]
     fblock_size = [2 * n3, *n_read]
+    # position pool entries, per level: d, a, b of its POSITIONS rows, then b of its other rows
+    pos = is_pos[order]
+    n_pos = np.bincount(lv[pos] - 1, minlength=n_levels)
+    n_pos_of = n_pos[lv - 1]
+    entry0 = np.concatenate([[0], np.cumsum(2 * n_pos + np.asarray(sizes, dtype=np.int64))])
+    at = entry0[lv - 1] + 2 * n_pos_of + rank  # the bond reference's entry
+    need = np.empty(entry0[-1], dtype=np.int64)
+    need[at] = refs[order, 0]  # b (POSITIONS rows: the last of their three columns)
+    need[at[pos] - 2 * n_pos_of[pos]] = tree.dihedral_ref[order[pos]]
+    need[at[pos] - n_pos_of[pos]] = refs[order[pos], 1]
+    reader = np.repeat(np.arange(n_levels), np.diff(entry0))
+    parts, gathers = _pool_plans(reader, block[need], slot[need], block_size, n_levels)
+    n_positions = n_pos.tolist()
+    # frame pool entries, per level: the placement frames of its PARENT and ANCHOR rows
+    framed = order[~pos]
+    p = tree.parent[framed]
+    anchored = tree.frame[framed] == ANCHOR
+    fb = np.where(anchored, 0, fblock[p])
+    fs = np.where(anchored, anchor_slot[p], fslot[p])
     frame_used = np.zeros(len(fblock_size), dtype=bool)
-    parts, gathers, frame_parts, frame_gathers, n_positions = [], [], [], [], []
-    for k, size in enumerate(sizes):
-        atoms = order[starts[k] : starts[k] + size]
-        n_pos = int(is_pos[atoms].sum())
-        pos, framed = atoms[:n_pos], atoms[n_pos:]
-        need = np.concatenate([tree.dihedral_ref[pos], refs[pos, 1], refs[pos, 0], refs[framed, 0]])
-        level_parts, gather = _pool_plan(block[need], slot[need], block_size)
-        parts.append(level_parts)
-        gathers.append(gather)
-        n_positions.append(n_pos)
-        p = tree.parent[framed]
-        anchored = tree.frame[framed] == ANCHOR
-        fb = np.where(anchored, 0, fblock[p])
-        fs = np.where(anchored, anchor_slot[p], fslot[p])
-        frame_used[fb] = True
-        f_parts, f_gather = _pool_plan(fb, fs, fblock_size) if framed.size else ((), None)
-        frame_parts.append(f_parts)
-        frame_gathers.append(f_gather)
+    frame_used[fb] = True
+    frame_parts, frame_gathers = _pool_plans(lv[~pos] - 1, fb, fs, fblock_size, n_levels)
     block_start = np.concatenate([[0], np.cumsum(block_size)])
     inverse = block_start[block] + slot
     rows = np.concatenate([second, third, order])
@@ -206,7 +237,7 @@ def level_plan(topo: Topology, variant: int = 1) -> LevelPlan:
         frame_used=tuple(bool(u) for u in frame_used),
         read_start=tuple(read_start),
         n_read=tuple(n_read),
-        read_rows=as_long(np.concatenate([np.zeros(0, dtype=np.int64), *read_rows])),
+        read_rows=as_long(read_rows),
         inverse=as_long(inverse),
         third_sign=torch.as_tensor(
             np.where(topo.refs[third, 0] == topo.seed_second[topo.seed_slot[third]], 1, -1)

@@ -3,7 +3,7 @@
 * :mod:`.xyz`: XYZ coordinate files, single- and multi-frame.
 * :mod:`.gaussian`: Gaussian input files and Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
 * :mod:`.bgflow`: the integer z-matrices of bgflow / bgmol.
-* :mod:`.chemcoord`: chemcoord ``Zmat`` objects (needs ``chemcoord``).
+* :mod:`.chemcoord`: chemcoord ``Zmat`` objects and files (needs ``chemcoord``).
 * :mod:`.ase`: ASE ``Atoms`` (needs ``ase``).
 * :mod:`.rdkit`: construction tables and coordinates from RDKit molecules (needs ``rdkit``).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from .._zmatrix import ZMatrix
 from .ase import from_ase, to_ase
 from .bgflow import refs_from_bgflow, refs_to_bgflow, table_from_bgflow, table_to_bgflow
-from .chemcoord import from_chemcoord, to_chemcoord
+from .chemcoord import from_chemcoord, read_chemcoord, to_chemcoord
 from .gaussian import GaussianInput, read_gaussian, read_zmat, write_gaussian, write_zmat
 from .rdkit import table_from_rdkit, xyz_from_rdkit
 from .xyz import read_xyz, write_xyz
@@ -25,6 +25,7 @@ __all__ = [
     "ZMatrix",
     "from_ase",
     "from_chemcoord",
+    "read_chemcoord",
     "read_gaussian",
     "read_xyz",
     "read_zmat",

@@ -23,6 +23,36 @@ def open_text(path_or_file: PathOrFile, mode: str) -> Iterator[IO[str]]:
             yield handle
 
 
+def read_text(path_or_file: PathOrFile | IO[bytes]) -> str:
+    """The whole text of a file or stream, as UTF-8; a leading byte-order mark (Windows editors) is dropped.
+
+    Binary streams are decoded as UTF-8.
+
+    Raises:
+        ValueError: the bytes are not UTF-8 text.
+    """
+    if hasattr(path_or_file, "read"):
+        data = path_or_file.read()  # type: ignore[union-attr]
+        where = "the stream"
+    else:
+        where = repr(os.fspath(path_or_file))  # type: ignore[arg-type]
+        with open(os.fspath(path_or_file), "rb") as handle:  # type: ignore[arg-type]
+            data = handle.read()
+    if isinstance(data, (bytes, bytearray)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where} is not UTF-8 text: byte {exc.start} cannot be decoded") from None
+    return str(data).removeprefix("\ufeff")
+
+
+def check_precision(precision: Any, name: str = "precision") -> int:
+    """``precision`` as an ``int`` of decimals, refusing a negative or non-integer value."""
+    if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)) or precision < 0:
+        raise ValueError(f"{name} must be a non-negative integer (decimals per value), got {precision!r}")
+    return int(precision)
+
+
 def as_numpy(value: Any, dtype: Any = np.float64) -> np.ndarray:
     """numpy copy of an array-like or (detached, CPU) torch tensor."""
     if hasattr(value, "detach"):

@@ -37,8 +37,11 @@ Example (needs chemcoord)::
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import sys
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -46,9 +49,9 @@ import torch
 from .._table import ConstructionTable
 from .._topology import build_order
 from .._zmatrix import ZMatrix
-from ._common import optional_import, require_one_conformation
+from ._common import PathOrFile, optional_import, read_text, require_one_conformation
 
-__all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "to_chemcoord"]
+__all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "read_chemcoord", "to_chemcoord"]
 
 #: chemcoord's absolute references and the positions of the dummy atoms standing for them.
 ABSOLUTE_REFERENCES: dict[str, tuple[float, float, float]] = {
@@ -158,6 +161,86 @@ def from_chemcoord(zmat: Any) -> ZMatrix:
         labels=[str(label) for label in index] + dummies,
         real=torch.tensor([True] * n + [False] * len(dummies)),
     )
+
+
+def read_chemcoord(path_or_file: PathOrFile | IO[bytes]) -> ZMatrix:
+    """Read a chemcoord Z-matrix file (as ``Zmat.to_zmat`` writes it) as a :class:`~batched_nerf.ZMatrix`.
+
+    Lines ``atom b bond a angle d dihedral`` (``#`` starts a comment), the
+    references 1-based atom numbers or absolute references (``origin``,
+    ``e_x``, ``e_y``, ``e_z``); or chemcoord's short form whose first three
+    lines have 1, 3 and 5 fields. The lines are checked here, naming the
+    file's line and atom, then read by ``chemcoord.Zmat.read_zmat`` and
+    converted by :func:`from_chemcoord`. A leading byte-order mark is ignored.
+
+    Args:
+        path_or_file: a path or an open file (text or binary, UTF-8).
+
+    Returns:
+        The :class:`~batched_nerf.ZMatrix` of :func:`from_chemcoord`.
+
+    Raises:
+        ImportError: chemcoord is not installed.
+        ValueError: naming the file (or ``"the input"``), line and atom: an
+            empty file, a wrong number of fields, a reference that is not an
+            atom number of the file or an absolute reference, a value that is
+            not a finite number, or a Z-matrix chemcoord cannot build.
+
+    Example (needs chemcoord; run on the adapter's docs page):
+        >>> from batched_nerf.formats import read_chemcoord  # doctest: +SKIP
+        >>> z = read_chemcoord("water.zmat")  # doctest: +SKIP
+    """
+    where = "the input" if hasattr(path_or_file, "read") else repr(os.fspath(path_or_file))  # type: ignore[arg-type]
+    text = read_text(path_or_file)
+    rows: list[tuple[int, list[str]]] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        fields = raw.split("#", 1)[0].split()
+        if fields:
+            rows.append((lineno, fields))
+    if not rows:
+        raise ValueError(
+            f"{where}: empty chemcoord Z-matrix: no atom lines 'atom b bond a angle d dihedral' found"
+        )
+    short = len(rows[0][1]) == 1  # chemcoord's form with implicit seed references
+    n = len(rows)
+    for k, (lineno, fields) in enumerate(rows):
+        want = 1 + 2 * min(k, 3) if short else 7
+        if len(fields) != want:
+            form = " ".join(["atom", "b bond", "a angle", "d dihedral"][: (want + 1) // 2])
+            raise ValueError(
+                f"{where}: line {lineno} (atom {k + 1}): expected {want} fields '{form}', got {len(fields)}"
+            )
+        for j in range(1, want, 2):
+            ref, value = fields[j], fields[j + 1]
+            if ref not in ABSOLUTE_REFERENCES and not (
+                ref.isdigit() and 1 <= int(ref) <= n and int(ref) != k + 1
+            ):
+                raise ValueError(
+                    f"{where}: line {lineno} (atom {k + 1}): reference {ref!r} is neither another atom's "
+                    f"number (1..{n}) nor an absolute reference {tuple(ABSOLUTE_REFERENCES)}"
+                )
+            try:
+                ok = bool(np.isfinite(float(value))) and "_" not in value
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"{where}: line {lineno} (atom {k + 1}): value {value!r} is not a finite number"
+                )
+    cc = _import_chemcoord()
+    clean = "\n".join(" ".join(fields) for _, fields in rows) + "\n"
+    try:
+        return from_chemcoord(cc.Zmat.read_zmat(io.StringIO(clean)))
+    except Exception as exc:  # chemcoord raises many kinds of errors
+        # internal rows are the file's atoms in order: name the file's lines
+        message = re.sub(
+            r"\brow (\d+)\b",
+            lambda m: f"line {rows[int(m.group(1))][0]} (atom {int(m.group(1)) + 1})"
+            if int(m.group(1)) < n
+            else m.group(0),
+            str(exc),
+        )
+        raise ValueError(f"{where}: {message}") from None
 
 
 def to_chemcoord(zmatrix: ZMatrix) -> Any:

@@ -55,7 +55,15 @@ from .._perceive import atomic_number, element_symbol
 from .._table import ConstructionTable
 from .._topology import build_order
 from .._zmatrix import ZMatrix
-from ._common import PathOrFile, as_numpy, open_text, refs_of, require_one_conformation
+from ._common import (
+    PathOrFile,
+    as_numpy,
+    check_precision,
+    open_text,
+    read_text,
+    refs_of,
+    require_one_conformation,
+)
 
 __all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaussian", "write_zmat"]
 
@@ -109,6 +117,24 @@ def _element(label: str, lineno: int) -> str:
         except ValueError:
             continue
     raise ValueError(f"line {lineno}: unknown element in atom label {label!r}")
+
+
+def _check_labels(elements: Sequence[str]) -> list[str]:
+    """Element labels as strings, each one that :func:`read_zmat` reads back as the same single field."""
+    out = [str(e) for e in elements]
+    for i, label in enumerate(out):
+        ok = bool(label) and not any(c.isspace() or c in ",!" for c in label)
+        if ok:
+            try:
+                _element(label, 0)
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ValueError(
+                f"atom {i}: element label {label!r} cannot be written: it must be one non-empty field "
+                "without spaces, commas or '!' that starts with an element symbol"
+            )
+    return out
 
 
 def _is_variable_line(text: str) -> bool:
@@ -179,8 +205,7 @@ def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
         >>> g.route, g.title, g.charge, g.multiplicity, g.zmatrix.elements
         ('#p hf/sto-3g', 'water', 0, 1, ['O', 'H', 'H'])
     """
-    with open_text(path_or_file, "r") as handle:
-        lines = handle.read().splitlines()
+    lines = read_text(path_or_file).splitlines()
     k = 0
     while k < len(lines) and not _strip(lines[k]):
         k += 1
@@ -255,19 +280,34 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
     elements: list[str] = []
     label_index: dict[str, int] = {}
     cartesian: dict[int, list[float]] = {}
-    seed_line = 0
+    seed_line = cartesian_line = 0
     for row, (lineno, fields) in enumerate(atoms):
         label = fields[0]
         elements.append(_element(label, lineno))
         names.append(label)
         label_index.setdefault(label, row)
+        n_refs = min(row, 3)
+        expected = 1 + 2 * n_refs
+        what = "only an element" if n_refs == 0 else f"an element and {n_refs} (reference, value) pairs"
         if _is_cartesian(fields):
+            if seed_line:
+                raise ValueError(
+                    f"line {lineno}: atom {row + 1} has {len(fields)} fields, the form of a Cartesian line "
+                    f"'label x y z', but Cartesian lines cannot follow the Z-matrix line {seed_line} (its "
+                    f"frame would not be defined); as a Z-matrix line atom {row + 1} expects {expected} "
+                    f"fields ({what})"
+                )
+            cartesian_line = cartesian_line or lineno
             cartesian[row] = [_value(t, variables, lineno) for t in fields[-3:]]
             continue
-        n_refs = min(row, 3)
         if n_refs < 3 and not seed_line:
             seed_line = lineno
-        expected = 1 + 2 * n_refs
+            if cartesian_line:
+                raise ValueError(
+                    f"line {lineno}: atom {row + 1} is a Z-matrix line with {n_refs} reference(s) after the "
+                    f"Cartesian line {cartesian_line}: its frame would not be defined; write it as a "
+                    "Cartesian line 'label x y z' (after Cartesian lines a Z-matrix line needs 3 references)"
+                )
         if n_refs == 3 and len(fields) == 8:
             if fields[7] != "0":
                 raise ValueError(
@@ -276,7 +316,6 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
                 )
             fields = fields[:7]
         if len(fields) != expected:
-            what = "only an element" if n_refs == 0 else f"an element and {n_refs} (reference, value) pairs"
             raise ValueError(
                 f"line {lineno}: atom {row + 1} expects {expected} fields ({what}), got {len(fields)}"
             )
@@ -299,11 +338,6 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
             raise ValueError(f"line {lineno}: bond length must be positive, got {bond}")
         if n_refs >= 2 and not 0.0 <= ang <= 180.0:
             raise ValueError(f"line {lineno}: angle must lie in [0, 180] degrees, got {ang}")
-    if cartesian and seed_line:
-        raise ValueError(
-            f"line {seed_line}: a Z-matrix line with fewer than three references cannot be combined "
-            "with Cartesian lines (its frame would not be defined); put the Cartesian lines first"
-        )
     fixed = sorted(cartesian)
     return ZMatrix(
         ConstructionTable(refs, fixed=fixed),
@@ -361,7 +395,12 @@ def write_zmat(
         dihedrals: ``(N,)`` IUPAC dihedrals, like ``bonds``.
         degrees: whether ``angles``/``dihedrals`` are in degrees (default radians).
         variables: write symbolic ``R<k>``/``A<k>``/``D<k>`` names and a variable block.
-        precision: decimals written per value.
+        precision: decimals written per value (a non-negative integer).
+
+    Bond angles outside ``[0, 180]`` degrees (which :func:`read_zmat` refuses)
+    are written as the equivalent angle in that range with the dihedral turned
+    by 180 deg: the same atom position (for the third seed atom, which has no
+    dihedral, the same molecule turned about its first bond).
 
     Returns:
         ``(N,)`` ``np.int64`` ``order``: written row ``k`` is atom ``order[k]``.
@@ -375,7 +414,9 @@ def write_zmat(
             salt with ``ZMatrix.from_cartesian``/``ConstructionTable.from_xyz``),
             references that cannot be written as Gaussian rows, a reference
             cycle, values of the wrong shape, a non-finite value or a bond
-            length that is not positive (naming the row).
+            length that is not positive (naming the row), an element label that
+            would not read back as one field (empty, with spaces; naming the
+            atom), or a negative ``precision``.
 
     Example:
         >>> import io
@@ -406,9 +447,10 @@ def write_zmat(
     n = len(ref_arr)
     if fixed.size:
         raise ValueError(f"a Gaussian Z-matrix cannot hold fixed atoms; the table fixes {fixed.tolist()[:8]}")
-    elements = [str(e) for e in elements]
+    elements = _check_labels(elements)
     if len(elements) != n:
         raise ValueError(f"got {len(elements)} elements for {n} atoms")
+    precision = check_precision(precision)
     vals = []
     for name, v in (("bonds", bonds), ("angles", angles), ("dihedrals", dihedrals)):
         arr = as_numpy(v)
@@ -430,6 +472,7 @@ def write_zmat(
         )
     if not degrees:
         a, d = np.rad2deg(a), np.rad2deg(d)
+    a, d = _normalise_angles(a, d, n_refs)
     roots = np.flatnonzero(n_refs == 0)
     if n and roots.size != 1:
         raise ValueError(
@@ -467,6 +510,25 @@ def write_zmat(
     return order
 
 
+def _normalise_angles(
+    angles: np.ndarray, dihedrals: np.ndarray, n_refs: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """Bond angles (degrees) into the reader's ``[0, 180]``, describing the same atom positions.
+
+    An angle ``theta`` and ``360 - theta`` (or ``-theta``) with the dihedral
+    turned by 180 deg place the atom at the same point. For a third seed atom
+    (no dihedral) the mirrored angle turns the whole molecule by 180 deg about
+    its first bond: the same molecule, internal coordinates unchanged.
+    """
+    theta = np.mod(angles, 360.0)
+    flip = (n_refs >= 2) & (theta > 180.0)
+    angles = np.where(n_refs >= 2, np.where(flip, 360.0 - theta, theta), angles)
+    turned = dihedrals + 180.0
+    turned = np.where(turned > 180.0, turned - 360.0, turned)
+    dihedrals = np.where(flip & (n_refs >= 3), turned, dihedrals)
+    return angles, dihedrals
+
+
 def write_gaussian(
     path_or_file: PathOrFile,
     zmatrix: ZMatrix,
@@ -475,7 +537,7 @@ def write_gaussian(
     title: str = "written by batched_nerf",
     charge: int = 0,
     multiplicity: int | None = None,
-    link0: Sequence[str] = (),
+    link0: str | Sequence[str] = (),
     cartesian: bool = False,
     variables: bool = False,
     precision: int = 6,
@@ -497,11 +559,12 @@ def write_gaussian(
         charge: total charge.
         multiplicity: spin multiplicity ``2S + 1``; default 1 for an even number
             of electrons, 2 for an odd one.
-        link0: Link 0 lines, each starting with ``%`` (e.g. ``"%chk=mol.chk"``).
+        link0: Link 0 lines, each starting with ``%`` (e.g. ``["%chk=mol.chk", "%mem=1GB"]``;
+            a string is one line, or several separated by newlines).
         cartesian: write Cartesian lines (from :meth:`~batched_nerf.ZMatrix.to_cartesian`)
             instead of Z-matrix lines; needed for tables with fixed atoms.
         variables: symbolic ``R<k>``/``A<k>``/``D<k>`` values and a variable block.
-        precision: decimals written per value.
+        precision: decimals written per value (a non-negative integer).
 
     Returns:
         ``(N,)`` ``np.int64`` order: written atom ``k`` is row ``order[k]``.
@@ -510,8 +573,9 @@ def write_gaussian(
         TypeError: ``zmatrix`` is not a ZMatrix.
         ValueError: no elements or more than one conformation, a route not
             starting with ``#``, a blank title or a title or route with blank
-            lines, a Link 0 line not starting with ``%``, a multiplicity that is
-            not positive or does not fit the number of electrons, or what
+            lines, a Link 0 line not starting with ``%``, a charge or multiplicity
+            that is not an integer, a multiplicity that is not positive or does
+            not fit the number of electrons, or what
             :func:`write_zmat` refuses.
 
     Example:
@@ -542,10 +606,16 @@ def write_gaussian(
     title_lines = [line.strip() for line in str(title).strip().splitlines()]
     if not title_lines or not all(title_lines):
         raise ValueError(f"the title must be non-blank and have no blank lines, got {title!r}")
+    if isinstance(link0, str):  # one line (or several, separated by newlines), not its characters
+        link0 = link0.splitlines()
     for line in link0:
         if not str(line).strip().startswith("%"):
             raise ValueError(f"Link 0 lines must start with '%', got {line!r}")
-    elements = zmatrix.elements or []
+    for name, value in (("charge", charge), ("multiplicity", multiplicity)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    precision = check_precision(precision)
+    elements = _check_labels(zmatrix.elements or [])
     real = zmatrix.real.tolist()
     electrons = sum(atomic_number(e) for e, keep in zip(elements, real) if keep) - int(charge)
     if multiplicity is None:
@@ -560,7 +630,7 @@ def write_gaussian(
     body = io.StringIO()
     if cartesian:
         xyz = zmatrix.to_cartesian(dummies=True).detach().cpu().double().reshape(-1, 3).numpy()
-        fmt = f"{{:.{int(precision)}f}}"
+        fmt = f"{{:.{precision}f}}"
         body.write("".join(f"{e} {' '.join(fmt.format(v) for v in row)}\n" for e, row in zip(elements, xyz)))
         order = np.arange(len(elements), dtype=np.int64)
     else:

@@ -8,21 +8,26 @@ XYZ forces) are ignored when reading. Coordinates are returned as written
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from ._common import PathOrFile, as_numpy, open_text
+from ._common import PathOrFile, as_numpy, check_precision, open_text, read_text
 
 __all__ = ["read_xyz", "write_xyz"]
 
+#: A finite decimal number as XYZ files write it (no ``nan``/``inf``, no ``1_000`` digit grouping).
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
-def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]]:
+
+def read_xyz(path_or_file: PathOrFile | IO[bytes]) -> tuple[list[str], np.ndarray, list[str]]:
     """Read a single- or multi-frame XYZ file.
 
     Args:
-        path_or_file: a path or an open text file.
+        path_or_file: a path or an open file (text, or binary: decoded as
+            UTF-8); a leading byte-order mark is ignored.
 
     Returns:
         ``(elements, xyz, comments)``: the ``N`` element symbols (as written),
@@ -32,7 +37,8 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
     Raises:
         ValueError: naming the 1-based line and the reason, for an empty file, a
             bad atom count, a missing comment or atom line, an atom line with
-            fewer than 4 fields, a coordinate that is not a number, or a frame
+            fewer than 4 fields, a coordinate that is not a finite decimal number
+            (``nan``, ``inf`` and ``1_0`` are refused), a file that is not UTF-8, or a frame
             whose atom count or elements differ from the first frame, or two
             atoms of a frame at the same coordinates (naming both lines).
 
@@ -44,8 +50,7 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
         >>> elements, xyz.shape, comments
         (['O', 'H'], (1, 2, 3), ['water-ish'])
     """
-    with open_text(path_or_file, "r") as handle:
-        lines = handle.read().splitlines()
+    lines = read_text(path_or_file).splitlines()
     elements: list[str] | None = None
     frames: list[np.ndarray] = []
     comments: list[str] = []
@@ -56,10 +61,9 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
             k += 1
             continue
         head = lines[k].split()
-        try:
-            n = int(head[0])
-        except ValueError:
-            raise ValueError(f"line {k + 1}: expected the atom count, got {lines[k].strip()!r}") from None
+        if not re.fullmatch(r"[+-]?\d+", head[0]):  # int() would take "1_0" too
+            raise ValueError(f"line {k + 1}: expected the atom count, got {lines[k].strip()!r}")
+        n = int(head[0])
         if len(head) != 1 or n < 0:
             raise ValueError(f"line {k + 1}: expected a non-negative atom count, got {lines[k].strip()!r}")
         frame_no = len(frames) + 1
@@ -83,12 +87,11 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
                 raise ValueError(f"line {lineno}: expected 4 fields 'element x y z', got {len(fields)}")
             names.append(fields[0])
             for c in range(3):
-                try:
-                    coords[a, c] = float(fields[1 + c])
-                except ValueError:
-                    raise ValueError(
-                        f"line {lineno}: could not parse coordinate {fields[1 + c]!r} as a number"
-                    ) from None
+                token = fields[1 + c]
+                value = float(token) if _NUMBER.fullmatch(token) else None
+                if value is None or not np.isfinite(value):
+                    raise ValueError(f"line {lineno}: could not parse coordinate {token!r} as {_kind(token)}")
+                coords[a, c] = value
         if elements is None:
             elements = names
         elif len(names) != len(elements):
@@ -109,6 +112,17 @@ def read_xyz(path_or_file: PathOrFile) -> tuple[list[str], np.ndarray, list[str]
     xyz = np.stack(frames)
     _check_distinct(xyz, starts)
     return elements, xyz, comments
+
+
+def _kind(token: str) -> str:
+    """What a refused coordinate should have been."""
+    try:
+        float(token)
+    except ValueError:
+        return "a number"
+    if "_" in token:
+        return "a number (no '_' digit separators in XYZ files)"
+    return "a finite number"
 
 
 def _check_distinct(xyz: np.ndarray, starts: list[int]) -> None:
@@ -148,10 +162,10 @@ def write_xyz(
             tensors (detached and moved to the CPU).
         comments: one comment for every frame, or a sequence of ``F`` comments;
             ``None`` writes empty comment lines.
-        precision: decimals written per coordinate.
+        precision: decimals written per coordinate (a non-negative integer).
 
     Raises:
-        ValueError: for a wrong shape, a count mismatch, non-finite coordinates,
+        ValueError: for a negative ``precision``, a wrong shape, a count mismatch, non-finite coordinates,
             an empty or whitespace-containing element, or a comment containing a
             line break.
 
@@ -193,7 +207,7 @@ def write_xyz(
         if "\n" in c or "\r" in c:
             raise ValueError(f"comment of frame {f} contains a line break")
     # one %-template per frame: much faster than formatting line by line
-    number = f"%.{int(precision)}f"
+    number = f"%.{check_precision(precision)}f"
     body = "".join(f"{el.replace('%', '%%')} {number} {number} {number}\n" for el in elements)
     chunks: list[str] = []
     for f in range(n_frames):

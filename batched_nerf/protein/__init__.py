@@ -1,12 +1,14 @@
-"""Proteins: all heavy atoms of any sequence of the 20 standard amino acids from torsions, and back.
+"""Proteins: all heavy atoms (or every atom) of amino-acid sequences from torsions, and back.
 
 A layer above the core (which never imports it), built on the public API
 (:class:`batched_nerf.ConstructionTable`, :func:`batched_nerf.to_cartesian`,
 :func:`batched_nerf.to_internal`, :func:`batched_nerf.pack_tables`):
 
 - :func:`protein_table`: the Z-matrix of a sequence from residue templates
-  (Engh & Huber 1991 bond lengths and angles), cached per sequence, with
-  phi/psi/omega/chi1-chi4 as single named rows;
+  (Engh & Huber 1991 bond lengths and angles; hydrogens with Amber ff14SB
+  values, PDB/Amber names, variants HID HIE HIP CYX ASH GLH LYN, caps ACE NME),
+  cached per sequence, with phi/psi/omega/chi1-chi4 and the hydrogen rotors as
+  single named rows;
 - :func:`build` / :func:`build_batch`: coordinates from torsions, for one
   sequence or a mixed batch;
 - :func:`torsions` / :func:`torsions_batch` / :func:`internal_coordinates`: the inverse;
@@ -24,16 +26,20 @@ Example:
 from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
 from ._pdb import write_pdb
-from ._sequence import TORSION_NAMES, ProteinTable, parse_sequence, protein_table
-from ._templates import CHI_NAMES, DEFAULT_CHI, ONE_TO_THREE, THREE_TO_ONE
+from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
+from ._templates import CAPS, CHI_NAMES, DEFAULT_CHI, ONE_TO_THREE, RESIDUE_NAMES, THREE_TO_ONE, VARIANTS
 from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
+    "CAPS",
     "CHI_NAMES",
     "DEFAULT_CHI",
+    "NAME_ALIASES",
     "ONE_TO_THREE",
+    "RESIDUE_NAMES",
     "THREE_TO_ONE",
     "TORSION_NAMES",
+    "VARIANTS",
     "PackedProteins",
     "Protein",
     "ProteinTable",

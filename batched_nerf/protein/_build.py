@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,11 +44,17 @@ class Protein(NamedTuple):
 
 def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
     if not isinstance(value, Tensor):
-        value = torch.as_tensor(
-            value,
-            dtype=like.dtype if like is not None else torch.get_default_dtype(),
-            device=like.device if like is not None else None,
+        keep = isinstance(value, (np.ndarray, np.floating)) and np.issubdtype(
+            np.asarray(value).dtype, np.floating
         )
+        if like is None and keep:  # numpy floats keep their dtype (float64 stays float64)
+            value = torch.as_tensor(np.asarray(value))
+        else:
+            value = torch.as_tensor(
+                value,
+                dtype=like.dtype if like is not None else torch.get_default_dtype(),
+                device=like.device if like is not None else None,
+            )
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got dtype {value.dtype}")
     return value
@@ -78,6 +85,9 @@ def _torsion_values(
     ``shape`` is ``(L,)`` for one sequence, ``(B, L_max)`` for a mixed batch.
     """
     like = next((v for v in (phi, psi, omega, chi) if isinstance(v, Tensor)), None)
+    if like is None:  # numpy torsions only: the first floating array sets the dtype
+        arrays = [v for v in (phi, psi, omega, chi) if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+        like = torch.as_tensor(arrays[0]) if arrays else None
     scale = _DEG if degrees else 1.0
     dims = ", ".join(map(str, shape))
     what = "(..., L)" if len(shape) == 1 else "(..., B, L_max)"
@@ -168,6 +178,25 @@ def _assemble(
     return bonds.to(dtype), angles.to(dtype), values
 
 
+def _set_rotors(dihedrals: Tensor, rotors: Any, t: Any, degrees: bool) -> Tensor:
+    """``dihedrals`` with the rotor rows replaced by ``rotors`` ``(..., K)``."""
+    r = _float(rotors, "rotors", dihedrals)
+    k = int(t.rotor_rows.numel())
+    if r.ndim == 0 or r.shape[-1] != k:
+        raise ValueError(f"rotors must have shape (..., K) with K = {k} rotors, got {tuple(r.shape)}")
+    r = r * _DEG if degrees else r
+    dtype = torch.promote_types(dihedrals.dtype, r.dtype)
+    try:
+        batch = torch.broadcast_shapes(dihedrals.shape[:-1], r.shape[:-1])
+    except RuntimeError:
+        raise ValueError(
+            f"rotors of batch shape {tuple(r.shape[:-1])} do not broadcast with torsions of batch shape "
+            f"{tuple(dihedrals.shape[:-1])}"
+        ) from None
+    d = dihedrals.to(dtype).expand(*batch, dihedrals.shape[-1])
+    return d.index_copy(-1, t.rotor_rows.to(d.device), r.to(dtype).expand(*batch, k))
+
+
 def build(
     sequence: str | Sequence[str],
     phi: Any,
@@ -176,11 +205,13 @@ def build(
     chi: Any = None,
     *,
     geometry: Any = None,
+    hydrogens: bool = False,
+    rotors: Any = None,
     degrees: bool = False,
     method: str = "auto",
     accumulate_dtype: torch.dtype | None = None,
 ) -> Protein:
-    r"""All heavy atoms of a protein from its backbone and side-chain torsions.
+    r"""All heavy atoms of a protein (every atom with ``hydrogens=True``) from its torsions.
 
     Torsions follow IUPAC-IUB (1970), ``i`` the residue (0-based, ``L``
     residues), radians (degrees with ``degrees=True``), IUPAC sign::
@@ -192,18 +223,27 @@ def build(
                     entries beyond the residue's side chain are ignored
 
     Bond lengths and angles are Engh & Huber (1991) ideal values (or those of
-    ``geometry``). The first residue's N sits at the origin, its CA on ``+x``,
-    its C in the ``xy``-plane (``y > 0``). Every CA is L. Differentiable to any
+    ``geometry``); hydrogens take Amber ff14SB's. The first residue's N (an
+    ``ACE`` cap's CH3) sits at the origin, its CA on ``+x``,
+    its C in the ``xy``-plane (``y > 0``). Every CA is L. Caps count as residues
+    (``"ACE ALA NME"``: ``L = 3``; ALA's phi and psi at index 1). Differentiable to any
     order and ``torch.func`` compatible: the torsions enter through one gather,
     then :func:`batched_nerf.to_cartesian`. The table is analysed once per
     sequence (:func:`protein_table`, cached).
 
     Args:
-        sequence: one-letter string (``"ACDEF"``) or list of three-letter names.
-        phi, psi: ``(..., L)`` torsions.
+        sequence: one-letter string (``"ACDEF"``), or three-letter names
+            (variants, caps) separated by spaces or listed (:func:`parse_sequence`).
+        phi, psi: ``(..., L)`` torsions (numpy arrays keep their float dtype).
         omega: ``(..., L)``; default trans (``pi``) everywhere.
         chi: ``(..., L, 4)``; default one common rotamer per residue type
             (:data:`batched_nerf.protein.DEFAULT_CHI`).
+        hydrogens: also build every hydrogen (Amber / PDB names, after each
+            residue's heavy atoms; ideal geometry, Amber ff14SB bond lengths and
+            angles). The heavy atoms are the same as without hydrogens.
+        rotors: ``(..., K)`` dihedrals of the ``K`` hydrogen rotors (methyl,
+            ammonium, amine, hydroxyl, thiol groups:
+            :attr:`ProteinTable.rotor_rows` / ``rotor_names``); default staggered.
         geometry: optional ``(bonds, angles, dihedrals)`` each ``(..., N)`` (e.g.
             :func:`internal_coordinates` of a structure) replacing the ideal bond
             lengths and angles and the fixed (non-torsion) dihedrals.
@@ -214,7 +254,7 @@ def build(
         :class:`Protein` ``(xyz (..., N, 3), atom_names, residue_index, elements, sequence, mask)``.
 
     Raises:
-        ValueError: an unknown residue; torsions or ``geometry`` of the wrong shape.
+        ValueError: an unknown residue; torsions, ``rotors`` or ``geometry`` of the wrong shape.
         TypeError: a sequence of the wrong type, non-floating torsions.
 
     Example:
@@ -224,10 +264,15 @@ def build(
         >>> p = bn.protein.build("ACD", phi, psi, degrees=True)
         >>> p.xyz.shape, p.atom_names[:5], p.residue_index[-1].item()
         (torch.Size([2, 20, 3]), ('N', 'CA', 'C', 'O', 'CB'), 2)
+        >>> dipeptide = bn.protein.build("ACE ALA NME", torch.zeros(3), torch.zeros(3), hydrogens=True)
+        >>> dipeptide.xyz.shape, dipeptide.atom_names[:4]
+        (torch.Size([22, 3]), ('CH3', 'C', 'O', 'H1'))
     """
-    t = protein_table(sequence)
+    t = protein_table(sequence, hydrogens=hydrogens)
     torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
     bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
+    if rotors is not None:
+        dihedrals = _set_rotors(dihedrals, rotors, t, degrees)
     xyz = to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
     mask = torch.ones(t.n_atoms, dtype=torch.bool, device=xyz.device)
     return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
@@ -246,9 +291,10 @@ class PackedProteins:
         pad: ``(B*N_max,)`` index of each padded slot in the packed atoms, ``N_total`` for padding.
     """
 
-    def __init__(self, sequences: tuple[str, ...]) -> None:
+    def __init__(self, sequences: tuple[str, ...], hydrogens: bool = False) -> None:
         self.sequences = sequences
-        self.tables = [protein_table(s) for s in sequences]
+        self.hydrogens = hydrogens
+        self.tables = [protein_table(s, hydrogens=hydrogens) for s in sequences]
         self.table = pack_tables([t.table for t in self.tables])
         b = len(sequences)
         self.n_max = max(t.n_atoms for t in self.tables)
@@ -300,12 +346,12 @@ class PackedProteins:
 
 
 @functools.lru_cache(maxsize=PACK_CACHE_SIZE)
-def _packed(sequences: tuple[str, ...]) -> PackedProteins:
-    return PackedProteins(sequences)
+def _packed(sequences: tuple[str, ...], hydrogens: bool) -> PackedProteins:
+    return PackedProteins(sequences, hydrogens)
 
 
-def packed_proteins(sequences: Sequence[str | Sequence[str]]) -> PackedProteins:
-    """The (cached) :class:`PackedProteins` of a tuple of sequences.
+def packed_proteins(sequences: Sequence[str | Sequence[str]], *, hydrogens: bool = False) -> PackedProteins:
+    """The (cached) :class:`PackedProteins` of a tuple of sequences (``hydrogens``: all atoms).
 
     Raises:
         ValueError: an empty list, or a bad sequence (see :func:`protein_table`).
@@ -318,7 +364,7 @@ def packed_proteins(sequences: Sequence[str | Sequence[str]]) -> PackedProteins:
     """
     if isinstance(sequences, str) or not len(sequences):
         raise ValueError("sequences must be a non-empty list of sequences (one string per chain)")
-    return _packed(tuple(protein_table(s).sequence for s in sequences))
+    return _packed(tuple(protein_table(s).sequence for s in sequences), bool(hydrogens))
 
 
 def build_batch(
@@ -328,6 +374,7 @@ def build_batch(
     omega: Any = None,
     chi: Any = None,
     *,
+    hydrogens: bool = False,
     degrees: bool = False,
     method: str = "auto",
     accumulate_dtype: torch.dtype | None = None,
@@ -340,7 +387,8 @@ def build_batch(
     chains are built by one :func:`batched_nerf.to_cartesian` call on the
     packed table (:func:`batched_nerf.pack_tables`), analysed once per tuple of
     sequences (:func:`packed_proteins`, cached; the per-sequence tables are
-    cached separately).
+    cached separately). ``hydrogens=True`` builds every atom (hydrogen rotors at
+    their staggered defaults).
 
     Returns:
         :class:`Protein` with ``xyz`` ``(..., B, N_max, 3)`` (zeros in padding),
@@ -357,7 +405,7 @@ def build_batch(
         >>> p.xyz.shape, p.mask.sum(1).tolist()
         (torch.Size([2, 20, 3]), [20, 19])
     """
-    packed = packed_proteins(sequences)
+    packed = packed_proteins(sequences, hydrogens=hydrogens)
     shape = (len(packed.tables), packed.l_max)
     torsions = _torsion_values(phi, psi, omega, chi, shape, packed, degrees)
     bonds, angles, dihedrals = _assemble(

@@ -47,7 +47,7 @@ def _gather(dihedrals: Tensor, rows: Tensor) -> Torsions:
 
 
 def internal_coordinates(
-    xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False
+    xyz: Any, sequence: str | Sequence[str], *, hydrogens: bool = False, degrees: bool = False
 ) -> InternalCoordinates:
     """Bond lengths, angles and dihedrals of every heavy atom, in the rows of :func:`protein_table`.
 
@@ -58,10 +58,12 @@ def internal_coordinates(
         xyz: ``(..., N, 3)`` heavy atoms in the table's atom order (reorder
             other files with :meth:`ProteinTable.order_from`).
         sequence: as for :func:`build`.
+        hydrogens: ``xyz`` holds every atom (the all-atom table of :func:`build`).
         degrees: angles and dihedrals in degrees.
 
     Returns:
-        :class:`batched_nerf.InternalCoordinates`, each ``(..., N)``.
+        :class:`batched_nerf.InternalCoordinates`, each ``(..., N)``; the hydrogen
+        rotors' dihedrals are ``dihedrals[..., table.rotor_rows]``.
 
     Raises:
         ValueError: ``xyz`` is not ``(..., N, 3)``, or a bad sequence.
@@ -74,11 +76,13 @@ def internal_coordinates(
         >>> round(abs(ic.dihedrals[row].item()), 3)
         180.0
     """
-    t = protein_table(sequence)
+    t = protein_table(sequence, hydrogens=hydrogens)
     return to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
 
 
-def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) -> Torsions:
+def torsions(
+    xyz: Any, sequence: str | Sequence[str], *, hydrogens: bool = False, degrees: bool = False
+) -> Torsions:
     r"""phi, psi, omega and chi1-chi4 of every residue from heavy-atom coordinates.
 
     The inverse of :func:`build`: ``build(sequence, *torsions(xyz, sequence))``
@@ -90,6 +94,7 @@ def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) 
     Args:
         xyz: ``(..., N, 3)`` in the atom order of :func:`protein_table`.
         sequence: as for :func:`build`.
+        hydrogens: ``xyz`` holds every atom (order of ``protein_table(sequence, hydrogens=True)``).
         degrees: return degrees.
 
     Returns:
@@ -107,17 +112,20 @@ def torsions(xyz: Any, sequence: str | Sequence[str], *, degrees: bool = False) 
         >>> t.phi.round().tolist(), t.psi.round().tolist(), t.chi[1].round().tolist()
         ([0.0, -60.0], [140.0, 130.0], [-65.0, 175.0, 170.0, 160.0])
     """
-    t = protein_table(sequence)
+    t = protein_table(sequence, hydrogens=hydrogens)
     ic = to_internal(_check_xyz(xyz, (t.n_atoms, 3), "(..., N, 3)"), t.table, degrees=degrees)
     return _gather(ic.dihedrals, t.torsion_rows)
 
 
-def torsions_batch(xyz: Any, sequences: Sequence[str | Sequence[str]], *, degrees: bool = False) -> Torsions:
+def torsions_batch(
+    xyz: Any, sequences: Sequence[str | Sequence[str]], *, hydrogens: bool = False, degrees: bool = False
+) -> Torsions:
     """Torsions of a mixed batch: the inverse of :func:`build_batch`.
 
     Args:
         xyz: ``(..., B, N_max, 3)`` padded coordinates (padding is ignored).
         sequences: the ``B`` sequences.
+        hydrogens: ``xyz`` holds every atom.
         degrees: return degrees.
 
     Returns:
@@ -134,7 +142,7 @@ def torsions_batch(xyz: Any, sequences: Sequence[str | Sequence[str]], *, degree
         tensor([[-0.8000, -0.8000, -0.8000],
                 [-0.8000, -0.8000,  0.0000]])
     """
-    packed = packed_proteins(sequences)
+    packed = packed_proteins(sequences, hydrogens=hydrogens)
     x = _check_xyz(xyz, (len(packed.tables), packed.n_max, 3), "(..., B, N_max, 3)")
     ic = to_internal(packed.packed(x), packed.table, degrees=degrees)
     rows = torch.full((len(packed.tables), packed.l_max, 7), -1, dtype=torch.long)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import IO
 
 import numpy as np
 
 from ..formats._common import PathOrFile, open_text
 from ._build import Protein
-from ._templates import ONE_TO_THREE
+from ._sequence import residue_names
+from ._templates import base_residue
 
 
 def _atom_line(
@@ -33,26 +35,63 @@ def _check_coord(xyz: np.ndarray) -> None:
         )
 
 
-def write_pdb(protein: Protein, path_or_file: PathOrFile | None = None, *, chain: str = "A") -> str | None:
+def _conect(protein: Protein, disulfides: Sequence[tuple[int, int]]) -> list[str]:
+    """CONECT records of the SG-SG bonds of residue pairs (serials as written, 1-based)."""
+    if not disulfides:
+        return []
+    if isinstance(protein.sequence, tuple):
+        raise ValueError("disulfides need a batch of one sequence (build), not a mixed batch (build_batch)")
+    where = {
+        (int(r), n): k + 1 for k, (r, n) in enumerate(zip(protein.residue_index.tolist(), protein.atom_names))
+    }
+    lines = []
+    for pair in disulfides:
+        if len(pair) != 2:
+            raise ValueError(f"each disulfide must be a pair of residue indices, got {pair!r}")
+        serials = []
+        for r in pair:
+            if (int(r), "SG") not in where:
+                raise ValueError(f"disulfide {tuple(pair)}: residue {r} has no SG atom (a CYS/CYX)")
+            serials.append(where[(int(r), "SG")])
+        a, b = serials
+        lines += [f"CONECT{a:5d}{b:5d}", f"CONECT{b:5d}{a:5d}"]
+    return lines
+
+
+def write_pdb(
+    protein: Protein,
+    path_or_file: PathOrFile | None = None,
+    *,
+    chain: str = "A",
+    disulfides: Sequence[tuple[int, int]] = (),
+) -> str | None:
     """Write a built :class:`Protein` (or a mixed batch) as PDB, one ``MODEL`` per structure.
 
     Every leading batch index of ``protein.xyz`` becomes one model (row-major);
     for a mixed batch (:func:`build_batch`) each sequence of each batch entry is
     one model with its own atoms (readers that need one topology for all
     models, like mdtraj, load batches of one sequence). Residues are numbered
-    from 1, atoms serially per model; the chain ends with ``TER``.
+    from 1, atoms serially per model; the chain ends with ``TER``. Protonation
+    variants are written under their PDB residue names (``HID``/``HIE``/``HIP``
+    as ``HIS``, ``CYX`` as ``CYS``, ``ASH`` as ``ASP``, ``GLH`` as ``GLU``, ``LYN``
+    as ``LYS``): their hydrogens tell the state, as OpenMM reads it; caps
+    ``ACE``/``NME`` keep their names.
 
     Args:
         protein: the result of :func:`build` or :func:`build_batch`.
         path_or_file: a file name or an open text file; ``None`` returns the text.
         chain: one-character chain identifier.
+        disulfides: pairs of residue indices (0-based) whose SG atoms are bonded
+            (``CYX``): written as ``CONECT`` records, the only ones the PDB
+            format needs here (OpenMM reads them as bonds).
 
     Returns:
         The PDB text when ``path_or_file`` is ``None``, else ``None``.
 
     Raises:
-        ValueError: a chain id that is not one character, or coordinates that are
-            not finite or do not fit the PDB columns.
+        ValueError: a chain id that is not one character, coordinates that are
+            not finite or do not fit the PDB columns, or a disulfide residue
+            without SG.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -79,13 +118,15 @@ def write_pdb(protein: Protein, path_or_file: PathOrFile | None = None, *, chain
         names = protein.atom_names[k] if mixed else protein.atom_names
         elements = protein.elements[k] if mixed else protein.elements
         residues = (protein.residue_index[k] if mixed else protein.residue_index).tolist()
+        res_names = tuple(base_residue(r) for r in residue_names(sequence))
         lines.append(f"MODEL     {number:4d}")
         for j, (name, element) in enumerate(zip(names, elements)):
             r = residues[j]
-            lines.append(_atom_line(j + 1, name, ONE_TO_THREE[sequence[r]], chain, r + 1, coords[j], element))
+            lines.append(_atom_line(j + 1, name, res_names[r], chain, r + 1, coords[j], element))
         last = len(names)
-        lines.append(f"TER   {last + 1:5d}      {ONE_TO_THREE[sequence[-1]]:3s} {chain}{len(sequence):4d}")
+        lines.append(f"TER   {last + 1:5d}      {res_names[-1]:3s} {chain}{len(res_names):4d}")
         lines.append("ENDMDL")
+    lines += _conect(protein, disulfides)
     lines.append("END")
     text = "\n".join(lines) + "\n"
     if path_or_file is None:

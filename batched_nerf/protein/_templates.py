@@ -29,6 +29,35 @@ ONE_TO_THREE = {
 }  # fmt: skip
 THREE_TO_ONE = {v: k for k, v in ONE_TO_THREE.items()}
 
+#: Protonation variants (Amber / OpenMM ``amber14-all.xml`` names) -> the residue whose heavy atoms they
+#: share: neutral histidines (``HID``: H on ND1, ``HIE``: H on NE2; ``HIS`` is ``HIE``), charged ``HIP``,
+#: disulfide-bonded cysteine ``CYX`` (no HG), neutral ``ASH``, ``GLH``, ``LYN``.
+VARIANTS = {"HID": "HIS", "HIE": "HIS", "HIP": "HIS", "CYX": "CYS", "ASH": "ASP", "GLH": "GLU", "LYN": "LYS"}
+#: Capping groups: N-terminal acetyl (``ACE``: CH3, C, O) and C-terminal N-methyl amide (``NME``: N, C).
+CAPS = ("ACE", "NME")
+#: Every residue name a sequence may hold.
+RESIDUE_NAMES = (*ONE_TO_THREE.values(), *VARIANTS, *CAPS)
+
+
+def base_residue(name: str) -> str:
+    """The standard residue whose heavy atoms a variant has (``"HID"`` -> ``"HIS"``), else ``name``."""
+    return VARIANTS.get(name, name)
+
+
+#: Bonds of each ring, by atom name (PDB names; variants use their standard residue's).
+#: The table's bond references span a tree; these include the closing bond of each ring.
+RING_BONDS = {
+    "PRO": (("N", "CD"),),
+    "PHE": (("CG", "CD1"), ("CD1", "CE1"), ("CE1", "CZ"), ("CZ", "CE2"), ("CE2", "CD2"), ("CD2", "CG")),
+    "TYR": (("CG", "CD1"), ("CD1", "CE1"), ("CE1", "CZ"), ("CZ", "CE2"), ("CE2", "CD2"), ("CD2", "CG")),
+    "HIS": (("CG", "ND1"), ("ND1", "CE1"), ("CE1", "NE2"), ("NE2", "CD2"), ("CD2", "CG")),
+    "TRP": (
+        ("CG", "CD1"), ("CD1", "NE1"), ("NE1", "CE2"), ("CE2", "CD2"), ("CD2", "CG"),
+        ("CE2", "CZ2"), ("CZ2", "CH2"), ("CH2", "CZ3"), ("CZ3", "CE3"), ("CE3", "CD2"),
+    ),
+}  # fmt: skip
+
+
 #: Names of the side-chain torsions a user can set, in order.
 CHI_NAMES = ("chi1", "chi2", "chi3", "chi4")
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .._table import ConstructionTable
 from ..formats._common import as_numpy, optional_import
+from ._templates import CHI_NAMES, SIDE_CHAINS, base_residue
 
-#: Columns of :attr:`TopologyTable.torsion_rows`.
+#: Columns of :attr:`TopologyTable.torsion_rows` (the conventions of :func:`build`).
 BACKBONE_COLUMNS = ("phi", "psi", "omega")
+TORSION_COLUMNS = (*BACKBONE_COLUMNS, *CHI_NAMES)
 
 
 class TopologyTable(NamedTuple):
@@ -23,10 +26,11 @@ class TopologyTable(NamedTuple):
             molecule its own component).
         atom_names, elements, residue_names: ``N`` labels.
         residue_index: ``(N,)`` ``torch.long`` residue of each atom (the topology's numbering, from 0).
-        torsion_rows: ``(R, 3)`` ``torch.long``: the row whose dihedral is phi,
-            psi, omega of each residue (conventions of :func:`build`), ``-1``
-            where the residue has none (termini, non-amino-acid residues, or a
-            seed row of the table).
+        torsion_rows: ``(R, 7)`` ``torch.long``: the row whose dihedral is phi,
+            psi, omega, chi1..chi4 of each residue (conventions of :func:`build`),
+            ``-1`` where the residue has none (termini, non-amino-acid residues, a
+            seed row of the table, or a torsion the bond graph's build order
+            cannot hold as one row).
     """
 
     table: ConstructionTable
@@ -76,6 +80,72 @@ def _backbone_quads(names, res_index, chain, bonded) -> dict[tuple[str, int], tu
     return quads
 
 
+def _chi_quads(names, res_names, res_index) -> dict[tuple[str, int], tuple[int, int, int, int]]:
+    """chi1..chi4 atom quadruples of the standard residues (and variants) of a topology."""
+    where: dict[tuple[int, str], int] = {}
+    for k, (r, n) in enumerate(zip(res_index, names)):
+        where.setdefault((r, n), k)
+    quads = {}
+    seen: set[int] = set()
+    for r, rn in zip(res_index, res_names):
+        base = base_residue(str(rn).upper())
+        if r in seen or base not in SIDE_CHAINS:
+            continue
+        seen.add(r)
+        for atom in SIDE_CHAINS[base]:
+            if isinstance(atom.dihedral, str):
+                try:
+                    quad = tuple(
+                        where[(r, x)] for x in (atom.dihedral_ref, atom.angle_ref, atom.bond_ref, atom.name)
+                    )
+                except KeyError:
+                    continue
+                quads[(atom.dihedral, r)] = quad
+    return quads
+
+
+def _build_rank(refs) -> list[int]:
+    """Position of each atom in a build order of ``refs`` (every reference before the atom)."""
+    n = len(refs)
+    children: list[list[int]] = [[] for _ in range(n)]
+    waiting = [0] * n
+    for k in range(n):
+        for r in {int(x) for x in refs[k] if x >= 0}:
+            children[r].append(k)
+            waiting[k] += 1
+    queue = [k for k in range(n) if waiting[k] == 0]
+    rank = [0] * n
+    for position, k in enumerate(queue):  # the queue grows while we walk it
+        rank[k] = position
+        for c in children[k]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                queue.append(c)
+    return rank
+
+
+def _angstrom(xyz: Any, connectivity: list) -> Any:
+    """Coordinates in Angstrom: OpenMM Quantities converted; plain arrays that look like nm refused."""
+    if xyz is None:
+        return None
+    if hasattr(xyz, "value_in_unit") and hasattr(xyz, "unit"):  # an openmm.unit.Quantity
+        unit = optional_import("openmm.unit", "openmm")
+        return as_numpy(xyz.value_in_unit(unit.angstrom))
+    x = as_numpy(xyz)
+    if x.ndim == 2 and x.shape[-1] == 3 and connectivity:
+        pairs = np.asarray(connectivity, dtype=np.int64)
+        if pairs.max() < len(x):
+            lengths = np.linalg.norm(x[pairs[:, 0]] - x[pairs[:, 1]], axis=-1)
+            median = float(np.median(lengths))
+            if median < 0.5:
+                raise ValueError(
+                    f"xyz looks like nanometres (median bond length {median:.3f}); table_from_topology "
+                    "takes Angstrom: multiply by 10 or pass an OpenMM Quantity "
+                    "(pdb.getPositions(asNumpy=True)), whose unit is converted"
+                )
+    return x
+
+
 def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool = True) -> TopologyTable:
     """Table of every atom of an mdtraj ``Topology``, an OpenMM ``Topology`` or a PDB file.
 
@@ -88,10 +158,16 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
     backbone torsion phi, psi, omega (between peptide-bonded residues) is made
     the dihedral of exactly one row, listed in :attr:`TopologyTable.torsion_rows`.
 
+    Hydrogens hang on their heavy atom (their only bond); chi1..chi4 of the
+    standard residues (and the Amber variants) are single rows too, where the
+    build order allows it (a torsion is made a row only if its new reference is
+    built before the atom, so chains in any order never give a reference cycle).
+
     Args:
         topology: ``mdtraj.Topology``, ``openmm.app.Topology`` or the path of a
             PDB (or any mdtraj-readable) file, whose first frame gives ``xyz``.
-        xyz: optional ``(N, 3)`` coordinates in Angstrom, used to avoid
+        xyz: optional ``(N, 3)`` coordinates in Angstrom, or an OpenMM
+            ``Quantity`` (any length unit, converted), used to avoid
             near-linear reference triples and to link the molecules.
         link_fragments: link separate molecules into one build (needs
             coordinates; see :func:`batched_nerf.nonbonded_references`).
@@ -102,7 +178,8 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
     Raises:
         ImportError: a path is given but mdtraj is not installed.
         TypeError: an unsupported topology object.
-        ValueError: ``xyz`` of the wrong shape (see ``from_connectivity``).
+        ValueError: ``xyz`` of the wrong shape (see ``from_connectivity``), or a
+            plain array that looks like nanometres (median bond below 0.5).
 
     Example:
         >>> import os, tempfile, pytest, torch, batched_nerf as bn
@@ -111,8 +188,8 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
         >>> path = os.path.join(tempfile.mkdtemp(), "gag.pdb")
         >>> bn.protein.write_pdb(p, path)
         >>> top = bn.protein.table_from_topology(path)
-        >>> top.table.n_atoms, tuple(top.torsion_rows.shape), int((top.torsion_rows >= 0).sum())
-        (14, (3, 3), 6)
+        >>> top.table.n_atoms, tuple(top.torsion_rows.shape), int((top.torsion_rows[:, :3] >= 0).sum())
+        (14, (3, 7), 6)
     """
     if isinstance(topology, (str, os.PathLike)):
         md = optional_import("mdtraj", "mdtraj")
@@ -129,7 +206,7 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
         )
     names, elements, res_names, res_index, chain, connectivity = labels
     n = len(names)
-    xyz_np = None if xyz is None else as_numpy(xyz)
+    xyz_np = _angstrom(xyz, connectivity)
     start = next((k for k, nm in enumerate(names) if nm == "N" and res_names[k] not in ("HOH", "WAT")), None)
     base = ConstructionTable.from_connectivity(
         connectivity, n, xyz=xyz_np, root=start, link_fragments=link_fragments and xyz_np is not None
@@ -137,14 +214,18 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
     refs = base.refs.numpy().copy()
     bonded = {(int(a), int(b)) for a, b in connectivity} | {(int(b), int(a)) for a, b in connectivity}
     quads = _backbone_quads(names, res_index, chain, bonded)
+    quads.update(_chi_quads(names, res_names, res_index))
     residues = sorted(set(res_index))
     position = {r: k for k, r in enumerate(residues)}
-    rows = torch.full((len(residues), 3), -1, dtype=torch.long)
+    rows = torch.full((len(residues), len(TORSION_COLUMNS)), -1, dtype=torch.long)
+    # a new dihedral reference must come before the atom in one fixed build order of the
+    # bond-graph table: then every rewrite keeps that order valid and no cycle can form
+    rank = _build_rank(refs)
     for (name, r), (p, q, s, t) in quads.items():
         for atom, b, a, d in ((t, s, q, p), (p, q, s, t)):
-            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0:
+            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0 and rank[d] < rank[atom]:
                 refs[atom, 2] = d
-                rows[position[r], BACKBONE_COLUMNS.index(name)] = atom
+                rows[position[r], TORSION_COLUMNS.index(name)] = atom
                 break
     table = ConstructionTable(refs)
     return TopologyTable(
