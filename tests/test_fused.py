@@ -270,6 +270,8 @@ def test_float32_accuracy(n: int, bound: float) -> None:
 # ---------------------------------------------------- dispatch, backends
 def test_auto_picks_fused_when_available() -> None:
     assert dispatch.choose_method(509, True, 256, "cpu", fused=True) == "fused"
+    assert dispatch.choose_method(6, False, 1024, "cpu", fused=True) == "fused"
+    assert dispatch.choose_method(6, False, 4096, "cpu", fused=True) == "fused"  # every batch size
     assert dispatch.choose_method(509, True, 256, "cpu") == "scan"
     assert dispatch.auto_method(TABLES["chain"], 4, "cpu") == "fused"
     assert dispatch.auto_method(TABLES["chain"], 4, "cpu", compiled=True) != "fused"

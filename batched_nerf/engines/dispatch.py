@@ -24,9 +24,13 @@ engine for all but the shallowest tables.
 The fused engine (one compiled kernel per pass) goes first wherever it has a
 backend (``fused=True``: the CPU with numba; see :mod:`.backends`) and
 ``torch.compile`` is not tracing: on the CPU it was fastest on every shape
-measured, forward and forward+backward (alanine dipeptide x 4,096, chains of
-64 x 1,024, 512 x 256, 4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1
-and x 64, small molecules x 1; ``docs/architecture.md``), so it has no crossover.
+measured, forward and forward+backward (chains of 64 x 1,024, 512 x 256,
+4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1 and x 64, small
+molecules x 1 to x 1,024; ``docs/architecture.md``), and tied with the level
+engine on shallow tables at ``B = 4096`` (alanine dipeptide: forward 2.4 vs
+2.7 ms, forward+backward 7.6 vs 7.0 ms). It is not switched off there: one
+engine at every batch size gives one answer at every batch size, also where
+rounding decides (rows placed from nearly collinear references).
 """
 
 from __future__ import annotations
@@ -133,10 +137,9 @@ def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = F
     """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable`.
 
     Reads only plain values fixed when the table is made (``table.depth``,
-    ``table.single_path``): no plan is built to dispatch. ``compiled``: the
-    choice of a ``torch.compile``-d build (never the fused engine; also implied
-    while ``torch.compile`` traces).
+    ``table.single_path``) and whether a fused backend imports: no plan is built
+    to dispatch. ``compiled``: the choice of a ``torch.compile``-d build (never
+    the fused engine; also implied while ``torch.compile`` traces).
     """
-    if not (compiled or torch.compiler.is_compiling()) and backends.available(device_type):
-        return "fused"
-    return choose_method(table.depth, table.single_path, n_samples, device_type)
+    fused = not (compiled or torch.compiler.is_compiling()) and backends.available(device_type)
+    return choose_method(table.depth, table.single_path, n_samples, device_type, fused)

@@ -18,11 +18,12 @@ flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
 Derivatives: :class:`FusedBuild` runs the forward kernel; its backward is
 :class:`FusedVJP`, the fused backward kernel (reverse accumulation, one pass);
 the backward of that, forward-mode AD (``jvp``) and everything beyond are the
-scan engine's plain torch graph (the reference: the same values and
-derivatives), so ``gradgradcheck``, ``create_graph=True`` losses, third order
-and ``torch.func`` (``vmap`` rules on both functions) stay exact. Under
-``torch.compile`` and for dtypes other than float32/float64 the scan engine
-builds directly.
+torch graph of a reference engine (the same values and derivatives: the level
+engine for shallow tables, ``depth <= 8``, else the scan engine), so
+``gradgradcheck``, ``create_graph=True`` losses, third order and ``torch.func``
+(``vmap`` rules on both functions) stay exact. Under
+``torch.compile`` and for dtypes other than float32/float64 the reference
+engine builds directly.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ from torch import Tensor
 from .._topology import SECOND, THIRD, Topology
 from .backends import require
 from .base import Engine, Movable
-from .dispatch import scan_block
+from .dispatch import SHALLOW_DEPTH, scan_block
 from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
-from .levels import _IS_FUNCTORCH_WRAPPED
+from .levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from .scan import build_scan, scan_plan
 
 __all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan"]
@@ -66,7 +67,7 @@ class FusedPlan(Movable):
             ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
             third-seed flag. Reference rows are positions in this order.
         starts: ``(U + 1,)`` ``int64`` first row of each work unit.
-        topology: the table's topology (the scan reference is planned from it on demand).
+        topology: the table's topology (the reference engine's plan is made from it on demand).
     """
 
     index: np.ndarray
@@ -75,8 +76,8 @@ class FusedPlan(Movable):
     _reference: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def reference(self, n_samples: int, device: torch.device) -> Any:
-        """The scan plan (band size for ``n_samples``) on ``device``: the derivatives' reference."""
-        block = scan_block(self.topology.n_atoms, n_samples)
+        """The reference plan on ``device``: levels for shallow tables, else scan (band for ``n_samples``)."""
+        block = 0 if self.topology.depth <= SHALLOW_DEPTH else scan_block(self.topology.n_atoms, n_samples)
         key = (block, device)
         plan = self._reference.get(key)
         if plan is None and torch.compiler.is_compiling():
@@ -89,7 +90,7 @@ class FusedPlan(Movable):
             plan = self._reference.get((block, torch.device("cpu")))
             if plan is None:
                 with _no_functorch():  # made inside a transform, its tensors would escape it
-                    plan = scan_plan(self.topology, block)
+                    plan = level_plan(self.topology) if block == 0 else scan_plan(self.topology, block)
                 self._reference[(block, torch.device("cpu"))] = plan
             if device.type != "cpu":
                 plan = plan.to(device)
@@ -161,9 +162,10 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
-    """The scan engine's build of the same ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
+    """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
     ref = plan.reference(b.shape[0], b.device)
-    return build_scan(ref, b, a, d, f if f.shape[-2] else None)
+    build = build_levels if isinstance(ref, LevelPlan) else build_scan
+    return build(ref, b, a, d, f if f.shape[-2] else None)
 
 
 def _reference_vjp(
@@ -277,7 +279,8 @@ def build_fused(
     n = bonds.shape[-1]
     if torch.compiler.is_compiling() or bonds.dtype not in (torch.float32, torch.float64):
         ref = plan.reference(math.prod(batch), bonds.device)
-        return build_scan(ref, bonds, angles, dihedrals, fixed_xyz)
+        build = build_levels if isinstance(ref, LevelPlan) else build_scan
+        return build(ref, bonds, angles, dihedrals, fixed_xyz)
     kernels = require(bonds.device.type)
     m = math.prod(batch)
     b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))

@@ -57,8 +57,9 @@ def _clamp(n: float) -> float:
 
 
 @njit(cache=True)
-def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):
-    """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``phi_eff`` of plan rows ``[s0, s1)``."""
+def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T):
+    """Positions ``X``, out-frames ``F`` (row-major 3 x 3), ``phi_eff`` and ``T = (cos t, sin t, cos p,
+    sin p)`` of plan rows ``[s0, s1)``."""
     for k in range(s0, s1):
         i = k - s0
         atom = p[ATOM, k]
@@ -89,6 +90,7 @@ def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE):
         ib = p[REF_B, k] - s0
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         ct, st, cp, sp = math.cos(t), math.sin(t), math.cos(phi), math.sin(phi)
+        T[i, 0], T[i, 1], T[i, 2], T[i, 3] = ct, st, cp, sp
         fl = -1.0 if st < 0.0 else 1.0
         # L columns: (l00, l10, l20), (l01, l11, l21), (l02, l12, l22)
         l00, l10, l20 = -ct, st * cp, st * sp
@@ -131,13 +133,13 @@ def _frame(p, k, s0, X, F):
 
 
 @njit(cache=True)
-def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE):
+def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
         s0, s1 = starts[u], starts[u + 1]
-        _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE)
+        _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T)
         for k in range(s0, s1):
             atom = p[ATOM, k]
             for c in range(3):
@@ -150,14 +152,15 @@ def _forward_parallel(p, starts, bonds, angles, dihedrals, fixed, out, nt, width
         X = np.empty((width, 3))
         F = np.empty((width, 9))
         PE = np.empty(width)
-        _forward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE)
+        T = np.empty((width, 4))
+        _forward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T)
 
 
 @njit(cache=True)
 def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):
     """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b``."""
-    X, F, PE, GX, GO, GP = S
-    _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE)
+    X, F, PE, GX, GO, GP, T = S
+    _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T)
     for k in range(s0, s1):
         i = k - s0
         atom = p[ATOM, k]
@@ -182,10 +185,8 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
                 gf[b, slot, 2] = g2
             continue
         r = np.float64(bonds[b, atom])
-        t = np.float64(angles[b, atom])
-        phi = PE[i]
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
-        ct, st, cp, sp = math.cos(t), math.sin(t), math.cos(phi), math.sin(phi)
+        ct, st, cp, sp = T[i, 0], T[i, 1], T[i, 2], T[i, 3]
         fl = -1.0 if st < 0.0 else 1.0
         l00, l10, l20 = -ct, st * cp, st * sp
         l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
@@ -316,7 +317,7 @@ def _backward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb
 def _backward_parallel(p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, nt, width):
     for t in prange(nt):
         S = (np.empty((width, 3)), np.empty((width, 9)), np.empty(width),
-             np.empty((width, 3)), np.empty((width, 9)), np.empty(width))  # fmt: skip
+             np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4)))  # fmt: skip
         _backward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S)
 
 
@@ -348,8 +349,8 @@ def forward(
     if nt > 1:
         _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
     else:  # the same loop on this thread: no thread-pool round trip
-        X, F, PE = np.empty((width, 3)), np.empty((width, 9)), np.empty(width)
-        _forward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, out, X, F, PE)
+        X, F, PE, T = np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4))
+        _forward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T)
     return out
 
 
@@ -375,6 +376,7 @@ def backward(
         args = (index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf)
         _backward_parallel(*args, nt, width)
     else:
-        S = tuple(np.empty(shape) for shape in ((width, 3), (width, 9), width, (width, 3), (width, 9), width))
+        shapes = ((width, 3), (width, 9), width, (width, 3), (width, 9), width, (width, 4))
+        S = tuple(np.empty(shape) for shape in shapes)
         _backward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, S)
     return gb, ga, gd, gf
