@@ -2,8 +2,9 @@
 
 * CPU: numba (the extra ``fast``: ``pip install "batched-nerf[fast]"``), kernels
   in :mod:`.fused_numba`;
-* GPU: triton, kernels in ``fused_triton`` (not written yet: no GPU backend is
-  used so far).
+* GPU (CUDA): triton (the CUDA builds of torch ship it), kernels in
+  :mod:`.fused_triton` and :mod:`.fused_inverse_triton`; their tests run them in
+  Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
 
 Nothing is imported until a fused build, ``method="auto"`` or :func:`backends`
 asks; an import that fails counts as absent (and is not retried).

@@ -161,6 +161,26 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
+def _forward_kernel(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
+    """The forward kernel of the inputs' device: numba (numpy views) or triton (device tensors)."""
+    kernels = require(b.device.type)
+    if getattr(kernels, "TENSORS", False):
+        return kernels.forward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach())
+    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f)))
+
+
+def _backward_kernel(
+    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor
+) -> tuple[Tensor, ...]:
+    """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)``."""
+    kernels = require(b.device.type)
+    g = g.detach().to(b.dtype)
+    if getattr(kernels, "TENSORS", False):
+        return tuple(kernels.backward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach(), g))
+    out = kernels.backward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f), _np(g))
+    return tuple(torch.from_numpy(x) for x in out)
+
+
 def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
     """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
     ref = plan.reference(b.shape[0], b.device)
@@ -186,8 +206,7 @@ class FusedBuild(torch.autograd.Function):
 
     @staticmethod
     def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan) -> Tensor:  # type: ignore[override]
-        kernels = require("cpu")
-        return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f)))
+        return _forward_kernel(plan, b, a, d, f)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
@@ -220,9 +239,7 @@ class FusedVJP(torch.autograd.Function):
 
     @staticmethod
     def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, plan: FusedPlan) -> tuple[Tensor, ...]:  # type: ignore[override]
-        kernels = require("cpu")
-        out = kernels.backward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f), _np(g.to(b.dtype)))
-        return tuple(torch.from_numpy(x) for x in out)
+        return _backward_kernel(plan, b, a, d, f, g)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -281,7 +298,7 @@ def build_fused(
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
         return build(ref, bonds, angles, dihedrals, fixed_xyz)
-    kernels = require(bonds.device.type)
+    require(bonds.device.type)  # a clear error where the device has no backend
     m = math.prod(batch)
     b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))
     if fixed_xyz is None:
@@ -289,8 +306,7 @@ def build_fused(
     else:
         f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
     if _plain(b, a, d, f):
-        xyz = kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f))
-        return torch.from_numpy(xyz).reshape(*batch, n, 3)
+        return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
     return FusedBuild.apply(b, a, d, f, plan).reshape(*batch, n, 3)
 
 

@@ -1,4 +1,4 @@
-"""Fused inverse map on the CPU: numba kernels behind twice-differentiable autograd Functions.
+"""Fused inverse map: numba (CPU) or Triton (CUDA) kernels behind twice-differentiable autograd Functions.
 
 :func:`internal_from_xyz` computes what :func:`batched_nerf.engines.inverse.internal_from_xyz`
 does (the same formulas and singular-geometry rules, see
@@ -20,7 +20,9 @@ Each Function has a ``vmap`` staticmethod (vmapped dims moved to the front; the
 kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` and
 ``hessian`` work. numba is optional (found through :mod:`.backends`, like the
 fused ``to_cartesian`` engine): :func:`available` says whether the kernels can
-run, :func:`unavailable_reason` why not.
+run, :func:`unavailable_reason` why not. On CUDA the forward and vjp are the
+Triton kernels of :mod:`.fused_inverse_triton`; the second-order term there is
+the torch engine's graph.
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ def _load() -> tuple[ModuleType | None, str]:
 def available() -> bool:
     """Whether the numba kernels can run here."""
     return _load()[0] is not None
+
+
+#: Run CPU tensors through the Triton kernels (in Triton's interpreter): for tests only.
+TRITON_ON_CPU = False
+
+
+def _triton(xyz: Tensor) -> ModuleType | None:
+    """The Triton kernels for ``xyz``'s device (CUDA, or the CPU under :data:`TRITON_ON_CPU`), else None."""
+    if xyz.device.type == "cpu" and not TRITON_ON_CPU:
+        return None
+    if not backends.available("cuda"):
+        return None
+    return importlib.import_module(f"{__package__}.fused_inverse_triton")
+
+
+def _has(plan: InversePlan) -> Tensor:
+    return torch.stack([plan.has_bond, plan.has_angle, plan.has_dihedral], -1)
 
 
 def unavailable_reason() -> str:
@@ -121,21 +140,24 @@ def use_fused(method: str, xyz: Tensor) -> bool:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "torch" or torch.compiler.is_compiling():
         return False
-    ok = xyz.device.type == "cpu" and xyz.dtype in _DTYPES
+    gpu = xyz.device.type == "cuda" and backends.available("cuda")
+    ok = (xyz.device.type == "cpu" or gpu) and xyz.dtype in _DTYPES
     nested = _forward_mode_levels() > 1
     if method == "auto":
-        return ok and not nested and available()
+        return ok and not nested and (gpu or available())
     if nested:
         raise ValueError(
             "method='fused' cannot run under nested forward-mode transforms (jacfwd(jacfwd(f)), jvp of "
             "jvp): torch drops the outer tangents of an autograd.Function's jvp (pytorch/pytorch#197867); "
             "use method='auto' or 'torch'"
         )
-    if xyz.device.type != "cpu":
-        raise ValueError(f"method='fused' runs on the CPU only, got xyz on {xyz.device}")
+    if xyz.device.type != "cpu" and not gpu:
+        raise ValueError(
+            f"method='fused' runs on the CPU (numba) and on CUDA (triton), got xyz on {xyz.device}"
+        )
     if xyz.dtype not in _DTYPES:
         raise ValueError(f"method='fused' takes float32 or float64, got {xyz.dtype}")
-    if not available():
+    if not gpu and not available():
         raise ValueError(f"method='fused' needs numba: {unavailable_reason()}")
     return True
 
@@ -163,6 +185,11 @@ def _flat(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.
 def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["forward"] += 1
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
+    gpu = _triton(xyz)
+    if gpu is not None:
+        x = xyz.detach().expand(*lead, n, 3).reshape(math.prod(lead), n, 3)
+        out = gpu.internal_forward(plan.refs, _has(plan), x)
+        return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     x = _flat(xyz, lead, (n, 3), xyz.dtype)
     out = [torch.empty(math.prod(lead), n, dtype=xyz.dtype) for _ in range(3)]
     _kernels().forward(x, *_arrays(plan), *(o.numpy() for o in out))
@@ -176,6 +203,12 @@ def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
 def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
     CALLS["vjp"] += 1
     lead, n, dt = _lead(xyz, gb, ga, gd), xyz.shape[-2], xyz.dtype
+    gpu = _triton(xyz)
+    if gpu is not None:
+        m = math.prod(lead)
+        x = xyz.detach().expand(*lead, n, 3).reshape(m, n, 3)
+        g = [t.detach().to(dt).expand(*lead, n).reshape(m, n) for t in (gb, ga, gd)]
+        return gpu.internal_vjp(plan.refs, _has(plan), x, *g).reshape(*lead, n, 3)
     out = torch.empty(math.prod(lead), n, 3, dtype=dt)
     g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
     _kernels().vjp(_flat(xyz, lead, (n, 3), dt), *_arrays(plan), *g, out.numpy())
@@ -186,6 +219,9 @@ def _second(
     plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     CALLS["second"] += 1
+    if _triton(xyz) is not None:  # no Triton kernel for the second order: the torch engine's graph
+        outs = _ref_second(plan, xyz.detach(), gb.detach(), ga.detach(), gd.detach(), v.detach())
+        return tuple(_sum_to(o, t) for o, t in zip(outs, (xyz, gb, ga, gd)))  # type: ignore[return-value]
     lead = tuple(torch.broadcast_shapes(_lead(xyz, gb, ga, gd), v.shape[:-2]))
     n, dt, b = xyz.shape[-2], xyz.dtype, math.prod(lead)
     out = torch.empty(b, n, 3, dtype=dt)

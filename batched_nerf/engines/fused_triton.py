@@ -485,12 +485,14 @@ def triton_build(
 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """``(B, N, 3)`` positions from ``(B, N)`` internal coordinates (radians), no autograd.
 
-    ``fixed_xyz`` is ``(B, F, 3)`` or None. Computes in the inputs' dtype.
+    ``fixed_xyz`` is ``(B, F, 3)`` or None. Frames and positions are computed in
+    float64; the result has the inputs' dtype.
     """
     if triton is None:
         raise ImportError("the Triton backend needs triton (shipped with the CUDA builds of torch)")
     batch, n = bonds.shape
-    dtype, device = bonds.dtype, bonds.device
+    # frames and positions accumulate in float64 (float32 in, float32 out), as on the CPU
+    dtype, device = torch.float64, bonds.device
     cols = [t.detach().to(dtype).t().contiguous() for t in (bonds, angles, dihedrals)]
     fixed = (
         fixed_xyz.detach().to(dtype).reshape(batch, -1).t().contiguous()
@@ -506,7 +508,7 @@ def triton_build(
             plan.rows, plan.unit_start, plan.unit_len, *cols, fixed, pos, frames, phis,
             n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
         )  # fmt: skip
-    xyz = pos.reshape(n, 3, batch).permute(2, 0, 1).contiguous()
+    xyz = pos.reshape(n, 3, batch).permute(2, 0, 1).to(bonds.dtype).contiguous()
     return (xyz, (pos, frames, phis)) if return_saved else xyz
 
 
@@ -538,8 +540,9 @@ def triton_vjp(
             plan.rows, plan.unit_start, plan.unit_len, *cols, pos, frames, phis, gpos, gframes, gphis,
             *grads, g_fixed, n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
         )  # fmt: skip
-    gb, ga, gd = (t.t() for t in grads)
-    gf = g_fixed.reshape(-1, 3, batch).permute(2, 0, 1)[:, :n_fixed] if n_fixed else None
+    out = bonds.dtype
+    gb, ga, gd = (t.t().to(out) for t in grads)
+    gf = g_fixed.reshape(-1, 3, batch).permute(2, 0, 1)[:, :n_fixed].to(out) if n_fixed else None
     return gb, ga, gd, gf
 
 
