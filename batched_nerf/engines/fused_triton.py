@@ -126,6 +126,112 @@ if triton is not None:
         return tl.load(ptr + row * width + lane, mask=live, other=0.0)
 
     @triton.jit
+    def _row(rows, n_atoms, k):
+        """Row ``k`` of the plan: atom, mode, references, parent, sibling, flip atom, fixed slot, sign."""
+        return (
+            tl.load(rows + k),
+            tl.load(rows + n_atoms + k),
+            tl.load(rows + 2 * n_atoms + k),
+            tl.load(rows + 3 * n_atoms + k),
+            tl.load(rows + 4 * n_atoms + k),
+            tl.load(rows + 5 * n_atoms + k),
+            tl.load(rows + 6 * n_atoms + k),
+            tl.load(rows + 7 * n_atoms + k),
+            tl.load(rows + 8 * n_atoms + k),
+            tl.load(rows + 9 * n_atoms + k),
+        )
+
+    @triton.jit
+    def _refs(pos, j, b, a, d, batch, sample, mask):
+        """Positions of the bond, angle and dihedral references (row ``j`` itself where one is missing)."""
+        bb = tl.where(b >= 0, b, j)
+        aa = tl.where(a >= 0, a, j)
+        dd = tl.where(d >= 0, d, j)
+        return (
+            _ld(pos, 3 * bb, batch, sample, mask),
+            _ld(pos, 3 * bb + 1, batch, sample, mask),
+            _ld(pos, 3 * bb + 2, batch, sample, mask),
+            _ld(pos, 3 * aa, batch, sample, mask),
+            _ld(pos, 3 * aa + 1, batch, sample, mask),
+            _ld(pos, 3 * aa + 2, batch, sample, mask),
+            _ld(pos, 3 * dd, batch, sample, mask),
+            _ld(pos, 3 * dd + 1, batch, sample, mask),
+            _ld(pos, 3 * dd + 2, batch, sample, mask),
+        )
+
+    @triton.jit
+    def _nerf(xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2, eps):
+        """NeRF frame of positions: ``e1 = unit(xb - xa)``, ``e3 = unit((xa - xd) x e1)``, ``e2 = e3 x e1``.
+
+        Also returns the intermediates the backward needs: ``v = xb - xa``, ``|v|``,
+        ``w = xa - xd``, ``c = w x e1`` and ``|c|``.
+        """
+        v0, v1, v2 = xb0 - xa0, xb1 - xa1, xb2 - xa2
+        nv = _safe_norm(v0, v1, v2)
+        e10, e11, e12 = _unit(v0, v1, v2, eps)
+        w0, w1, w2 = xa0 - xd0, xa1 - xd1, xa2 - xd2
+        c0, c1, c2 = w1 * e12 - w2 * e11, w2 * e10 - w0 * e12, w0 * e11 - w1 * e10
+        nc = _safe_norm(c0, c1, c2)
+        e30, e31, e32 = _unit(c0, c1, c2, eps)
+        e20, e21, e22 = e31 * e12 - e32 * e11, e32 * e10 - e30 * e12, e30 * e11 - e31 * e10
+        return (e10, e11, e12, e20, e21, e22, e30, e31, e32, v0, v1, v2, nv, w0, w1, w2, c0, c1, c2, nc)
+
+    @triton.jit
+    def _placement(frames, par, md, sgn, e10, e11, e12, e20, e21, e22, e30, e31, e32, batch, sample, mask):
+        """Placement frame ``M`` (row-major): the parent's out-frame, the anchor ``diag(s, 1, s)`` or NeRF."""
+        pp = tl.maximum(par, 0)
+        use = mask & (md == 5)
+        p0 = tl.load(frames + (9 * pp + 0) * batch + sample, mask=use, other=0.0)
+        p1 = tl.load(frames + (9 * pp + 1) * batch + sample, mask=use, other=0.0)
+        p2 = tl.load(frames + (9 * pp + 2) * batch + sample, mask=use, other=0.0)
+        p3 = tl.load(frames + (9 * pp + 3) * batch + sample, mask=use, other=0.0)
+        p4 = tl.load(frames + (9 * pp + 4) * batch + sample, mask=use, other=0.0)
+        p5 = tl.load(frames + (9 * pp + 5) * batch + sample, mask=use, other=0.0)
+        p6 = tl.load(frames + (9 * pp + 6) * batch + sample, mask=use, other=0.0)
+        p7 = tl.load(frames + (9 * pp + 7) * batch + sample, mask=use, other=0.0)
+        p8 = tl.load(frames + (9 * pp + 8) * batch + sample, mask=use, other=0.0)
+        anchor = (md == 3) | (md == 4)
+        return (
+            tl.where(md == 5, p0, tl.where(anchor, sgn, e10)),
+            tl.where(md == 5, p1, tl.where(anchor, 0.0, e20)),
+            tl.where(md == 5, p2, tl.where(anchor, 0.0, e30)),
+            tl.where(md == 5, p3, tl.where(anchor, 0.0, e11)),
+            tl.where(md == 5, p4, tl.where(anchor, 1.0, e21)),
+            tl.where(md == 5, p5, tl.where(anchor, 0.0, e31)),
+            tl.where(md == 5, p6, tl.where(anchor, 0.0, e12)),
+            tl.where(md == 5, p7, tl.where(anchor, 0.0, e22)),
+            tl.where(md == 5, p8, tl.where(anchor, sgn, e32)),
+        )
+
+    @triton.jit
+    def _local(theta, phi):
+        """``cos, sin`` of both angles, ``g = sign(sin theta)`` and ``L(theta, phi)`` (row-major).
+
+        Columns of ``L``: ``u = (-c, s cp, s sp)``, ``-g (s, c cp, c sp)``, ``g (0, -sp, cp)``.
+        """
+        c = tl.cos(theta)
+        s = tl.sin(theta)
+        cp = tl.cos(phi)
+        sp = tl.sin(phi)
+        g = tl.where(s < 0.0, -1.0, 1.0)
+        return (
+            c,
+            s,
+            cp,
+            sp,
+            g,
+            -c,
+            -g * s,
+            0.0 * c,
+            s * cp,
+            -g * c * cp,
+            -g * sp,
+            s * sp,
+            -g * c * sp,
+            g * cp,
+        )
+
+    @triton.jit
     def _build_kernel(
         rows, unit_start, unit_len, bonds, angles, dihedrals, fixed, pos, frames, phis,
         n_atoms, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
@@ -140,16 +246,8 @@ if triton is not None:
         for step in range(0, max_len):
             live = step < length
             k = tl.where(live, start + step, 0)
-            j = tl.load(rows + k)
-            md = tl.load(rows + n_atoms + k)
-            b = tl.load(rows + 2 * n_atoms + k)
-            a = tl.load(rows + 3 * n_atoms + k)
-            d = tl.load(rows + 4 * n_atoms + k)
-            par = tl.load(rows + 5 * n_atoms + k)
-            phi_from = tl.load(rows + 6 * n_atoms + k)
-            flip_on = tl.load(rows + 7 * n_atoms + k)
-            slot = tl.load(rows + 8 * n_atoms + k)
-            sgn = tl.load(rows + 9 * n_atoms + k).to(bonds.dtype.element_ty)
+            j, md, b, a, d, par, phi_from, flip_on, slot, sgn = _row(rows, n_atoms, k)
+            sgn = sgn.to(bonds.dtype.element_ty)
             r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
             theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
             phi = tl.load(dihedrals + j * batch + sample, mask=live, other=0.0)
@@ -162,56 +260,14 @@ if triton is not None:
             )
             phi += tl.where((flip_on >= 0) & (tl.sin(t_flip) < 0.0), pi, 0.0)
             phi = tl.where(md == 3, 0.0, phi)
-            # reference positions (row j itself where a reference is missing)
-            bb = tl.where(b >= 0, b, j)
-            aa = tl.where(a >= 0, a, j)
-            dd = tl.where(d >= 0, d, j)
-            xb0 = _ld(pos, 3 * bb, batch, sample, live)
-            xb1 = _ld(pos, 3 * bb + 1, batch, sample, live)
-            xb2 = _ld(pos, 3 * bb + 2, batch, sample, live)
-            xa0 = _ld(pos, 3 * aa, batch, sample, live)
-            xa1 = _ld(pos, 3 * aa + 1, batch, sample, live)
-            xa2 = _ld(pos, 3 * aa + 2, batch, sample, live)
-            xd0 = _ld(pos, 3 * dd, batch, sample, live)
-            xd1 = _ld(pos, 3 * dd + 1, batch, sample, live)
-            xd2 = _ld(pos, 3 * dd + 2, batch, sample, live)
-            # positions frame: e1 = unit(xb - xa), e3 = unit((xa - xd) x e1), e2 = e3 x e1
-            e10, e11, e12 = _unit(xb0 - xa0, xb1 - xa1, xb2 - xa2, eps)
-            w0, w1, w2 = xa0 - xd0, xa1 - xd1, xa2 - xd2
-            e30, e31, e32 = _unit(w1 * e12 - w2 * e11, w2 * e10 - w0 * e12, w0 * e11 - w1 * e10, eps)
-            e20, e21, e22 = e31 * e12 - e32 * e11, e32 * e10 - e30 * e12, e30 * e11 - e31 * e10
-            # parent out-frame (columns e1, e2, e3 stored row-major as m[row][col])
-            pp = tl.maximum(par, 0)
-            use_par = live & (md == 5)
-            p0 = tl.load(frames + (9 * pp + 0) * batch + sample, mask=use_par, other=0.0)
-            p1 = tl.load(frames + (9 * pp + 1) * batch + sample, mask=use_par, other=0.0)
-            p2 = tl.load(frames + (9 * pp + 2) * batch + sample, mask=use_par, other=0.0)
-            p3 = tl.load(frames + (9 * pp + 3) * batch + sample, mask=use_par, other=0.0)
-            p4 = tl.load(frames + (9 * pp + 4) * batch + sample, mask=use_par, other=0.0)
-            p5 = tl.load(frames + (9 * pp + 5) * batch + sample, mask=use_par, other=0.0)
-            p6 = tl.load(frames + (9 * pp + 6) * batch + sample, mask=use_par, other=0.0)
-            p7 = tl.load(frames + (9 * pp + 7) * batch + sample, mask=use_par, other=0.0)
-            p8 = tl.load(frames + (9 * pp + 8) * batch + sample, mask=use_par, other=0.0)
-            is_anchor = (md == 3) | (md == 4)
-            # M (row-major): positions, parent, or anchor diag(sgn, 1, sgn)
-            m00 = tl.where(md == 5, p0, tl.where(is_anchor, sgn, e10))
-            m01 = tl.where(md == 5, p1, tl.where(is_anchor, 0.0, e20))
-            m02 = tl.where(md == 5, p2, tl.where(is_anchor, 0.0, e30))
-            m10 = tl.where(md == 5, p3, tl.where(is_anchor, 0.0, e11))
-            m11 = tl.where(md == 5, p4, tl.where(is_anchor, 1.0, e21))
-            m12 = tl.where(md == 5, p5, tl.where(is_anchor, 0.0, e31))
-            m20 = tl.where(md == 5, p6, tl.where(is_anchor, 0.0, e12))
-            m21 = tl.where(md == 5, p7, tl.where(is_anchor, 0.0, e22))
-            m22 = tl.where(md == 5, p8, tl.where(is_anchor, sgn, e32))
-            # L(theta, phi): columns u = (-c, s cp, s sp), -g (s, c cp, c sp), g (0, -sp, cp)
-            c = tl.cos(theta)
-            s = tl.sin(theta)
-            cp = tl.cos(phi)
-            sp = tl.sin(phi)
-            g = tl.where(s < 0.0, -1.0, 1.0)
-            l00, l10, l20 = -c, s * cp, s * sp
-            l01, l11, l21 = -g * s, -g * c * cp, -g * c * sp
-            l02, l12, l22 = 0.0 * c, -g * sp, g * cp
+            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, j, b, a, d, batch, sample, live)
+            (e10, e11, e12, e20, e21, e22, e30, e31, e32, _, _, _, _, _, _, _, _, _, _, _) = _nerf(
+                xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2, eps
+            )
+            m00, m01, m02, m10, m11, m12, m20, m21, m22 = _placement(
+                frames, par, md, sgn, e10, e11, e12, e20, e21, e22, e30, e31, e32, batch, sample, live
+            )
+            c, s, cp, sp, g, l00, l01, l02, l10, l11, l12, l20, l21, l22 = _local(theta, phi)
             # x = xb + r M u
             x0 = xb0 + r * (m00 * l00 + m01 * l10 + m02 * l20)
             x1 = xb1 + r * (m10 * l00 + m11 * l10 + m12 * l20)
@@ -252,6 +308,11 @@ if triton is not None:
         return (g0 - e0 * dot) / den, (g1 - e1 * dot) / den, (g2 - e2 * dot) / den
 
     @triton.jit
+    def _acc(ptr, row, batch, sample, g, live):
+        at = ptr + row * batch + sample
+        tl.store(at, tl.load(at, mask=live, other=0.0) + g, mask=live)
+
+    @triton.jit
     def _acc3(ptr, row, batch, sample, g0, g1, g2, live):
         at = ptr + (3 * row) * batch + sample
         tl.store(at, tl.load(at, mask=live, other=0.0) + g0, mask=live)
@@ -273,15 +334,8 @@ if triton is not None:
             back = max_len - 1 - step
             live = back < length
             k = tl.where(live, start + back, 0)
-            j = tl.load(rows + k)
-            md = tl.load(rows + n_atoms + k)
-            b = tl.load(rows + 2 * n_atoms + k)
-            a = tl.load(rows + 3 * n_atoms + k)
-            d = tl.load(rows + 4 * n_atoms + k)
-            par = tl.load(rows + 5 * n_atoms + k)
-            phi_from = tl.load(rows + 6 * n_atoms + k)
-            slot = tl.load(rows + 8 * n_atoms + k)
-            sgn = tl.load(rows + 9 * n_atoms + k).to(bonds.dtype.element_ty)
+            j, md, b, a, d, par, phi_from, _, slot, sgn = _row(rows, n_atoms, k)
+            sgn = sgn.to(bonds.dtype.element_ty)
             r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
             theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
             phi = tl.load(phis + j * batch + sample, mask=live, other=0.0)
@@ -298,52 +352,14 @@ if triton is not None:
             bb = tl.where(b >= 0, b, j)
             aa = tl.where(a >= 0, a, j)
             dd = tl.where(d >= 0, d, j)
-            xb0 = _ld(pos, 3 * bb, batch, sample, placed)
-            xb1 = _ld(pos, 3 * bb + 1, batch, sample, placed)
-            xb2 = _ld(pos, 3 * bb + 2, batch, sample, placed)
-            xa0 = _ld(pos, 3 * aa, batch, sample, placed)
-            xa1 = _ld(pos, 3 * aa + 1, batch, sample, placed)
-            xa2 = _ld(pos, 3 * aa + 2, batch, sample, placed)
-            xd0 = _ld(pos, 3 * dd, batch, sample, placed)
-            xd1 = _ld(pos, 3 * dd + 1, batch, sample, placed)
-            xd2 = _ld(pos, 3 * dd + 2, batch, sample, placed)
-            v0, v1, v2 = xb0 - xa0, xb1 - xa1, xb2 - xa2
-            nv = _safe_norm(v0, v1, v2)
-            e10, e11, e12 = _unit(v0, v1, v2, eps)
-            w0, w1, w2 = xa0 - xd0, xa1 - xd1, xa2 - xd2
-            c0, c1, c2 = w1 * e12 - w2 * e11, w2 * e10 - w0 * e12, w0 * e11 - w1 * e10
-            nc = _safe_norm(c0, c1, c2)
-            e30, e31, e32 = _unit(c0, c1, c2, eps)
-            e20, e21, e22 = e31 * e12 - e32 * e11, e32 * e10 - e30 * e12, e30 * e11 - e31 * e10
-            pp = tl.maximum(par, 0)
-            use_par = placed & (md == 5)
-            p0 = tl.load(frames + (9 * pp + 0) * batch + sample, mask=use_par, other=0.0)
-            p1 = tl.load(frames + (9 * pp + 1) * batch + sample, mask=use_par, other=0.0)
-            p2 = tl.load(frames + (9 * pp + 2) * batch + sample, mask=use_par, other=0.0)
-            p3 = tl.load(frames + (9 * pp + 3) * batch + sample, mask=use_par, other=0.0)
-            p4 = tl.load(frames + (9 * pp + 4) * batch + sample, mask=use_par, other=0.0)
-            p5 = tl.load(frames + (9 * pp + 5) * batch + sample, mask=use_par, other=0.0)
-            p6 = tl.load(frames + (9 * pp + 6) * batch + sample, mask=use_par, other=0.0)
-            p7 = tl.load(frames + (9 * pp + 7) * batch + sample, mask=use_par, other=0.0)
-            p8 = tl.load(frames + (9 * pp + 8) * batch + sample, mask=use_par, other=0.0)
-            is_anchor = (md == 3) | (md == 4)
-            m00 = tl.where(md == 5, p0, tl.where(is_anchor, sgn, e10))
-            m01 = tl.where(md == 5, p1, tl.where(is_anchor, 0.0, e20))
-            m02 = tl.where(md == 5, p2, tl.where(is_anchor, 0.0, e30))
-            m10 = tl.where(md == 5, p3, tl.where(is_anchor, 0.0, e11))
-            m11 = tl.where(md == 5, p4, tl.where(is_anchor, 1.0, e21))
-            m12 = tl.where(md == 5, p5, tl.where(is_anchor, 0.0, e31))
-            m20 = tl.where(md == 5, p6, tl.where(is_anchor, 0.0, e12))
-            m21 = tl.where(md == 5, p7, tl.where(is_anchor, 0.0, e22))
-            m22 = tl.where(md == 5, p8, tl.where(is_anchor, sgn, e32))
-            c = tl.cos(theta)
-            s = tl.sin(theta)
-            cp = tl.cos(phi)
-            sp = tl.sin(phi)
-            g = tl.where(s < 0.0, -1.0, 1.0)
-            l00, l10, l20 = -c, s * cp, s * sp
-            l01, l11, l21 = -g * s, -g * c * cp, -g * c * sp
-            l02, l12, l22 = 0.0 * c, -g * sp, g * cp
+            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, j, b, a, d, batch, sample, placed)
+            (e10, e11, e12, e20, e21, e22, e30, e31, e32, v0, v1, v2, nv, w0, w1, w2, c0, c1, c2, nc) = _nerf(
+                xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2, eps
+            )
+            m00, m01, m02, m10, m11, m12, m20, m21, m22 = _placement(
+                frames, par, md, sgn, e10, e11, e12, e20, e21, e22, e30, e31, e32, batch, sample, placed
+            )
+            c, s, cp, sp, g, l00, l01, l02, l10, l11, l12, l20, l21, l22 = _local(theta, phi)
             # adjoints of the out-frame O = M L (zero where no row reads it)
             q00 = _ld(gframes, 9 * j + 0, batch, sample, placed)
             q01 = _ld(gframes, 9 * j + 1, batch, sample, placed)
@@ -396,58 +412,19 @@ if triton is not None:
             tl.store(g_bonds + j * batch + sample, g_r, mask=live)
             tl.store(g_angles + j * batch + sample, tl.where(md >= 3, g_t, 0.0), mask=live)
             tl.store(g_dihedrals + j * batch + sample, g_p, mask=live)
-            pf = tl.maximum(phi_from, 0)
-            at = gphis + pf * batch + sample
-            tl.store(
-                at, tl.load(at, mask=live & (phi_from >= 0), other=0.0) + g_p, mask=live & (phi_from >= 0)
-            )
+            _acc(gphis, tl.maximum(phi_from, 0), batch, sample, g_p, live & (phi_from >= 0))
             # the frame: parent out-frame, or positions
             for_par = live & (md == 5)
-            tl.store(
-                gframes + (9 * pp + 0) * batch + sample,
-                _ld(gframes, 9 * pp + 0, batch, sample, for_par) + gm00,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 1) * batch + sample,
-                _ld(gframes, 9 * pp + 1, batch, sample, for_par) + gm01,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 2) * batch + sample,
-                _ld(gframes, 9 * pp + 2, batch, sample, for_par) + gm02,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 3) * batch + sample,
-                _ld(gframes, 9 * pp + 3, batch, sample, for_par) + gm10,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 4) * batch + sample,
-                _ld(gframes, 9 * pp + 4, batch, sample, for_par) + gm11,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 5) * batch + sample,
-                _ld(gframes, 9 * pp + 5, batch, sample, for_par) + gm12,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 6) * batch + sample,
-                _ld(gframes, 9 * pp + 6, batch, sample, for_par) + gm20,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 7) * batch + sample,
-                _ld(gframes, 9 * pp + 7, batch, sample, for_par) + gm21,
-                mask=for_par,
-            )
-            tl.store(
-                gframes + (9 * pp + 8) * batch + sample,
-                _ld(gframes, 9 * pp + 8, batch, sample, for_par) + gm22,
-                mask=for_par,
-            )
+            pp = tl.maximum(par, 0)
+            _acc(gframes, 9 * pp + 0, batch, sample, gm00, for_par)
+            _acc(gframes, 9 * pp + 1, batch, sample, gm01, for_par)
+            _acc(gframes, 9 * pp + 2, batch, sample, gm02, for_par)
+            _acc(gframes, 9 * pp + 3, batch, sample, gm10, for_par)
+            _acc(gframes, 9 * pp + 4, batch, sample, gm11, for_par)
+            _acc(gframes, 9 * pp + 5, batch, sample, gm12, for_par)
+            _acc(gframes, 9 * pp + 6, batch, sample, gm20, for_par)
+            _acc(gframes, 9 * pp + 7, batch, sample, gm21, for_par)
+            _acc(gframes, 9 * pp + 8, batch, sample, gm22, for_par)
             # positions frame: columns e1 = gm[:, 0], e2 = gm[:, 1], e3 = gm[:, 2]
             ge10, ge11, ge12 = gm00, gm10, gm20
             ge20, ge21, ge22 = gm01, gm11, gm21
