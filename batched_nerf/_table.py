@@ -82,8 +82,12 @@ def _static_tensors() -> Iterator[None]:
     with ExitStack() as stack:
         if torch.is_inference_mode_enabled():
             stack.enter_context(torch.inference_mode(False))
-        if _clear_transforms is not None and torch._C._functorch.maybe_current_level() is not None:
-            stack.enter_context(_clear_transforms())
+        if torch._C._functorch.maybe_current_level() is not None:
+            disable = getattr(torch._C, "_DisableFuncTorch", None)  # private; torch 2.3 needs it too
+            if disable is not None:
+                stack.enter_context(disable())
+            if _clear_transforms is not None:
+                stack.enter_context(_clear_transforms())
         yield
 
 

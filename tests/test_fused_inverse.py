@@ -434,6 +434,7 @@ def test_nested_forward_mode_takes_the_torch_path() -> None:
     assert c.ran["forward"] == 1  # only the single forward-mode level ran the kernels
 
 
+@pytest.mark.compile
 def test_compile_traces_the_torch_path() -> None:
     table = TABLES["chain"]
     table.prepare("cpu")
