@@ -1,4 +1,4 @@
-"""Fused engine: one compiled kernel per pass (CPU: numba), frames composed along the frame tree.
+"""Fused engine: compiled kernels per pass (CPU: numba; CUDA: Triton), frames composed along the frame tree.
 
 Every other engine runs tens to hundreds of small torch kernels per call; this
 one runs one compiled loop over the atoms in build order for each
@@ -8,7 +8,8 @@ over the CPU's threads. Its values follow the frame tree
 included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
 anchor frame, the parent's out-frame or the NeRF frame of the references'
 positions. Frames and positions are accumulated in float64 whatever the input
-dtype (float32 in, float32 out).
+dtype (float32 in, float32 out). On CUDA tensors the same walk runs as Triton
+kernels (:mod:`.fused_triton`: a lane per ``(component, sample)``).
 
 Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
 integer array over the atoms in work order (see ``fused_numba``'s row names:
