@@ -105,8 +105,16 @@ _ZERO3 = (0.0, 0.0, 0.0)
 
 @jit
 def _norm(v):  # type: ignore[no-untyped-def]
+    """``|v|``: ``0`` at ``v = 0`` (zero gradient there), NaN stays NaN."""
     sq = _dot(v, v)
     return 0.0 if sq == 0.0 else math.sqrt(sq)
+
+
+@jit
+def _dnorm(v, tv):  # type: ignore[no-untyped-def]
+    """``(|v|, d|v|)`` for the tangent ``tv``, with :func:`_norm`'s rule at ``v = 0``."""
+    n = _norm(v)
+    return n, (0.0 if n == 0.0 else _dot(v, tv) / n)
 
 
 @jit
@@ -162,10 +170,9 @@ def _angle_grad(xi, xb, xa):  # type: ignore[no-untyped-def]
     u = _sub(xi, xb)
     v = _sub(xa, xb)
     c = _cross(u, v)
-    cc = _dot(c, c)
-    y = 0.0 if cc == 0.0 else math.sqrt(cc)
+    y = _norm(c)
     gy, gx = _atan2_grad(y, _dot(u, v))
-    gc = _ZERO3 if cc == 0.0 else _scale(c, gy / y)
+    gc = _ZERO3 if y == 0.0 else _scale(c, gy / y)
     gu = _axpy(gx, v, _cross(v, gc))
     gv = _axpy(gx, u, _cross(gc, u))
     return gu, _neg(_add(gu, gv)), gv
@@ -179,12 +186,11 @@ def _dihedral_grad(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
     b2 = _sub(p3, p2)
     n2 = _cross(b1, b2)
     n1 = _cross(b0, b1)
-    sq1 = _dot(b1, b1)
-    nb1 = 0.0 if sq1 == 0.0 else math.sqrt(sq1)
+    nb1 = _norm(b1)
     t = _dot(b0, n2)
     gy, gx = _atan2_grad(nb1 * t, _dot(n1, n2))
     g_t = gy * nb1
-    gb1 = _ZERO3 if sq1 == 0.0 else _scale(b1, gy * t / nb1)
+    gb1 = _ZERO3 if nb1 == 0.0 else _scale(b1, gy * t / nb1)
     gn2 = _axpy(gx, n1, _scale(b0, g_t))
     gn1 = _scale(n2, gx)
     gb0 = _add(_scale(n2, g_t), _cross(b1, gn1))
@@ -233,16 +239,11 @@ def _dangle_grad(xi, ti, xb, tb, xa, ta):  # type: ignore[no-untyped-def]
     v = _sub(xa, xb)
     tv = _sub(ta, tb)
     c, tc = _dcross(u, tu, v, tv)
-    cc = _dot(c, c)
-    if cc == 0.0:
-        y, ty = 0.0, 0.0
-    else:
-        y = math.sqrt(cc)
-        ty = _dot(c, tc) / y
+    y, ty = _dnorm(c, tc)
     x = _dot(u, v)
     tx = _dot(tu, v) + _dot(u, tv)
     gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
-    if cc == 0.0:
+    if y == 0.0:
         gc, tgc = _ZERO3, _ZERO3
     else:
         w = gy / y
@@ -266,12 +267,7 @@ def _ddihedral_grad(p0, q0, p1, q1, p2, q2, p3, q3):  # type: ignore[no-untyped-
     b2, tb2 = _sub(p3, p2), _sub(q3, q2)
     n2, tn2 = _dcross(b1, tb1, b2, tb2)
     n1, tn1 = _dcross(b0, tb0, b1, tb1)
-    sq1 = _dot(b1, b1)
-    if sq1 == 0.0:
-        nb1, tnb1 = 0.0, 0.0
-    else:
-        nb1 = math.sqrt(sq1)
-        tnb1 = _dot(b1, tb1) / nb1
+    nb1, tnb1 = _dnorm(b1, tb1)
     t = _dot(b0, n2)
     tt = _dot(tb0, n2) + _dot(b0, tn2)
     y = nb1 * t
@@ -281,7 +277,7 @@ def _ddihedral_grad(p0, q0, p1, q1, p2, q2, p3, q3):  # type: ignore[no-untyped-
     gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
     g_nb1, tg_nb1 = gy * t, tgy * t + gy * tt
     g_t, tg_t = gy * nb1, tgy * nb1 + gy * tnb1
-    if sq1 == 0.0:
+    if nb1 == 0.0:
         gb1, tgb1 = _ZERO3, _ZERO3
     else:
         w = g_nb1 / nb1
