@@ -10,6 +10,7 @@ from torch import Tensor
 
 from . import engines
 from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
+from ._geometry import nan_negative_bonds
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
 from .engines import fused_inverse
@@ -132,12 +133,12 @@ def to_cartesian(
             raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
-    # negative bonds are outside the domain: NaN for that atom and all built from it, in every engine
-    b = torch.where(b < 0, torch.nan, b)
     samples = math.prod(b.shape[:-1])
     if method == "auto":
         method = auto_method(table, samples, b.device.type)
     engine = engines.get(method)
+    if not engine.nan_bonds:
+        b = nan_negative_bonds(b)
     variant = engine.choose_variant(table.n_atoms, samples)
     xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)
     if rotation is not None or translation is not None:

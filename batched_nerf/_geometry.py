@@ -34,6 +34,11 @@ EPS = 1e-8
 _TWO_PI = 2.0 * math.pi
 
 
+def nan_negative_bonds(bonds: Tensor) -> Tensor:
+    """``bonds`` with negative entries NaN: outside the domain, that atom and all built from it are NaN."""
+    return torch.where(bonds < 0, torch.nan, bonds)
+
+
 def dot(u: Tensor, v: Tensor, dim: int = -1) -> Tensor:
     """Dot product over the component dimension ``dim``: ``(..., 3), (..., 3) -> (...)``."""
     return (u * v).sum(dim)

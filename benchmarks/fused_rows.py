@@ -15,7 +15,9 @@ Both maps on the rows of :func:`benchmarks.workloads.fused_rows`:
 
 numba kernels and torch share the cores, so the contenders of one pass run in
 interleaved rounds (each torch step right after a kernel step) and each gets the
-median of its rounds.
+median of its rounds; a step under 50 ms is timed right after an untimed call of
+itself (:func:`benchmarks.timing.warm_call`: the first torch op after other work
+is slow on this machine, ``docs/repro/repro_cold_first_op.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import torch
 
 import batched_nerf as bn
 from benchmarks import floor
-from benchmarks.timing import Committor, Progress, cotangent, fmt_seconds, make_step, short_error
+from benchmarks.timing import Committor, Progress, cotangent, fmt_seconds, make_step, short_error, warm_call
 from benchmarks.workloads import Workload, in_build_order, make_inputs
 
 INVERSE_PASSES = ("forward", "forward_backward", "committor", "flow")
@@ -139,7 +141,7 @@ def cartesian_step(wl: Workload, table: bn.ConstructionTable, method: str, batch
 
 
 def interleaved(steps: dict[str, Step], rounds: int, budget_s: float, limit_s: float) -> dict[str, Any]:
-    """Median seconds per contender over interleaved rounds (one warm-up each).
+    """Median seconds per contender over interleaved rounds (one warm-up each; see :func:`warm_call`).
 
     A contender whose second warm-up still takes more than ``limit_s`` is timed
     by that run only (``runs = 1``); rounds stop after ``budget_s`` once each has 3.
@@ -147,6 +149,7 @@ def interleaved(steps: dict[str, Step], rounds: int, budget_s: float, limit_s: f
     """
     out: dict[str, Any] = {}
     times: dict[str, list[float]] = {}
+    last: dict[str, float] = {}  # each live contender's latest time
     for name, step in steps.items():
         try:
             warm = 0.0
@@ -160,13 +163,13 @@ def interleaved(steps: dict[str, Step], rounds: int, budget_s: float, limit_s: f
             out[name] = short_error(exc)
             continue
         times[name] = [warm] if warm > limit_s else []
-    live = [n for n in times if not times[n]]
+        if warm <= limit_s:
+            last[name] = warm
     start = time.perf_counter()
     for r in range(rounds):
-        for name in live:
-            t0 = time.perf_counter()
-            steps[name]()
-            times[name].append(time.perf_counter() - t0)
+        for name in last:
+            last[name] = warm_call(steps[name], last[name])
+            times[name].append(last[name])
         if r >= 2 and time.perf_counter() - start > budget_s:
             break
     for name, ts in times.items():

@@ -1,8 +1,9 @@
 """Ours (``method="auto"``) vs NeRFax (every mode) and chemcoord's numba core on chain rows.
 
 Chains 64 x 1024, 512 x 256 and 4096 x 1, float32, forward and forward+backward,
-interleaved rounds (7 per pass after a warm-up call, which includes compiling),
-medians; ratio = the peer's time / ours::
+interleaved rounds (7 per pass after a warm-up call, which includes compiling;
+each timed call of a short step right after an untimed one, see
+:func:`benchmarks.timing.warm_call`), medians; ratio = the peer's time / ours::
 
     python benchmarks/fused_vs_peers.py --nerfax /path/to/nerfax
 
@@ -24,6 +25,7 @@ import torch
 
 import batched_nerf as bn
 from benchmarks.peers import get_peers, make_refs
+from benchmarks.timing import warm_call
 
 ROWS = [(64, 1024), (512, 256), (4096, 1)]
 PASSES = ("forward", "forward_backward")
@@ -51,16 +53,22 @@ def ours(n: int, batch: int) -> Steps:
 
 
 def interleaved(steps: dict[str, Steps], pass_: str, rounds: int = 7) -> dict[str, float]:
-    """Median seconds of each contender's ``pass_``, rounds interleaved after one warm-up call each."""
+    """Median seconds of each contender's ``pass_``, rounds interleaved after one warm-up call each.
+
+    Each timed call of a step under 50 ms follows an untimed call of the same step
+    (:func:`benchmarks.timing.warm_call`).
+    """
     runnable = {name: s[pass_] for name, s in steps.items() if pass_ in s}
-    for step in runnable.values():
+    last: dict[str, float] = {}
+    for name, step in runnable.items():
+        start = time.perf_counter()
         step()
+        last[name] = time.perf_counter() - start
     samples: dict[str, list[float]] = {name: [] for name in runnable}
     for _ in range(rounds):
         for name, step in runnable.items():
-            start = time.perf_counter()
-            step()
-            samples[name].append(time.perf_counter() - start)
+            last[name] = warm_call(step, last[name])
+            samples[name].append(last[name])
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

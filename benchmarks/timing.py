@@ -56,6 +56,26 @@ def measure(
     return statistics.median(times), len(times)
 
 
+#: Steps faster than this are timed right after an untimed call of the same step (see :func:`warm_call`).
+WARM_BELOW_S = 0.05
+
+
+def warm_call(step: Callable[[], object], last_s: float) -> float:
+    """Seconds of one call of ``step``, right after an untimed call when ``last_s < WARM_BELOW_S``.
+
+    The first torch op after other work is slow on the benchmark machine (~0.1 ms
+    per op; ``docs/repro/repro_cold_first_op.py``), which would charge a short
+    call for whatever contender ran before it in an interleaved round. Slower
+    steps are timed as they come (the effect is noise there, and a second call
+    would double the run).
+    """
+    if last_s < WARM_BELOW_S:
+        step()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
 def fmt_seconds(seconds: float | None) -> str:
     """``"38 µs"``, ``"4.21 ms"``, ``"1.2 s"``; ``"-"`` for None."""
     if seconds is None:

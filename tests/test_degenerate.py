@@ -166,6 +166,27 @@ def test_negative_bond_gives_nan_only_in_the_atoms_built_from_it() -> None:
     assert torch.isfinite(bn.to_cartesian(bb, a, d, table)).all()
 
 
+def test_negative_bond_gradients_agree_between_engines() -> None:
+    # the fused kernels make NaN for negative bonds per atom (no torch.where): same values and gradients
+    table = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [3, 2, 4]])
+    gen = torch.Generator().manual_seed(5)
+    b = 1.0 + torch.rand(3, 6, dtype=torch.float64, generator=gen)
+    b[0, 5], b[1, 1], b[2, 3] = -0.5, -1.0, -2.0  # a leaf, the second seed, a mid-chain atom
+    a = 1.5 + 0.5 * torch.rand(3, 6, dtype=torch.float64, generator=gen)
+    d = torch.rand(3, 6, dtype=torch.float64, generator=gen)
+    w = torch.randn(3, 6, 3, dtype=torch.float64, generator=gen)
+    got = {}
+    for method in METHODS:
+        leaves = [t.clone().requires_grad_() for t in (b, a, d)]
+        x = bn.to_cartesian(*leaves, table, method=method)
+        x.nan_to_num(0.0).mul(w).sum().backward()
+        got[method] = (x, *(t.grad for t in leaves))
+    for method, outs in got.items():
+        assert outs[1][b < 0].eq(0).all(), method  # no gradient for an out-of-domain bond
+        for o, want in zip(outs, got["scan"]):
+            torch.testing.assert_close(o, want, atol=1e-9, rtol=0, equal_nan=True, msg=method)
+
+
 @pytest.mark.parametrize(
     "name", ["chain", "protein"]
 )  # no rows placed from positions (ill-conditioned there)

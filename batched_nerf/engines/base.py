@@ -83,6 +83,9 @@ class Engine:
             ``variants``); engines with a single plan return 1.
         eager: plan variant ``variants[0]`` when the table is made (default: on first use).
         gathers: ``plan -> bool``: the build's backward uses index gathers.
+        nan_bonds: the build itself makes atoms with negative bonds NaN (the
+            domain rule of :func:`~batched_nerf.to_cartesian`, one ``torch.where``
+            the caller applies otherwise); the fused kernels do it per atom.
     """
 
     name: str
@@ -92,3 +95,4 @@ class Engine:
     choose_variant: Callable[[int, int], int] = _one_variant
     eager: bool = False
     gathers: Callable[[Any], bool] = _always_gathers
+    nan_bonds: bool = False

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._geometry import nan_negative_bonds
 from .._topology import SECOND, THIRD, Topology
 from .backends import require
 from .base import Engine, Movable
@@ -46,7 +47,7 @@ from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from .scan import build_scan, scan_plan
 
-__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan"]
+__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan", "trig"]
 
 #: Work units hold whole components, at least this many atoms (unless fewer exist) ...
 UNIT_MIN_ATOMS = 256
@@ -162,12 +163,28 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
+def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
+    """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
+
+    torch's vectorised float64 ``sin``/``cos`` (several values per instruction,
+    on torch's threads) instead of a scalar libm call per atom inside the
+    kernel: the same values (both round the float64 result), a third of the
+    forward kernel's time saved.
+    """
+    out = torch.empty((4, *angles.shape), dtype=torch.float64)
+    out[0].copy_(angles.detach())
+    out[1].copy_(dihedrals.detach())
+    torch.sin(out[:2], out=out[2:])
+    out[:2].cos_()
+    return out.numpy()
+
+
 def _forward_kernel(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
     """The forward kernel of the inputs' device: numba (numpy views) or triton (device tensors)."""
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
         return kernels.forward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach())
-    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f)))
+    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), trig(a, d), _np(f)))
 
 
 def _backward_kernel(
@@ -178,7 +195,7 @@ def _backward_kernel(
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
         return tuple(kernels.backward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach(), g))
-    out = kernels.backward(plan.index, plan.starts, _np(b), _np(a), _np(d), _np(f), _np(g))
+    out = kernels.backward(plan.index, plan.starts, _np(b), trig(a, d), _np(f), _np(g))
     return tuple(torch.from_numpy(x) for x in out)
 
 
@@ -186,7 +203,7 @@ def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor
     """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
     ref = plan.reference(b.shape[0], b.device)
     build = build_levels if isinstance(ref, LevelPlan) else build_scan
-    return build(ref, b, a, d, f if f.shape[-2] else None)
+    return build(ref, nan_negative_bonds(b), a, d, f if f.shape[-2] else None)
 
 
 def _reference_vjp(
@@ -298,8 +315,9 @@ def build_fused(
     if torch.compiler.is_compiling() or bonds.dtype not in (torch.float32, torch.float64):
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
-        return build(ref, bonds, angles, dihedrals, fixed_xyz)
-    require(bonds.device.type)  # a clear error where the device has no backend
+        return build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
+    if getattr(require(bonds.device.type), "TENSORS", False):  # Triton: NaN for negative bonds here
+        bonds = nan_negative_bonds(bonds)  # (the numba kernels do it per atom)
     m = math.prod(batch)
     b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))
     if fixed_xyz is None:
@@ -311,4 +329,4 @@ def build_fused(
     return FusedBuild.apply(b, a, d, f, plan).reshape(*batch, n, 3)
 
 
-FUSED = Engine("fused", fused_plan, build_fused)
+FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True)

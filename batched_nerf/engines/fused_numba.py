@@ -8,6 +8,11 @@ with a single work item run the same loop on the calling thread (a round trip
 through numba's thread pool can cost a scheduler time slice on a busy machine).
 Every frame and position is kept in float64 scratch per thread
 (``O(unit size)``); inputs and outputs keep their dtype (float32 or float64).
+The kernels call no transcendental function: the cosines and sines of the
+angles and dihedrals come in as one float64 array (torch computes them with
+its vectorised math, several times faster than a scalar call per atom), and
+``phi_eff`` is composed as a turn ``(cos, sin)``: a sibling's turn multiplied in,
+``pi`` a sign change.
 
 Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
 ``L = L(theta, phi_eff)`` (columns: ``u = (-cos t, sin t cos p, sin t sin p)``
@@ -57,9 +62,9 @@ def _clamp(n: float) -> float:
 
 
 @njit(cache=True)
-def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T):
-    """Positions ``X``, out-frames ``F`` (row-major 3 x 3), ``phi_eff`` and ``T = (cos t, sin t, cos p,
-    sin p)`` of plan rows ``[s0, s1)``."""
+def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
+    """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``T = (cos t, sin t, cos p_eff, sin p_eff)``
+    of plan rows ``[s0, s1)``."""
     for k in range(s0, s1):
         i = k - s0
         atom = p[ATOM, k]
@@ -75,21 +80,23 @@ def _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T):
             X[i, 2] = 0.0
             continue
         r = np.float64(bonds[b, atom])
+        if r < 0.0:  # outside the domain: NaN for this atom and all built from it
+            r = np.nan
         if code == SECOND:  # (r, 0, 0); a NaN bond makes the whole atom NaN
             X[i, 0] = r
             X[i, 1] = 0.0 * r
             X[i, 2] = 0.0 * r
             continue
-        t = np.float64(angles[b, atom])
-        phi = 0.0 if p[THIRD, k] else np.float64(dihedrals[b, atom])
-        if p[PHI_FROM, k] >= 0:
-            phi += PE[p[PHI_FROM, k] - s0]
-        if p[FLIP_ON, k] >= 0 and math.sin(np.float64(angles[b, p[FLIP_ON, k]])) < 0.0:
-            phi += _PI
-        PE[i] = phi
+        ct, st = trig[0, b, atom], trig[2, b, atom]
+        cp, sp = (1.0, 0.0) if p[THIRD, k] else (trig[1, b, atom], trig[3, b, atom])
+        q = p[PHI_FROM, k]
+        if q >= 0:  # phi_eff = phi + phi_eff(sibling): compose the turns
+            cq, sq = T[q - s0, 2], T[q - s0, 3]
+            cp, sp = cp * cq - sp * sq, sp * cq + cp * sq
+        if p[FLIP_ON, k] >= 0 and trig[2, b, p[FLIP_ON, k]] < 0.0:  # + pi
+            cp, sp = -cp, -sp
         ib = p[REF_B, k] - s0
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
-        ct, st, cp, sp = math.cos(t), math.sin(t), math.cos(phi), math.sin(phi)
         T[i, 0], T[i, 1], T[i, 2], T[i, 3] = ct, st, cp, sp
         fl = -1.0 if st < 0.0 else 1.0
         # L columns: (l00, l10, l20), (l01, l11, l21), (l02, l12, l22)
@@ -133,13 +140,13 @@ def _frame(p, k, s0, X, F):
 
 
 @njit(cache=True)
-def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T):
+def _forward_items(t0, nt, p, starts, bonds, trig, fixed, out, X, F, T):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
         s0, s1 = starts[u], starts[u + 1]
-        _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T)
+        _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
         for k in range(s0, s1):
             atom = p[ATOM, k]
             for c in range(3):
@@ -147,20 +154,19 @@ def _forward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F
 
 
 @njit(cache=True, parallel=True)
-def _forward_parallel(p, starts, bonds, angles, dihedrals, fixed, out, nt, width):
+def _forward_parallel(p, starts, bonds, trig, fixed, out, nt, width):
     for t in prange(nt):
         X = np.empty((width, 3))
         F = np.empty((width, 9))
-        PE = np.empty(width)
         T = np.empty((width, 4))
-        _forward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T)
+        _forward_items(t, nt, p, starts, bonds, trig, fixed, out, X, F, T)
 
 
 @njit(cache=True)
-def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):
+def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
     """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b``."""
-    X, F, PE, GX, GO, GP, T = S
-    _unit_forward(p, s0, s1, b, bonds, angles, dihedrals, fixed, X, F, PE, T)
+    X, F, GX, GO, GP, T = S
+    _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
     for k in range(s0, s1):
         i = k - s0
         atom = p[ATOM, k]
@@ -174,8 +180,9 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
         atom = p[ATOM, k]
         code = p[CODE, k]
         g0, g1, g2 = GX[i, 0], GX[i, 1], GX[i, 2]
+        neg = code >= SECOND and bonds[b, atom] < 0.0  # NaN atom: its bond gets no gradient (torch.where)
         if code <= SECOND:
-            gb[b, atom] = g0 + 0.0 * (g1 + g2) if code == SECOND else 0.0
+            gb[b, atom] = g0 + 0.0 * (g1 + g2) if code == SECOND and not neg else 0.0
             ga[b, atom] = 0.0
             gd[b, atom] = 0.0
             if code == FIXED:
@@ -184,7 +191,7 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
                 gf[b, slot, 1] = g1
                 gf[b, slot, 2] = g2
             continue
-        r = np.float64(bonds[b, atom])
+        r = np.nan if neg else np.float64(bonds[b, atom])
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         ct, st, cp, sp = T[i, 0], T[i, 1], T[i, 2], T[i, 3]
         fl = -1.0 if st < 0.0 else 1.0
@@ -195,11 +202,12 @@ def _unit_backward(p, s0, s1, b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, 
             GO[i, 0], GO[i, 1], GO[i, 2], GO[i, 3], GO[i, 4], GO[i, 5], GO[i, 6], GO[i, 7], GO[i, 8]
         )  # fmt: skip
         # x = x_b + r M u: dr = g . (M u)
-        gb[b, atom] = (
+        dr = (
             g0 * (m0 * l00 + m1 * l10 + m2 * l20)
             + g1 * (m3 * l00 + m4 * l10 + m5 * l20)
             + g2 * (m6 * l00 + m7 * l10 + m8 * l20)
         )
+        gb[b, atom] = 0.0 if neg else dr
         # gL = M^T gO + r (M^T g) e_1^T
         h0 = r * (m0 * g0 + m3 * g1 + m6 * g2)
         h1 = r * (m1 * g0 + m4 * g1 + m7 * g2)
@@ -303,22 +311,20 @@ def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge
 
 
 @njit(cache=True)
-def _backward_items(t0, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S):
+def _backward_items(t0, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
-        _unit_backward(
-            p, starts[u], starts[u + 1], b, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S
-        )
+        _unit_backward(p, starts[u], starts[u + 1], b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
 
 
 @njit(cache=True, parallel=True)
-def _backward_parallel(p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, nt, width):
+def _backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):
     for t in prange(nt):
-        S = (np.empty((width, 3)), np.empty((width, 9)), np.empty(width),
+        S = (np.empty((width, 3)), np.empty((width, 9)),
              np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4)))  # fmt: skip
-        _backward_items(t, nt, p, starts, bonds, angles, dihedrals, fixed, gxyz, gb, ga, gd, gf, S)
+        _backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
@@ -332,25 +338,26 @@ def forward(
     index: np.ndarray,
     starts: np.ndarray,
     bonds: np.ndarray,
-    angles: np.ndarray,
-    dihedrals: np.ndarray,
+    trig: np.ndarray,
     fixed: np.ndarray,
 ) -> np.ndarray:
-    """Positions ``(B, N, 3)`` from ``(B, N)`` inputs and ``fixed`` ``(B, F, 3)`` (``F`` may be 0).
+    """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
-    ``index`` ``(11, N)`` and ``starts`` ``(U + 1,)`` are the plan's arrays
+    ``trig`` ``(4, B, N)`` float64: ``cos(angles), cos(dihedrals), sin(angles),
+    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.trig`). ``index``
+    ``(11, N)`` and ``starts`` ``(U + 1,)`` are the plan's arrays
     (:class:`batched_nerf.engines.fused.FusedPlan`); every array C-contiguous,
-    the inputs of one float dtype, which the output keeps.
+    ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
     """
     n_samples, n_atoms = bonds.shape
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     if nt > 1:
-        _forward_parallel(index, starts, bonds, angles, dihedrals, fixed, out, nt, width)
+        _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
     else:  # the same loop on this thread: no thread-pool round trip
-        X, F, PE, T = np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4))
-        _forward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, out, X, F, PE, T)
+        X, F, T = np.empty((width, 3)), np.empty((width, 9)), np.empty((width, 4))
+        _forward_items(0, 1, index, starts, bonds, trig, fixed, out, X, F, T)
     return out
 
 
@@ -358,8 +365,7 @@ def backward(
     index: np.ndarray,
     starts: np.ndarray,
     bonds: np.ndarray,
-    angles: np.ndarray,
-    dihedrals: np.ndarray,
+    trig: np.ndarray,
     fixed: np.ndarray,
     grad_xyz: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -373,10 +379,10 @@ def backward(
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     if nt > 1:
-        args = (index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf)
+        args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
         _backward_parallel(*args, nt, width)
     else:
-        shapes = ((width, 3), (width, 9), width, (width, 3), (width, 9), width, (width, 4))
+        shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4))
         S = tuple(np.empty(shape) for shape in shapes)
-        _backward_items(0, 1, index, starts, bonds, angles, dihedrals, fixed, grad_xyz, gb, ga, gd, gf, S)
+        _backward_items(0, 1, index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf, S)
     return gb, ga, gd, gf
