@@ -130,6 +130,31 @@ def test_parallel_kernel_matches_serial() -> None:
             torch.testing.assert_close(full[k], one[k], atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("size", [None, 8], ids=["default_blocks", "blocks_of_8"])
+def test_sample_blocks_equal_scan(name: str, size: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight samples or more: the blocked forward kernel (SIMD across samples), partial last blocks too."""
+    from batched_nerf.engines import fused_numba
+
+    calls: list[int] = []  # block sizes of the calls that took the blocked kernel
+    choose = fused_numba._block_size
+    monkeypatch.setattr(
+        fused_numba, "_block_size", lambda width: calls.append(size or choose(width)) or calls[-1]
+    )
+    table = TABLES[name]
+    for batch in (fused_numba.BLOCK_MIN, 37, 300):  # degenerate inputs at 4,096: test_degenerate.py
+        b, a, d = _ic(table, (batch,), seed=batch)
+        b[4, -1] = -1.0  # a negative bond: NaN for that atom and those built from it
+        fx = _fixed((batch,)) if table.n_fixed else None
+        fused, scan = _both(table, b, a, d, fx)
+        torch.testing.assert_close(fused, scan, atol=1e-9, rtol=0, equal_nan=True)
+        one = bn.to_cartesian(
+            b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
+        )
+        torch.testing.assert_close(fused[-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
+    assert len(calls) == 3 and calls[0] == (size or 64)  # the blocked kernel ran
+
+
 # ------------------------------------------------- degenerate inputs, NaN
 def _degenerate(table: bn.ConstructionTable, seed: int = 0):  # type: ignore[no-untyped-def]
     b, a, d = _ic(table, (4,), seed)
