@@ -133,7 +133,7 @@ def test_parallel_kernel_matches_serial() -> None:
 @pytest.mark.parametrize("name", list(TABLES))
 @pytest.mark.parametrize("size", [None, 8], ids=["default_blocks", "blocks_of_8"])
 def test_sample_blocks_equal_scan(name: str, size: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight samples or more: the blocked forward kernel (SIMD across samples), partial last blocks too."""
+    """Eight samples or more: the blocked kernels (SIMD across samples), partial last blocks too."""
     from batched_nerf.engines import fused_numba
 
     calls: list[int] = []  # block sizes of the calls that took the blocked kernel
@@ -146,13 +146,19 @@ def test_sample_blocks_equal_scan(name: str, size: int | None, monkeypatch: pyte
         b, a, d = _ic(table, (batch,), seed=batch)
         b[4, -1] = -1.0  # a negative bond: NaN for that atom and those built from it
         fx = _fixed((batch,)) if table.n_fixed else None
-        fused, scan = _both(table, b, a, d, fx)
-        torch.testing.assert_close(fused, scan, atol=1e-9, rtol=0, equal_nan=True)
+        leaves = [t.requires_grad_() for t in (b, a, d, *([fx] if fx is not None else []))]
+        w = torch.randn(batch, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(7))
+        got = {}
+        for method in ("fused", "scan"):
+            x = bn.to_cartesian(b, a, d, table, method=method, fixed_xyz=fx)
+            got[method] = (x, *torch.autograd.grad(x.nan_to_num(0.0).mul(w).sum(), leaves))
+        for f, want in zip(got["fused"], got["scan"]):  # positions, then gradients of every input
+            torch.testing.assert_close(f, want, atol=1e-9, rtol=0, equal_nan=True)
         one = bn.to_cartesian(
             b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
         )
-        torch.testing.assert_close(fused[-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
-    assert len(calls) == 3 and calls[0] == (size or 64)  # the blocked kernel ran
+        torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
+    assert len(calls) == 6 and calls[0] == (size or 64)  # the blocked kernels ran (forward, backward)
 
 
 # ------------------------------------------------- degenerate inputs, NaN

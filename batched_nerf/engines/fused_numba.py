@@ -1,13 +1,15 @@
-"""CPU kernels of the fused engine (numba): one compiled loop per pass.
+"""CPU backend of the fused engine (numba): one compiled loop per pass, and which loop runs.
 
-Imported lazily (numba is the optional extra ``fast``). Each kernel walks work
-items ``(sample, unit)`` -- a unit is a run of whole components in build order,
-:func:`batched_nerf.engines.fused.fused_plan` -- split over ``nt`` threads with
-``prange`` (thread ``t`` takes items ``t, t + nt, ...``); small calls and calls
-with a single work item run the same loop on the calling thread (a round trip
-through numba's thread pool can cost a scheduler time slice on a busy machine).
-Every frame and position is kept in float64 scratch per thread
-(``O(unit size)``); inputs and outputs keep their dtype (float32 or float64).
+Imported lazily (numba is the optional extra ``fast``). Two kernel layouts:
+per sample (:mod:`.fused_numba_samples`: work items ``(sample, unit)``, a unit
+being a run of whole components in build order,
+:func:`batched_nerf.engines.fused.fused_plan`) and, for the forward pass of 8
+samples or more on units of at most 512 atoms, blocks of samples innermost
+(:mod:`.fused_numba_blocks`, vectorised across samples). Small calls and calls
+with a single work item run on the calling thread (a round trip through numba's
+thread pool can cost a scheduler time slice on a busy machine). Every frame and
+position is kept in float64 scratch per thread (``O(unit size)``); inputs and
+outputs keep their dtype (float32 or float64).
 The kernels call no transcendental function: the cosines and sines of the
 angles and dihedrals come in as one float64 array (torch computes them with
 its vectorised math, several times faster than a scalar call per atom), and
@@ -35,20 +37,18 @@ Kernel signatures (the Triton port matches them): :func:`forward` and
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
-from numba import njit, prange
 
-from .._geometry import EPS
+from .fused_numba_blocks import (
+    _blocks_backward_items,
+    _blocks_backward_parallel,
+    _blocks_items,
+    _blocks_parallel,
+)
+from .fused_numba_samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 
 __all__ = ["backward", "forward"]
-
-# rows of the plan's index array (see fused.FusedPlan.index)
-ATOM, CODE, REF_B, REF_A, REF_D, PARENT, PHI_FROM, FLIP_ON, SLOT, SIGN, THIRD = range(11)
-# row codes
-FIXED, ROOT, SECOND, ANCHOR, FROM_PARENT, POSITIONS = range(6)
 
 #: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
 SERIAL_WORK = 4096
@@ -58,431 +58,15 @@ SERIAL_WORK = 4096
 BLOCK_MIN = 8
 BLOCK_MAX_WIDTH = 512
 
-_PI = math.pi
 
-
-@njit(cache=True)
-def _clamp(n: float) -> float:
-    return n if n >= EPS else EPS
-
-
-@njit(cache=True)
-def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
-    """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``T = (cos t, sin t, cos p_eff, sin p_eff)``
-    of plan rows ``[s0, s1)``."""
-    for k in range(s0, s1):
-        i = k - s0
-        atom = p[ATOM, k]
-        code = p[CODE, k]
-        if code == FIXED:
-            slot = p[SLOT, k]
-            for c in range(3):
-                X[i, c] = np.float64(fixed[b, slot, c])
-            continue
-        if code == ROOT:
-            X[i, 0] = 0.0
-            X[i, 1] = 0.0
-            X[i, 2] = 0.0
-            continue
-        r = np.float64(bonds[b, atom])
-        if r < 0.0:  # outside the domain: NaN for this atom and all built from it
-            r = np.nan
-        if code == SECOND:  # (r, 0, 0); a NaN bond makes the whole atom NaN
-            X[i, 0] = r
-            X[i, 1] = 0.0 * r
-            X[i, 2] = 0.0 * r
-            continue
-        ct, st = trig[0, b, atom], trig[2, b, atom]
-        cp, sp = (1.0, 0.0) if p[THIRD, k] else (trig[1, b, atom], trig[3, b, atom])
-        q = p[PHI_FROM, k]
-        if q >= 0:  # phi_eff = phi + phi_eff(sibling): compose the turns
-            cq, sq = T[q - s0, 2], T[q - s0, 3]
-            cp, sp = cp * cq - sp * sq, sp * cq + cp * sq
-        if p[FLIP_ON, k] >= 0 and trig[2, b, p[FLIP_ON, k]] < 0.0:  # + pi
-            cp, sp = -cp, -sp
-        ib = p[REF_B, k] - s0
-        m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
-        T[i, 0], T[i, 1], T[i, 2], T[i, 3] = ct, st, cp, sp
-        fl = -1.0 if st < 0.0 else 1.0
-        # L columns: (l00, l10, l20), (l01, l11, l21), (l02, l12, l22)
-        l00, l10, l20 = -ct, st * cp, st * sp
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l02, l12, l22 = 0.0, -sp * fl, cp * fl
-        X[i, 0] = X[ib, 0] + r * (m0 * l00 + m1 * l10 + m2 * l20)
-        X[i, 1] = X[ib, 1] + r * (m3 * l00 + m4 * l10 + m5 * l20)
-        X[i, 2] = X[ib, 2] + r * (m6 * l00 + m7 * l10 + m8 * l20)
-        F[i, 0] = m0 * l00 + m1 * l10 + m2 * l20
-        F[i, 1] = m0 * l01 + m1 * l11 + m2 * l21
-        F[i, 2] = m0 * l02 + m1 * l12 + m2 * l22
-        F[i, 3] = m3 * l00 + m4 * l10 + m5 * l20
-        F[i, 4] = m3 * l01 + m4 * l11 + m5 * l21
-        F[i, 5] = m3 * l02 + m4 * l12 + m5 * l22
-        F[i, 6] = m6 * l00 + m7 * l10 + m8 * l20
-        F[i, 7] = m6 * l01 + m7 * l11 + m8 * l21
-        F[i, 8] = m6 * l02 + m7 * l12 + m8 * l22
-
-
-@njit(cache=True)
-def _frame(p, k, s0, X, F):
-    """Placement frame ``M`` (row-major; columns e1, e2, e3) of plan row ``k``."""
-    code = p[CODE, k]
-    if code == ANCHOR:
-        s = np.float64(p[SIGN, k])
-        return s, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, s
-    if code == FROM_PARENT:
-        q = p[PARENT, k] - s0
-        return F[q, 0], F[q, 1], F[q, 2], F[q, 3], F[q, 4], F[q, 5], F[q, 6], F[q, 7], F[q, 8]
-    ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
-    u0, u1, u2 = X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2]
-    du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
-    a0, a1, a2 = u0 / du, u1 / du, u2 / du
-    v0, v1, v2 = X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2]
-    w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-    dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
-    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-    b0, b1, b2 = c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0
-    return a0, b0, c0, a1, b1, c1, a2, b2, c2
-
-
-@njit(cache=True)
-def _forward_items(t0, nt, p, starts, bonds, trig, fixed, out, X, F, T):
-    n_units = starts.size - 1
-    for item in range(t0, bonds.shape[0] * n_units, nt):
-        b = item // n_units
-        u = item - b * n_units
-        s0, s1 = starts[u], starts[u + 1]
-        _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
-        for k in range(s0, s1):
-            atom = p[ATOM, k]
-            for c in range(3):
-                out[b, atom, c] = X[k - s0, c]
-
-
-@njit(cache=True, parallel=True)
-def _forward_parallel(p, starts, bonds, trig, fixed, out, nt, width):
-    for t in prange(nt):
-        X = np.empty((width, 3))
-        F = np.empty((width, 9))
-        T = np.empty((width, 4))
-        _forward_items(t, nt, p, starts, bonds, trig, fixed, out, X, F, T)
-
-
-# ---------------------------------------------------------------- blocked forward
-# Samples innermost: a work item is (block of up to S samples, unit); every row is
-# a few short loops over the block's samples, which LLVM vectorises (SIMD across
-# samples). Scratch per row and sample: X (3), F (9), T (4), r (1); M (9) per block.
-
-
-@njit(cache=True)
-def _block_gather(p, s0, s1, b0, ns, bonds, trig, R, T):
-    """Bonds and ``T = (cos t, sin t, cos p_eff, sin p_eff)`` of the block's rows, samples last."""
-    for s in range(ns):  # sample by sample: the inputs are read along their rows
-        for k in range(s0, s1):
-            i, atom = k - s0, p[ATOM, k]
-            r = np.float64(bonds[b0 + s, atom])
-            R[i, s] = np.nan if r < 0.0 else r
-            T[i, 0, s] = trig[0, b0 + s, atom]
-            T[i, 1, s] = trig[2, b0 + s, atom]
-            T[i, 2, s] = 1.0 if p[THIRD, k] else trig[1, b0 + s, atom]
-            T[i, 3, s] = 0.0 if p[THIRD, k] else trig[3, b0 + s, atom]
-    for k in range(s0, s1):
-        i = k - s0
-        q, fo = p[PHI_FROM, k] - s0, p[FLIP_ON, k]
-        if q >= 0:  # compose the sibling's turn (an earlier row: composed already)
-            for s in range(ns):
-                cp, sp, cq, sq = T[i, 2, s], T[i, 3, s], T[q, 2, s], T[q, 3, s]
-                T[i, 2, s] = cp * cq - sp * sq
-                T[i, 3, s] = sp * cq + cp * sq
-        if fo >= 0:  # + pi where sin(angle of atom fo) < 0
-            for s in range(ns):
-                g = -1.0 if trig[2, b0 + s, fo] < 0.0 else 1.0
-                T[i, 2, s] *= g
-                T[i, 3, s] *= g
-
-
-@njit(cache=True)
-def _block_nerf_frame(X, ib, ia, idd, M, ns):
-    """``M`` (row-major, samples last) = the NeRF frame of rows ``ib, ia, idd``'s positions."""
-    for s in range(ns):
-        u0, u1, u2 = X[ib, 0, s] - X[ia, 0, s], X[ib, 1, s] - X[ia, 1, s], X[ib, 2, s] - X[ia, 2, s]
-        du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
-        a0, a1, a2 = u0 / du, u1 / du, u2 / du
-        v0, v1, v2 = X[ia, 0, s] - X[idd, 0, s], X[ia, 1, s] - X[idd, 1, s], X[ia, 2, s] - X[idd, 2, s]
-        w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-        dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
-        c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-        M[0, s], M[1, s], M[2, s] = a0, c1 * a2 - c2 * a1, c0
-        M[3, s], M[4, s], M[5, s] = a1, c2 * a0 - c0 * a2, c1
-        M[6, s], M[7, s], M[8, s] = a2, c0 * a1 - c1 * a0, c2
-
-
-@njit(cache=True)
-def _block_place(X, F, T, M, R, i, ib, ns):
-    """Row ``i``: ``x = x_b + r M u`` and out-frame column 0 (``M u``).
-
-    Whole arrays and row numbers, not views (a view costs reference counting per
-    row), and few enough arrays that LLVM vectorises the loop.
-    """
-    for s in range(ns):
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        l00, l10, l20 = -ct, st * cp, st * sp
-        e0 = M[0, s] * l00 + M[1, s] * l10 + M[2, s] * l20
-        e1 = M[3, s] * l00 + M[4, s] * l10 + M[5, s] * l20
-        e2 = M[6, s] * l00 + M[7, s] * l10 + M[8, s] * l20
-        X[i, 0, s] = X[ib, 0, s] + R[i, s] * e0
-        X[i, 1, s] = X[ib, 1, s] + R[i, s] * e1
-        X[i, 2, s] = X[ib, 2, s] + R[i, s] * e2
-        F[i, 0, s], F[i, 3, s], F[i, 6, s] = e0, e1, e2
-
-
-@njit(cache=True)
-def _block_out_frame(F, T, M, i, ns):
-    """Out-frame columns 1, 2 of row ``i``: ``M L`` (``L`` columns 2, 3 negated where ``sin(theta) < 0``)."""
-    for s in range(ns):
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        fl = -1.0 if st < 0.0 else 1.0
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l12, l22 = -sp * fl, cp * fl
-        F[i, 1, s] = M[0, s] * l01 + M[1, s] * l11 + M[2, s] * l21
-        F[i, 2, s] = M[1, s] * l12 + M[2, s] * l22
-        F[i, 4, s] = M[3, s] * l01 + M[4, s] * l11 + M[5, s] * l21
-        F[i, 5, s] = M[4, s] * l12 + M[5, s] * l22
-        F[i, 7, s] = M[6, s] * l01 + M[7, s] * l11 + M[8, s] * l21
-        F[i, 8, s] = M[7, s] * l12 + M[8, s] * l22
-
-
-@njit(cache=True)
-def _block_frame(p, k, s0, ns, X, F, M):
-    """The placement frame of row ``k`` into ``M`` (anchor, the parent's out-frame or NeRF)."""
-    code = p[CODE, k]
-    if code == ANCHOR:
-        sg = np.float64(p[SIGN, k])
-        for s in range(ns):
-            M[0, s], M[1, s], M[2, s] = sg, 0.0, 0.0
-            M[3, s], M[4, s], M[5, s] = 0.0, 1.0, 0.0
-            M[6, s], M[7, s], M[8, s] = 0.0, 0.0, sg
-    elif code == FROM_PARENT:
-        q = p[PARENT, k] - s0
-        for c in range(9):
-            for s in range(ns):
-                M[c, s] = F[q, c, s]
-    else:
-        _block_nerf_frame(X, p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0, M, ns)
-
-
-@njit(cache=True)
-def _block_forward(p, s0, s1, b0, ns, bonds, trig, fixed, out, X, F, T, R, M):
-    """Rows ``[s0, s1)`` of samples ``[b0, b0 + ns)`` into ``out``."""
-    _block_gather(p, s0, s1, b0, ns, bonds, trig, R, T)
-    for k in range(s0, s1):
-        i, code = k - s0, p[CODE, k]
-        if code == FIXED:
-            for c in range(3):
-                for s in range(ns):
-                    X[i, c, s] = np.float64(fixed[b0 + s, p[SLOT, k], c])
-        elif code == ROOT or code == SECOND:  # (0, 0, 0), (r, 0, 0); a NaN bond makes the atom NaN
-            for s in range(ns):
-                r = R[i, s] if code == SECOND else 0.0
-                X[i, 0, s], X[i, 1, s], X[i, 2, s] = r, 0.0 * r, 0.0 * r
-        else:
-            _block_frame(p, k, s0, ns, X, F, M)
-            _block_place(X, F, T, M, R, i, p[REF_B, k] - s0, ns)
-            _block_out_frame(F, T, M, i, ns)
-    for k in range(s0, s1):
-        atom = p[ATOM, k]
-        for s in range(ns):
-            for c in range(3):
-                out[b0 + s, atom, c] = X[k - s0, c, s]
-
-
-@njit(cache=True)
-def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width, size):
-    """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
-    n_units, n_samples = starts.size - 1, bonds.shape[0]
-    total = -(-n_samples // size) * n_units
-    X, F, T = np.empty((width, 3, size)), np.empty((width, 9, size)), np.empty((width, 4, size))
-    R, M = np.empty((width, size)), np.empty((9, size))
-    for item in range(total * t // nt, total * (t + 1) // nt):
-        blk, u = item // n_units, item % n_units
-        b0 = blk * size
-        ns = min(size, n_samples - b0)
-        _block_forward(p, starts[u], starts[u + 1], b0, ns, bonds, trig, fixed, out, X, F, T, R, M)
-
-
-@njit(cache=True, parallel=True)
-def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width, size):
-    for t in prange(nt):
-        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width, size)
+def _blocked(n_samples: int, width: int) -> bool:
+    """Whether a call takes the blocked kernels (SIMD across samples)."""
+    return n_samples >= BLOCK_MIN and width <= BLOCK_MAX_WIDTH
 
 
 def _block_size(width: int) -> int:
     """Samples per block: 64 for units of up to 128 atoms, else 32 (the fastest of 16-256 measured)."""
     return 64 if width <= 128 else 32
-
-
-@njit(cache=True)
-def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
-    """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b``."""
-    X, F, GX, GO, GP, T = S
-    _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
-    for k in range(s0, s1):
-        i = k - s0
-        atom = p[ATOM, k]
-        for c in range(3):
-            GX[i, c] = np.float64(gxyz[b, atom, c])
-        for c in range(9):
-            GO[i, c] = 0.0
-        GP[i] = 0.0
-    for k in range(s1 - 1, s0 - 1, -1):
-        i = k - s0
-        atom = p[ATOM, k]
-        code = p[CODE, k]
-        g0, g1, g2 = GX[i, 0], GX[i, 1], GX[i, 2]
-        neg = code >= SECOND and bonds[b, atom] < 0.0  # NaN atom: its bond gets no gradient (torch.where)
-        if code <= SECOND:
-            gb[b, atom] = g0 + 0.0 * (g1 + g2) if code == SECOND and not neg else 0.0
-            ga[b, atom] = 0.0
-            gd[b, atom] = 0.0
-            if code == FIXED:
-                slot = p[SLOT, k]
-                gf[b, slot, 0] = g0
-                gf[b, slot, 1] = g1
-                gf[b, slot, 2] = g2
-            continue
-        r = np.nan if neg else np.float64(bonds[b, atom])
-        m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
-        ct, st, cp, sp = T[i, 0], T[i, 1], T[i, 2], T[i, 3]
-        fl = -1.0 if st < 0.0 else 1.0
-        l00, l10, l20 = -ct, st * cp, st * sp
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l02, l12, l22 = 0.0, -sp * fl, cp * fl
-        o0, o1, o2, o3, o4, o5, o6, o7, o8 = (
-            GO[i, 0], GO[i, 1], GO[i, 2], GO[i, 3], GO[i, 4], GO[i, 5], GO[i, 6], GO[i, 7], GO[i, 8]
-        )  # fmt: skip
-        # x = x_b + r M u: dr = g . (M u)
-        dr = (
-            g0 * (m0 * l00 + m1 * l10 + m2 * l20)
-            + g1 * (m3 * l00 + m4 * l10 + m5 * l20)
-            + g2 * (m6 * l00 + m7 * l10 + m8 * l20)
-        )
-        gb[b, atom] = 0.0 if neg else dr
-        # gL = M^T gO + r (M^T g) e_1^T
-        h0 = r * (m0 * g0 + m3 * g1 + m6 * g2)
-        h1 = r * (m1 * g0 + m4 * g1 + m7 * g2)
-        h2 = r * (m2 * g0 + m5 * g1 + m8 * g2)
-        q00 = m0 * o0 + m3 * o3 + m6 * o6 + h0
-        q01 = m0 * o1 + m3 * o4 + m6 * o7
-        q10 = m1 * o0 + m4 * o3 + m7 * o6 + h1
-        q11 = m1 * o1 + m4 * o4 + m7 * o7
-        q12 = m1 * o2 + m4 * o5 + m7 * o8
-        q20 = m2 * o0 + m5 * o3 + m8 * o6 + h2
-        q21 = m2 * o1 + m5 * o4 + m8 * o7
-        q22 = m2 * o2 + m5 * o5 + m8 * o8
-        # dL/dtheta, dL/dphi (flip folded into columns 2, 3)
-        g_t = (
-            q00 * st + q10 * cp * ct + q20 * sp * ct
-            + fl * (-q01 * ct + q11 * cp * st + q21 * sp * st)
-        )  # fmt: skip
-        g_p = (
-            -q10 * sp * st + q20 * cp * st
-            + fl * (q11 * sp * ct - q21 * cp * ct - q12 * cp - q22 * sp)
-        )  # fmt: skip
-        ga[b, atom] = g_t
-        if p[THIRD, k]:
-            gd[b, atom] = 0.0
-        else:
-            tot = g_p + GP[i]
-            gd[b, atom] = tot
-            if p[PHI_FROM, k] >= 0:
-                GP[p[PHI_FROM, k] - s0] += tot
-        ib = p[REF_B, k] - s0
-        GX[ib, 0] += g0
-        GX[ib, 1] += g1
-        GX[ib, 2] += g2
-        if code == ANCHOR:
-            continue
-        # gM = r g u^T + gO L^T
-        n00 = r * g0 * l00 + o0 * l00 + o1 * l01 + o2 * l02
-        n01 = r * g0 * l10 + o0 * l10 + o1 * l11 + o2 * l12
-        n02 = r * g0 * l20 + o0 * l20 + o1 * l21 + o2 * l22
-        n10 = r * g1 * l00 + o3 * l00 + o4 * l01 + o5 * l02
-        n11 = r * g1 * l10 + o3 * l10 + o4 * l11 + o5 * l12
-        n12 = r * g1 * l20 + o3 * l20 + o4 * l21 + o5 * l22
-        n20 = r * g2 * l00 + o6 * l00 + o7 * l01 + o8 * l02
-        n21 = r * g2 * l10 + o6 * l10 + o7 * l11 + o8 * l12
-        n22 = r * g2 * l20 + o6 * l20 + o7 * l21 + o8 * l22
-        if code == FROM_PARENT:
-            q = p[PARENT, k] - s0
-            GO[q, 0] += n00
-            GO[q, 1] += n01
-            GO[q, 2] += n02
-            GO[q, 3] += n10
-            GO[q, 4] += n11
-            GO[q, 5] += n12
-            GO[q, 6] += n20
-            GO[q, 7] += n21
-            GO[q, 8] += n22
-            continue
-        _nerf_backward(p, k, s0, X, GX, n00, n10, n20, n01, n11, n21, n02, n12, n22)
-
-
-@njit(cache=True)
-def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
-    """Adjoint of the NeRF frame of row ``k`` (column adjoints ``ge1, ge2, ge3``) into ``GX``."""
-    ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
-    u0, u1, u2 = X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2]
-    nu = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
-    du = _clamp(nu)
-    a0, a1, a2 = u0 / du, u1 / du, u2 / du
-    v0, v1, v2 = X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2]
-    w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-    nw = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
-    dw = _clamp(nw)
-    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-    # e2 = e3 x e1: ge3 += e1 x ge2, ge1 += ge2 x e3
-    ge30 += a1 * ge22 - a2 * ge21
-    ge31 += a2 * ge20 - a0 * ge22
-    ge32 += a0 * ge21 - a1 * ge20
-    ge10 += ge21 * c2 - ge22 * c1
-    ge11 += ge22 * c0 - ge20 * c2
-    ge12 += ge20 * c1 - ge21 * c0
-    # e3 = w / max(|w|, EPS)
-    dot = (c0 * ge30 + c1 * ge31 + c2 * ge32) if nw >= EPS else 0.0
-    gw0, gw1, gw2 = (ge30 - dot * c0) / dw, (ge31 - dot * c1) / dw, (ge32 - dot * c2) / dw
-    # w = v x e1: gv = e1 x gw, ge1 += gw x v
-    gv0, gv1, gv2 = a1 * gw2 - a2 * gw1, a2 * gw0 - a0 * gw2, a0 * gw1 - a1 * gw0
-    ge10 += gw1 * v2 - gw2 * v1
-    ge11 += gw2 * v0 - gw0 * v2
-    ge12 += gw0 * v1 - gw1 * v0
-    # e1 = u / max(|u|, EPS)
-    dot = (a0 * ge10 + a1 * ge11 + a2 * ge12) if nu >= EPS else 0.0
-    gu0, gu1, gu2 = (ge10 - dot * a0) / du, (ge11 - dot * a1) / du, (ge12 - dot * a2) / du
-    GX[ib, 0] += gu0
-    GX[ib, 1] += gu1
-    GX[ib, 2] += gu2
-    GX[ia, 0] += gv0 - gu0
-    GX[ia, 1] += gv1 - gu1
-    GX[ia, 2] += gv2 - gu2
-    GX[idd, 0] -= gv0
-    GX[idd, 1] -= gv1
-    GX[idd, 2] -= gv2
-
-
-@njit(cache=True)
-def _backward_items(t0, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
-    n_units = starts.size - 1
-    for item in range(t0, bonds.shape[0] * n_units, nt):
-        b = item // n_units
-        u = item - b * n_units
-        _unit_backward(p, starts[u], starts[u + 1], b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
-
-
-@njit(cache=True, parallel=True)
-def _backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):
-    for t in prange(nt):
-        S = (np.empty((width, 3)), np.empty((width, 9)),
-             np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4)))  # fmt: skip
-        _backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
@@ -511,7 +95,7 @@ def forward(
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if n_samples >= BLOCK_MIN and width <= BLOCK_MAX_WIDTH:  # samples innermost, SIMD across a block
+    if _blocked(n_samples, width):  # samples innermost, SIMD across a block
         size = _block_size(width)
         nt = min(nt, -(-n_samples // size) * (starts.size - 1))
         if nt > 1:
@@ -543,8 +127,15 @@ def backward(
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if nt > 1:
-        args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
+    args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
+    if _blocked(n_samples, width):
+        size = _block_size(width)
+        nt = min(nt, -(-n_samples // size) * (starts.size - 1))
+        if nt > 1:
+            _blocks_backward_parallel(*args, nt, width, size)
+        else:
+            _blocks_backward_items(0, 1, *args, width, size)
+    elif nt > 1:
         _backward_parallel(*args, nt, width)
     else:
         shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4))
