@@ -11,7 +11,9 @@ Both maps on the rows of :func:`benchmarks.workloads.fused_rows`:
 * forward map (``to_cartesian``): ``fused`` (where this build offers it), the torch
   engines ``scan`` and ``levels``, the per-atom torch loop and the floor probe
   (forward only), passes ``forward``,
-  ``forward_backward`` and ``committor`` of :func:`benchmarks.timing.make_step`.
+  ``forward_backward`` and ``committor`` of :func:`benchmarks.timing.make_step`
+  (the committor network reads ``to_internal``: ``auto`` for our engines, the torch
+  inverse, a gather and the atan2 formulas, for the per-atom loop's user).
 
 numba kernels and torch share the cores, so the contenders of one pass run in
 interleaved rounds (each torch step right after a kernel step) and each gets the
@@ -132,7 +134,9 @@ def cartesian_step(wl: Workload, table: bn.ConstructionTable, method: str, batch
                     f"n/a: to_cartesian has no method={method!r} in this build"
                 ) from None
             raise
-    return make_step(build, ic, pass_, cotangent(batch, wl.n_atoms, torch.float32, "cpu"), Committor(q_table))
+    # the loop's user writes their own vectorised inverse (a gather and the atan2 formulas): the torch one
+    q = InternalCommittor(q_table, "torch") if method == "torch-loop" else Committor(q_table)
+    return make_step(build, ic, pass_, cotangent(batch, wl.n_atoms, torch.float32, "cpu"), q)
 
 
 # --------------------------------------------------------------------------

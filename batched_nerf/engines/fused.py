@@ -163,7 +163,7 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
+def trig(angles: Tensor, dihedrals: Tensor) -> Tensor:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
     torch's vectorised float64 ``sin``/``cos`` (several values per instruction,
@@ -176,26 +176,45 @@ def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
     out[1].copy_(dihedrals.detach())
     torch.sin(out[:2], out=out[2:])
     out[:2].cos_()
-    return out.numpy()
+    return out
 
 
-def _forward_kernel(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
+class Turns:
+    """The :func:`trig` array of a forward call, kept for its backward (a non-tensor argument, so
+    autograd and ``torch.func`` pass it through untouched); ``cs`` is None where it was not made."""
+
+    __slots__ = ("cs",)
+
+    def __init__(self, cs: Tensor | None) -> None:
+        self.cs = cs
+
+    def get(self, a: Tensor, d: Tensor) -> np.ndarray:
+        """The kept array, or a new one from ``a`` and ``d``."""
+        return (self.cs if self.cs is not None else trig(a, d)).numpy()
+
+
+_NO_TURNS = Turns(None)
+
+
+def _forward_kernel(
+    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, turns: Turns = _NO_TURNS
+) -> Tensor:
     """The forward kernel of the inputs' device: numba (numpy views) or triton (device tensors)."""
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
         return kernels.forward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach())
-    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), trig(a, d), _np(f)))
+    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f)))
 
 
 def _backward_kernel(
-    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor
+    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, turns: Turns = _NO_TURNS
 ) -> tuple[Tensor, ...]:
     """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)``."""
     kernels = require(b.device.type)
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
         return tuple(kernels.backward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach(), g))
-    out = kernels.backward(plan.index, plan.starts, _np(b), trig(a, d), _np(f), _np(g))
+    out = kernels.backward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), _np(g))
     return tuple(torch.from_numpy(x) for x in out)
 
 
@@ -223,32 +242,33 @@ class FusedBuild(torch.autograd.Function):
     """``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions -> ``(B, N, 3)``."""
 
     @staticmethod
-    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan) -> Tensor:  # type: ignore[override]
-        return _forward_kernel(plan, b, a, d, f)
+    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan, turns: Turns) -> Tensor:  # type: ignore[override]
+        return _forward_kernel(plan, b, a, d, f, turns)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        b, a, d, f, plan = inputs
+        b, a, d, f, plan, turns = inputs
         ctx.save_for_backward(b, a, d, f)
         ctx.save_for_forward(b, a, d, f)
-        ctx.plan = plan
+        ctx.plan, ctx.turns = plan, turns
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         b, a, d, f = ctx.saved_tensors
-        return (*FusedVJP.apply(b, a, d, f, g, ctx.plan), None)
+        return (*FusedVJP.apply(b, a, d, f, g, ctx.plan, ctx.turns), None, None)
 
     @staticmethod
-    def jvp(ctx: Any, tb: Any, ta: Any, td: Any, tf: Any, _: Any) -> Tensor:
+    def jvp(ctx: Any, tb: Any, ta: Any, td: Any, tf: Any, *_: Any) -> Tensor:
         primals = ctx.saved_tensors
         tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, (tb, ta, td, tf)))
         return torch.func.jvp(lambda *x: _reference_build(ctx.plan, *x), primals, tangents)[1]
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
-        *tensors, plan = args
+        *tensors, plan, _ = args  # the kept turns are for the unbatched shapes: made anew
         size = info.batch_size
-        out = FusedBuild.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:4])), plan)
+        front = (_front(x, dim, size) for x, dim in zip(tensors, in_dims[:4]))
+        out = FusedBuild.apply(*front, plan, _NO_TURNS)
         return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
 
 
@@ -256,12 +276,14 @@ class FusedVJP(torch.autograd.Function):
     """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))``; differentiable."""
 
     @staticmethod
-    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, plan: FusedPlan) -> tuple[Tensor, ...]:  # type: ignore[override]
-        return _backward_kernel(plan, b, a, d, f, g)
+    def forward(  # type: ignore[override]
+        b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, plan: FusedPlan, turns: Turns
+    ) -> tuple[Tensor, ...]:
+        return _backward_kernel(plan, b, a, d, f, g, turns)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        *tensors, plan = inputs
+        *tensors, plan, _ = inputs
         ctx.save_for_backward(*tensors)
         ctx.save_for_forward(*tensors)
         ctx.plan = plan
@@ -270,7 +292,7 @@ class FusedVJP(torch.autograd.Function):
     def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         inputs = ctx.saved_tensors
         _, vjp = torch.func.vjp(lambda *x: _reference_vjp(ctx.plan, *x), *inputs)
-        return (*vjp(tuple(gg)), None)
+        return (*vjp(tuple(gg)), None, None)
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
@@ -280,9 +302,9 @@ class FusedVJP(torch.autograd.Function):
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
-        *tensors, plan = args
+        *tensors, plan, _ = args
         size = info.batch_size
-        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan)
+        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan, _NO_TURNS)
         return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0, 0, 0, 0)
 
 
@@ -326,7 +348,19 @@ def build_fused(
         f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
     if _plain(b, a, d, f):
         return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
-    return FusedBuild.apply(b, a, d, f, plan).reshape(*batch, n, 3)
+    return FusedBuild.apply(b, a, d, f, plan, _turns(a, d)).reshape(*batch, n, 3)
+
+
+def _turns(a: Tensor, d: Tensor) -> Turns:
+    """The forward's :func:`trig` array, made here to keep for the backward (CPU, plain tensors)."""
+    if (
+        a.device.type != "cpu"
+        or _IS_FUNCTORCH_WRAPPED is None
+        or _IS_FUNCTORCH_WRAPPED(a)
+        or _IS_FUNCTORCH_WRAPPED(d)
+    ):
+        return _NO_TURNS
+    return Turns(trig(a, d))
 
 
 FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True)
