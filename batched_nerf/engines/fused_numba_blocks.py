@@ -16,7 +16,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._geometry import EPS
 from .fused_numba_samples import (
     ANCHOR,
     ATOM,
@@ -35,6 +34,7 @@ from .fused_numba_samples import (
     SLOT,
     THIRD,
     _clamp,
+    _nerf_adjoint,
 )
 
 
@@ -260,37 +260,23 @@ def _block_frame_adjoint(GX, GO, T, R, N, i, ns):
 def _block_nerf_adjoint(X, GX, N, ib, ia, idd, ns):
     """Adjoint of the NeRF frame of rows ``ib, ia, idd`` (frame adjoint ``N``, row-major) into ``GX``."""
     for s in range(ns):
-        u0, u1, u2 = X[ib, 0, s] - X[ia, 0, s], X[ib, 1, s] - X[ia, 1, s], X[ib, 2, s] - X[ia, 2, s]
-        nu = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
-        du = _clamp(nu)
-        a0, a1, a2 = u0 / du, u1 / du, u2 / du
-        v0, v1, v2 = X[ia, 0, s] - X[idd, 0, s], X[ia, 1, s] - X[idd, 1, s], X[ia, 2, s] - X[idd, 2, s]
-        w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-        nw = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
-        dw = _clamp(nw)
-        c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-        # column adjoints of M = (e1, e2, e3)
-        ge10, ge11, ge12 = N[0, s], N[3, s], N[6, s]
-        ge20, ge21, ge22 = N[1, s], N[4, s], N[7, s]
-        ge30, ge31, ge32 = N[2, s], N[5, s], N[8, s]
-        # e2 = e3 x e1: ge3 += e1 x ge2, ge1 += ge2 x e3
-        ge30 += a1 * ge22 - a2 * ge21
-        ge31 += a2 * ge20 - a0 * ge22
-        ge32 += a0 * ge21 - a1 * ge20
-        ge10 += ge21 * c2 - ge22 * c1
-        ge11 += ge22 * c0 - ge20 * c2
-        ge12 += ge20 * c1 - ge21 * c0
-        # e3 = w / max(|w|, EPS)
-        dot = (c0 * ge30 + c1 * ge31 + c2 * ge32) if nw >= EPS else 0.0
-        gw0, gw1, gw2 = (ge30 - dot * c0) / dw, (ge31 - dot * c1) / dw, (ge32 - dot * c2) / dw
-        # w = v x e1: gv = e1 x gw, ge1 += gw x v
-        gv0, gv1, gv2 = a1 * gw2 - a2 * gw1, a2 * gw0 - a0 * gw2, a0 * gw1 - a1 * gw0
-        ge10 += gw1 * v2 - gw2 * v1
-        ge11 += gw2 * v0 - gw0 * v2
-        ge12 += gw0 * v1 - gw1 * v0
-        # e1 = u / max(|u|, EPS)
-        dot = (a0 * ge10 + a1 * ge11 + a2 * ge12) if nu >= EPS else 0.0
-        gu0, gu1, gu2 = (ge10 - dot * a0) / du, (ge11 - dot * a1) / du, (ge12 - dot * a2) / du
+        gu0, gu1, gu2, gv0, gv1, gv2 = _nerf_adjoint(
+            X[ib, 0, s] - X[ia, 0, s],
+            X[ib, 1, s] - X[ia, 1, s],
+            X[ib, 2, s] - X[ia, 2, s],
+            X[ia, 0, s] - X[idd, 0, s],
+            X[ia, 1, s] - X[idd, 1, s],
+            X[ia, 2, s] - X[idd, 2, s],
+            N[0, s],
+            N[3, s],
+            N[6, s],
+            N[1, s],
+            N[4, s],
+            N[7, s],
+            N[2, s],
+            N[5, s],
+            N[8, s],
+        )  # fmt: skip  (column adjoints of M = (e1, e2, e3), M row-major)
         GX[ib, 0, s] += gu0
         GX[ib, 1, s] += gu1
         GX[ib, 2, s] += gu2

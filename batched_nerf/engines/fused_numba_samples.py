@@ -235,14 +235,15 @@ def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
 
 
 @njit(cache=True)
-def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
-    """Adjoint of the NeRF frame of row ``k`` (column adjoints ``ge1, ge2, ge3``) into ``GX``."""
-    ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
-    u0, u1, u2 = X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2]
+def _nerf_adjoint(u0, u1, u2, v0, v1, v2, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
+    """Adjoint of the NeRF frame ``(e1, e2, e3)`` of ``u = x_b - x_a``, ``v = x_a - x_d``.
+
+    Column adjoints ``ge1, ge2, ge3`` in; ``(gu, gv)`` out (``x_b += gu``,
+    ``x_a += gv - gu``, ``x_d -= gv``). Scalars, shared by both kernel layouts.
+    """
     nu = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
     du = _clamp(nu)
     a0, a1, a2 = u0 / du, u1 / du, u2 / du
-    v0, v1, v2 = X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2]
     w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
     nw = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
     dw = _clamp(nw)
@@ -265,6 +266,18 @@ def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge
     # e1 = u / max(|u|, EPS)
     dot = (a0 * ge10 + a1 * ge11 + a2 * ge12) if nu >= EPS else 0.0
     gu0, gu1, gu2 = (ge10 - dot * a0) / du, (ge11 - dot * a1) / du, (ge12 - dot * a2) / du
+    return gu0, gu1, gu2, gv0, gv1, gv2
+
+
+@njit(cache=True)
+def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
+    """Adjoint of the NeRF frame of row ``k`` (column adjoints ``ge1, ge2, ge3``) into ``GX``."""
+    ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
+    gu0, gu1, gu2, gv0, gv1, gv2 = _nerf_adjoint(
+        X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2],
+        X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2],
+        ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32,
+    )  # fmt: skip
     GX[ib, 0] += gu0
     GX[ib, 1] += gu1
     GX[ib, 2] += gu2
