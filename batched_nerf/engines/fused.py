@@ -2,8 +2,9 @@
 
 Every other engine runs tens to hundreds of small torch kernels per call; this
 one runs one compiled loop over the atoms in build order for each
-``(sample, unit)`` work item (a *unit* is a run of whole components), split
-over the CPU's threads. Its values follow the frame tree
+``(sample, unit)`` work item (a *unit* is a run of whole components; on the
+CPU, from 8 samples on, a block of samples per item, vectorised across them:
+:mod:`.fused_numba`), split over the CPU's threads. Its values follow the frame tree
 (:mod:`.frame_tree`) exactly like the scan engine's, degenerate inputs
 included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
 anchor frame, the parent's out-frame or the NeRF frame of the references'
@@ -12,9 +13,13 @@ dtype (float32 in, float32 out). On CUDA tensors the same walk runs as Triton
 kernels (:mod:`.fused_triton`: a lane per ``(component, sample)``).
 
 Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
-integer array over the atoms in work order (see ``fused_numba``'s row names:
+integer array over the atoms in work order (see ``fused_numba_samples``' row names:
 atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
 flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
+
+The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from :func:`trig`
+(torch's vectorised float64 math); the forward's array is kept for the backward
+(:class:`Turns`).
 
 Derivatives: :class:`FusedBuild` runs the forward kernel; its backward is
 :class:`FusedVJP`, the fused backward kernel (reverse accumulation, one pass);
@@ -54,7 +59,7 @@ UNIT_MIN_ATOMS = 256
 #: ... and a table has at most about this many units (enough to share one sample over the threads).
 UNITS_MAX = 64
 
-# row codes of the kernels (fused_numba.FIXED ... POSITIONS)
+# row codes of the kernels (fused_numba_samples.FIXED ... POSITIONS)
 _FIXED, _ROOT, _SECOND, _ANCHOR, _PARENT, _POSITIONS = range(6)
 
 
@@ -63,7 +68,7 @@ class FusedPlan(Movable):
     """Atoms in work order with everything the kernels read.
 
     Attributes:
-        index: ``(11, N)`` ``int64`` (rows named in ``fused_numba``): atom, row
+        index: ``(11, N)`` ``int64`` (rows named in ``fused_numba_samples``): atom, row
             code, bond/angle/dihedral reference row, parent row, sibling row
             whose ``phi_eff`` is added (``-1``: none), atom whose
             ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
