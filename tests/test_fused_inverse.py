@@ -122,6 +122,68 @@ def test_parallel_schedules_match_serial(batch: int, monkeypatch: pytest.MonkeyP
         close(s, p)
 
 
+@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("batch", [8, 37, 130])
+def test_vjp_sample_blocks_match_torch_engine(name: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight samples or more: the blocked vjp kernel (SIMD across samples), partial blocks, grid geometry."""
+    table = TABLES[name]
+    g = torch.Generator().manual_seed(batch)
+    x0 = random_xyz(table, (batch,), seed=batch)
+    x0[: batch // 2] = torch.randint(-1, 2, (batch // 2, table.n_atoms, 3), generator=g).to(
+        F64
+    )  # singular rows
+    x0[-1, 1, 0] = float("nan")  # NaN stays in the entries that read it
+    w = [torch.randn(batch, table.n_atoms, generator=g, dtype=F64) for _ in range(3)]
+    sizes: list[int] = []
+    choose = numba_kernels._block_size
+    monkeypatch.setattr(numba_kernels, "_block_size", lambda n: sizes.append(choose(n)) or sizes[-1])
+    grads = {}
+    for method in METHODS:
+        x = x0.clone().requires_grad_()
+        ic = bn.to_internal(x, table, method=method)
+        (grads[method],) = torch.autograd.grad(sum((c * wk).sum() for c, wk in zip(ic, w)), x)
+    assert sizes  # the blocked kernel ran
+    torch.testing.assert_close(grads["fused"], grads["torch"], rtol=0, atol=1e-10, equal_nan=True)
+    monkeypatch.setattr(numba_kernels, "BLOCK_MIN", 10**9)  # the per-sample kernel: the same to rounding
+    x = x0.clone().requires_grad_()
+    ic = bn.to_internal(x, table, method="fused")
+    (per_sample,) = torch.autograd.grad(sum((c * wk).sum() for c, wk in zip(ic, w)), x)
+    torch.testing.assert_close(grads["fused"], per_sample, rtol=0, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("batch", [8, 37, 130])
+def test_second_order_sample_blocks_match_torch_engine(
+    name: str, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blocked second-order kernel (``sum g H V`` and ``J V``): committor pattern, grid geometry, NaN."""
+    table = TABLES[name]
+    g = torch.Generator().manual_seed(batch + 1)
+    x0 = random_xyz(table, (batch,), seed=batch + 1)
+    x0[: batch // 2] = torch.randint(-1, 2, (batch // 2, table.n_atoms, 3), generator=g).to(F64)
+    x0[-1, 1, 0] = float("nan")
+    v = torch.randn(batch, table.n_atoms, 3, generator=g, dtype=F64)
+    sizes: list[int] = []
+    choose = numba_kernels._block_size
+    monkeypatch.setattr(numba_kernels, "_block_size", lambda n: sizes.append(choose(n)) or sizes[-1])
+
+    def run(method: str) -> tuple[torch.Tensor, ...]:
+        x = x0.clone().requires_grad_()
+        ic = bn.to_internal(x, table, method=method)
+        q = (ic.bonds**2).sum() + ic.angles.sin().sum() + (ic.angles**2).sum() + ic.dihedrals.cos().sum()
+        (gx,) = torch.autograd.grad(q, x, create_graph=True)
+        (h,) = torch.autograd.grad(gx, x, v)  # through the second-order kernel: H V and J V
+        return gx, h
+
+    fused, torch_ = run("fused"), run("torch")
+    assert len(sizes) >= 3  # vjp, second order (its J V part feeds the second grad) ran blocked
+    for f, r in zip(fused, torch_):
+        torch.testing.assert_close(f, r, rtol=0, atol=1e-9, equal_nan=True)
+    monkeypatch.setattr(numba_kernels, "BLOCK_MIN", 10**9)
+    for f, r in zip(fused, run("fused")):  # the per-sample kernels: the same to rounding
+        torch.testing.assert_close(f, r, rtol=0, atol=1e-11, equal_nan=True)
+
+
 @given(data=st.data())
 def test_values_match_on_random_tables(data: st.DataObject) -> None:
     table = data.draw(testing.construction_tables(max_atoms=20, fixed=None))

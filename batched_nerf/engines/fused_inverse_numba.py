@@ -37,6 +37,8 @@ import numba
 import numpy as np
 from numba import prange
 
+from . import fused_inverse_numba_blocks as blocks
+
 jit = numba.njit(cache=True)
 pjit = numba.njit(parallel=True, cache=True)
 
@@ -562,10 +564,29 @@ def _scatter(rows, refs, out):  # type: ignore[no-untyped-def]
         _scatter_rows_par(rows, refs, out)
 
 
+#: The vjp takes samples in blocks (SIMD across samples, :mod:`.fused_inverse_numba_blocks`)
+#: from this many samples on, for at most BLOCK_MAX_ATOMS atoms per sample.
+BLOCK_MIN = 8
+BLOCK_MAX_ATOMS = 4096
+
+
+def _block_size(n_atoms: int) -> int:
+    """Samples per block: 64 up to 128 atoms per sample, else 32."""
+    return 64 if n_atoms <= 128 else 32
+
+
 def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
     """``out`` ``(B, N, 3)`` = ``J^T (gb, ga, gd)`` (each ``g`` ``(B, N)``)."""
-    how = _schedule(xyz.shape[0], xyz.shape[1])
-    if how == "serial":
+    n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
+    how = _schedule(n_samples, n_atoms)
+    if n_samples >= BLOCK_MIN and n_atoms <= BLOCK_MAX_ATOMS:
+        size = _block_size(n_atoms)
+        nt = 1 if how == "serial" else min(numba.get_num_threads(), -(-n_samples // size))
+        if nt > 1:
+            blocks.vjp_parallel(xyz, refs, hb, ha, hd, gb, ga, gd, out, nt, size)
+        else:
+            blocks.vjp_items(0, 1, xyz, refs, hb, ha, hd, gb, ga, gd, out, size)
+    elif how == "serial":
         _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
     elif how == "samples":
         _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, min(_chunks(), xyz.shape[0]))
@@ -577,8 +598,17 @@ def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
 
 def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
     """``out`` = ``sum_k g_k H_k v`` ``(B, N, 3)``; ``jb, ja, jd`` = ``J v`` ``(B, N)`` each."""
-    how = _schedule(xyz.shape[0], xyz.shape[1])
-    if how == "serial":
+    n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
+    how = _schedule(n_samples, n_atoms)
+    if n_samples >= BLOCK_MIN and n_atoms <= BLOCK_MAX_ATOMS:
+        size = _block_size(n_atoms)
+        nt = 1 if how == "serial" else min(numba.get_num_threads(), -(-n_samples // size))
+        args = (xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
+        if nt > 1:
+            blocks.second_parallel(*args, nt, size)
+        else:
+            blocks.second_items(0, 1, *args, size)
+    elif how == "serial":
         _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
     elif how == "samples":
         _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, min(_chunks(), xyz.shape[0]))

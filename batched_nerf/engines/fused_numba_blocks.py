@@ -242,13 +242,13 @@ def _block_place_adjoint(GX, GO, T, M, R, G, i, ns):
 @njit(cache=True)
 def _block_frame_adjoint(GX, GO, T, R, N, i, ns):
     """``N = gM = r g u^T + gO L^T`` of row ``i`` (row-major)."""
-    for s in range(ns):
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        fl = -1.0 if st < 0.0 else 1.0
-        l00, l10, l20 = -ct, st * cp, st * sp
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l12, l22 = -sp * fl, cp * fl
-        for c in range(3):
+    for c in range(3):  # a row of N per loop: three stores each, so that the loop vectorises
+        for s in range(ns):
+            ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
+            fl = -1.0 if st < 0.0 else 1.0
+            l00, l10, l20 = -ct, st * cp, st * sp
+            l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
+            l12, l22 = -sp * fl, cp * fl
             rg = R[i, s] * GX[i, c, s]
             o0, o1, o2 = GO[i, 3 * c, s], GO[i, 3 * c + 1, s], GO[i, 3 * c + 2, s]
             N[3 * c, s] = rg * l00 + o0 * l00 + o1 * l01 + o2 * 0.0  # L[0, 2] = 0 (NaN stays NaN)
@@ -258,7 +258,11 @@ def _block_frame_adjoint(GX, GO, T, R, N, i, ns):
 
 @njit(cache=True)
 def _block_nerf_adjoint(X, GX, N, ib, ia, idd, ns):
-    """Adjoint of the NeRF frame of rows ``ib, ia, idd`` (frame adjoint ``N``, row-major) into ``GX``."""
+    """Adjoint of the NeRF frame of rows ``ib, ia, idd`` (frame adjoint ``N``, row-major) into ``GX``.
+
+    ``(gu, gv)`` overwrite ``N[0:6]`` in the vectorised loop (six stores), then
+    three short loops add them into the atoms.
+    """
     for s in range(ns):
         gu0, gu1, gu2, gv0, gv1, gv2 = _nerf_adjoint(
             X[ib, 0, s] - X[ia, 0, s],
@@ -277,15 +281,16 @@ def _block_nerf_adjoint(X, GX, N, ib, ia, idd, ns):
             N[5, s],
             N[8, s],
         )  # fmt: skip  (column adjoints of M = (e1, e2, e3), M row-major)
-        GX[ib, 0, s] += gu0
-        GX[ib, 1, s] += gu1
-        GX[ib, 2, s] += gu2
-        GX[ia, 0, s] += gv0 - gu0
-        GX[ia, 1, s] += gv1 - gu1
-        GX[ia, 2, s] += gv2 - gu2
-        GX[idd, 0, s] -= gv0
-        GX[idd, 1, s] -= gv1
-        GX[idd, 2, s] -= gv2
+        N[0, s], N[1, s], N[2, s], N[3, s], N[4, s], N[5, s] = gu0, gu1, gu2, gv0, gv1, gv2
+    for c in range(3):
+        for s in range(ns):
+            GX[ib, c, s] += N[c, s]
+    for c in range(3):
+        for s in range(ns):
+            GX[ia, c, s] += N[3 + c, s] - N[c, s]
+    for c in range(3):
+        for s in range(ns):
+            GX[idd, c, s] -= N[3 + c, s]
 
 
 @njit(cache=True)

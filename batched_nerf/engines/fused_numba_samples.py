@@ -234,7 +234,7 @@ def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
         _nerf_backward(p, k, s0, X, GX, n00, n10, n20, n01, n11, n21, n02, n12, n22)
 
 
-@njit(cache=True)
+@njit(inline="always")  # inlined by numba: a call left to LLVM stays, and the blocked loop is not vectorised
 def _nerf_adjoint(u0, u1, u2, v0, v1, v2, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge31, ge32):
     """Adjoint of the NeRF frame ``(e1, e2, e3)`` of ``u = x_b - x_a``, ``v = x_a - x_d``.
 
