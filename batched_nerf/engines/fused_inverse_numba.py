@@ -26,7 +26,9 @@ writing the caller's dtype:
 Calls of fewer than :data:`PARALLEL_ROWS` rows run on one thread. Scatters never
 race: with at least as many samples as threads a thread owns whole samples (atoms
 in sequence); with fewer, the rows' contributions are computed in parallel into a
-buffer and summed per sample afterwards.
+buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on, the
+vjp and second-order kernels run blocked, samples innermost
+(:mod:`.fused_inverse_numba_blocks`, vectorised across samples).
 """
 
 from __future__ import annotations
