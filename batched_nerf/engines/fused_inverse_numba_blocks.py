@@ -56,6 +56,31 @@ def _acc_diff(GX, row, C, k1, k2, ns):
 
 
 @_jit
+def _scatter_bond(GX, C, i, b, ns):
+    """A bond row's ``C[0:3]`` into its atoms ``(i, b)``: ``(+, -)``."""
+    _acc(GX, i, C, 0, 1.0, ns)
+    _acc(GX, b, C, 0, -1.0, ns)
+
+
+@_jit
+def _scatter_angle(GX, C, i, b, a, ns):
+    """An angle row's ``C[0:3] = gu``, ``C[3:6] = gv`` into ``(i, b, a)``: ``(gu, -(gu + gv), gv)``."""
+    _acc(GX, i, C, 0, 1.0, ns)
+    _acc(GX, b, C, 0, -1.0, ns)
+    _acc(GX, b, C, 3, -1.0, ns)
+    _acc(GX, a, C, 3, 1.0, ns)
+
+
+@_jit
+def _scatter_dihedral(GX, C, i, b, a, d, ns):
+    """Dihedral row ``C = (gb0, gb1, gb2)`` into ``(d, a, b, i)``: ``(-gb0, gb0 - gb1, gb1 - gb2, gb2)``."""
+    _acc(GX, d, C, 0, -1.0, ns)
+    _acc_diff(GX, a, C, 0, 3, ns)
+    _acc_diff(GX, b, C, 3, 6, ns)
+    _acc(GX, i, C, 6, 1.0, ns)
+
+
+@_jit
 def _bond(X, G, C, i, b, ns):
     """``C[0:3] = g_bond * u / |u|`` (0 at ``u = 0``), ``u = x_i - x_b``."""
     for s in range(ns):
@@ -152,21 +177,14 @@ def _block_vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out, b0, ns, X, G, GX, C):
         rb, ra, rd = refs[i, 0], refs[i, 1], refs[i, 2]
         if hb[i]:
             _bond(X, G, C, i, rb, ns)
-            _acc(GX, i, C, 0, 1.0, ns)
-            _acc(GX, rb, C, 0, -1.0, ns)
+            _scatter_bond(GX, C, i, rb, ns)
         if hb[i] and ha[i]:
-            _angle(X, G, C, i, rb, ra, ns)  # (gu, -(gu + gv), gv) for (i, b, a)
-            _acc(GX, i, C, 0, 1.0, ns)
-            _acc(GX, rb, C, 0, -1.0, ns)
-            _acc(GX, rb, C, 3, -1.0, ns)
-            _acc(GX, ra, C, 3, 1.0, ns)
+            _angle(X, G, C, i, rb, ra, ns)
+            _scatter_angle(GX, C, i, rb, ra, ns)
         if hb[i] and ha[i] and hd[i]:
             _dihedral_01(X, G, C, i, rb, ra, rd, ns)
             _dihedral_2(X, G, C, i, rb, ra, rd, ns)
-            _acc(GX, rd, C, 0, -1.0, ns)
-            _acc_diff(GX, ra, C, 0, 3, ns)
-            _acc_diff(GX, rb, C, 3, 6, ns)
-            _acc(GX, i, C, 6, 1.0, ns)
+            _scatter_dihedral(GX, C, i, rb, ra, rd, ns)
     for s in range(ns):
         for j in range(n):
             for c in range(3):
@@ -371,22 +389,15 @@ def _block_second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, b0, ns,
         rb, ra, rd = refs[i, 0], refs[i, 1], refs[i, 2]
         if hb[i]:
             _bond_second(X, TV, G, C, J, i, rb, ns)
-            _acc(GX, i, C, 0, 1.0, ns)
-            _acc(GX, rb, C, 0, -1.0, ns)
+            _scatter_bond(GX, C, i, rb, ns)
         if hb[i] and ha[i]:
             _angle_second(X, TV, G, C, J, i, rb, ra, ns, 0)
             _angle_second(X, TV, G, C, J, i, rb, ra, ns, 1)
-            _acc(GX, i, C, 0, 1.0, ns)
-            _acc(GX, rb, C, 0, -1.0, ns)
-            _acc(GX, rb, C, 3, -1.0, ns)
-            _acc(GX, ra, C, 3, 1.0, ns)
+            _scatter_angle(GX, C, i, rb, ra, ns)
         if hb[i] and ha[i] and hd[i]:
             _dihedral_second(X, TV, G, C, J, i, rb, ra, rd, ns, 0)
             _dihedral_second(X, TV, G, C, J, i, rb, ra, rd, ns, 1)
-            _acc(GX, rd, C, 0, -1.0, ns)
-            _acc_diff(GX, ra, C, 0, 3, ns)
-            _acc_diff(GX, rb, C, 3, 6, ns)
-            _acc(GX, i, C, 6, 1.0, ns)
+            _scatter_dihedral(GX, C, i, rb, ra, rd, ns)
     for s in range(ns):
         for j in range(n):
             for c in range(3):
