@@ -205,9 +205,10 @@ def test_float32_in_float32_out() -> None:
         torch.testing.assert_close(f, r, rtol=1e-5, atol=1e-5)
 
 
-def test_float32_derivatives() -> None:
+@pytest.mark.parametrize("batch", [5, 40], ids=["per_sample", "blocked"])
+def test_float32_derivatives(batch: int) -> None:
     table = TABLES["alanine"]
-    x0 = random_xyz(table, (5,)).float()
+    x0 = random_xyz(table, (batch,)).float()
     res = {}
     for method in METHODS:
         x = x0.clone().requires_grad_()
