@@ -28,280 +28,40 @@ race: with at least as many samples as threads a thread owns whole samples (atom
 in sequence); with fewer, the rows' contributions are computed in parallel into a
 buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on, the
 vjp and second-order kernels run blocked, samples innermost
-(:mod:`.fused_inverse_numba_blocks`, vectorised across samples).
+(:mod:`.fused_inverse_numba_blocks`, vectorised across samples). The per-row
+formulas both layouts share are in :mod:`.fused_inverse_rows`.
 """
 
 from __future__ import annotations
-
-import math
 
 import numba
 import numpy as np
 from numba import prange
 
 from . import fused_inverse_numba_blocks as blocks
+from .fused_inverse_rows import (
+    _ZERO3,
+    _angle_args,
+    _angle_grad,
+    _axpy,
+    _bond_grad,
+    _dangle_grad,
+    _dbond_grad,
+    _ddihedral_grad,
+    _dihedral_args,
+    _dihedral_grad,
+    _norm,
+    _scale,
+    _sub,
+)
 
 jit = numba.njit(cache=True)
 pjit = numba.njit(parallel=True, cache=True)
 
 
-# --------------------------------------------------------------------------
-# 3-vector helpers (tuples of float64)
-# --------------------------------------------------------------------------
-
-
 @jit
 def _load(x, s, j):  # type: ignore[no-untyped-def]
     return (float(x[s, j, 0]), float(x[s, j, 1]), float(x[s, j, 2]))
-
-
-@jit
-def _sub(a, b):  # type: ignore[no-untyped-def]
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
-
-
-@jit
-def _add(a, b):  # type: ignore[no-untyped-def]
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
-
-
-@jit
-def _neg(a):  # type: ignore[no-untyped-def]
-    return (-a[0], -a[1], -a[2])
-
-
-@jit
-def _scale(a, s):  # type: ignore[no-untyped-def]
-    return (a[0] * s, a[1] * s, a[2] * s)
-
-
-@jit
-def _axpy(s, a, b):  # type: ignore[no-untyped-def]
-    """``s * a + b``."""
-    return (s * a[0] + b[0], s * a[1] + b[1], s * a[2] + b[2])
-
-
-@jit
-def _dot(a, b):  # type: ignore[no-untyped-def]
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
-
-
-@jit
-def _cross(a, b):  # type: ignore[no-untyped-def]
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
-
-
-@jit
-def _dcross(a, ta, b, tb):  # type: ignore[no-untyped-def]
-    """``(a x b, d(a x b))`` for tangents ``ta``, ``tb``."""
-    return _cross(a, b), _add(_cross(ta, b), _cross(a, tb))
-
-
-_ZERO3 = (0.0, 0.0, 0.0)
-
-
-# --------------------------------------------------------------------------
-# Values
-# --------------------------------------------------------------------------
-
-
-@jit
-def _norm(v):  # type: ignore[no-untyped-def]
-    """``|v|``: ``0`` at ``v = 0`` (zero gradient there), NaN stays NaN."""
-    sq = _dot(v, v)
-    return 0.0 if sq == 0.0 else math.sqrt(sq)
-
-
-@jit
-def _dnorm(v, tv):  # type: ignore[no-untyped-def]
-    """``(|v|, d|v|)`` for the tangent ``tv``, with :func:`_norm`'s rule at ``v = 0``."""
-    n = _norm(v)
-    return n, (0.0 if n == 0.0 else _dot(v, tv) / n)
-
-
-@jit
-def _atan2_args(y, x):  # type: ignore[no-untyped-def]
-    """``(y, x)`` for ``atan2`` with ``safe_atan2``'s rule: ``(0, 0) -> (0, 1)``."""
-    return (y, 1.0) if x == 0.0 and y == 0.0 else (y, x)
-
-
-@jit
-def _angle_args(xi, xb, xa):  # type: ignore[no-untyped-def]
-    """``(y, x)`` of the angle ``atan2(|u x v|, u . v)``."""
-    u = _sub(xi, xb)
-    v = _sub(xa, xb)
-    return _atan2_args(_norm(_cross(u, v)), _dot(u, v))
-
-
-@jit
-def _dihedral_args(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
-    """``(y, x)`` of the dihedral ``atan2(|b1| b0 . n2, n1 . n2)`` (before the ``(-pi, pi]`` wrap)."""
-    b0 = _sub(p1, p0)
-    b1 = _sub(p2, p1)
-    b2 = _sub(p3, p2)
-    n2 = _cross(b1, b2)
-    return _atan2_args(_norm(b1) * _dot(b0, n2), _dot(_cross(b0, b1), n2))
-
-
-# --------------------------------------------------------------------------
-# Adjoints (gradients of one row's value w.r.t. its atoms)
-# --------------------------------------------------------------------------
-
-
-@jit
-def _atan2_grad(y, x):  # type: ignore[no-untyped-def]
-    """``(d/dy, d/dx)`` of :func:`_atan2` (``(1, 0)`` at the origin, as torch's double where)."""
-    if x == 0.0 and y == 0.0:
-        return 1.0, 0.0
-    den = x * x + y * y
-    return x / den, -y / den
-
-
-@jit
-def _bond_grad(xi, xb):  # type: ignore[no-untyped-def]
-    u = _sub(xi, xb)
-    sq = _dot(u, u)
-    if sq == 0.0:
-        return _ZERO3
-    return _scale(u, 1.0 / math.sqrt(sq))
-
-
-@jit
-def _angle_grad(xi, xb, xa):  # type: ignore[no-untyped-def]
-    """Gradients for ``(x_i, x_b, x_a)``."""
-    u = _sub(xi, xb)
-    v = _sub(xa, xb)
-    c = _cross(u, v)
-    y = _norm(c)
-    gy, gx = _atan2_grad(y, _dot(u, v))
-    gc = _ZERO3 if y == 0.0 else _scale(c, gy / y)
-    gu = _axpy(gx, v, _cross(v, gc))
-    gv = _axpy(gx, u, _cross(gc, u))
-    return gu, _neg(_add(gu, gv)), gv
-
-
-@jit
-def _dihedral_grad(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
-    """Gradients for ``(x_d, x_a, x_b, x_i) = (p0, p1, p2, p3)``."""
-    b0 = _sub(p1, p0)
-    b1 = _sub(p2, p1)
-    b2 = _sub(p3, p2)
-    n2 = _cross(b1, b2)
-    n1 = _cross(b0, b1)
-    nb1 = _norm(b1)
-    t = _dot(b0, n2)
-    gy, gx = _atan2_grad(nb1 * t, _dot(n1, n2))
-    g_t = gy * nb1
-    gb1 = _ZERO3 if nb1 == 0.0 else _scale(b1, gy * t / nb1)
-    gn2 = _axpy(gx, n1, _scale(b0, g_t))
-    gn1 = _scale(n2, gx)
-    gb0 = _add(_scale(n2, g_t), _cross(b1, gn1))
-    gb1 = _add(gb1, _add(_cross(b2, gn2), _cross(gn1, b0)))
-    gb2 = _cross(gn2, b1)
-    return _neg(gb0), _sub(gb0, gb1), _sub(gb1, gb2), gb2
-
-
-# --------------------------------------------------------------------------
-# Adjoints on dual numbers: gradient, its tangent (H V) and the value's tangent (J V)
-# --------------------------------------------------------------------------
-
-
-@jit
-def _datan2_grad(y, ty, x, tx):  # type: ignore[no-untyped-def]
-    """``(gy, tgy, gx, tgx, J V)`` of :func:`_atan2_grad` with tangents ``ty``, ``tx``."""
-    if x == 0.0 and y == 0.0:
-        return 1.0, 0.0, 0.0, 0.0, ty
-    den = x * x + y * y
-    tden = 2.0 * (x * tx + y * ty)
-    gy = x / den
-    gx = -y / den
-    tgy = tx / den - x * tden / (den * den)
-    tgx = -ty / den + y * tden / (den * den)
-    return gy, tgy, gx, tgx, gy * ty + gx * tx
-
-
-@jit
-def _dbond_grad(xi, ti, xb, tb):  # type: ignore[no-untyped-def]
-    """``(g_i, H V_i, J V)``; ``g_b = -g_i``."""
-    u = _sub(xi, xb)
-    tu = _sub(ti, tb)
-    sq = _dot(u, u)
-    if sq == 0.0:
-        return _ZERO3, _ZERO3, 0.0
-    r = math.sqrt(sq)
-    tr = _dot(u, tu) / r
-    return _scale(u, 1.0 / r), _scale(_axpy(-tr / r, u, tu), 1.0 / r), tr
-
-
-@jit
-def _dangle_grad(xi, ti, xb, tb, xa, ta):  # type: ignore[no-untyped-def]
-    """``((g_i, g_b, g_a), (HV_i, HV_b, HV_a), J V)``."""
-    u = _sub(xi, xb)
-    tu = _sub(ti, tb)
-    v = _sub(xa, xb)
-    tv = _sub(ta, tb)
-    c, tc = _dcross(u, tu, v, tv)
-    y, ty = _dnorm(c, tc)
-    x = _dot(u, v)
-    tx = _dot(tu, v) + _dot(u, tv)
-    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
-    if y == 0.0:
-        gc, tgc = _ZERO3, _ZERO3
-    else:
-        w = gy / y
-        tw = tgy / y - gy * ty / (y * y)
-        gc = _scale(c, w)
-        tgc = _axpy(tw, c, _scale(tc, w))
-    gu = _axpy(gx, v, _cross(v, gc))
-    tgu = _axpy(tgx, v, _axpy(gx, tv, _add(_cross(tv, gc), _cross(v, tgc))))
-    gv = _axpy(gx, u, _cross(gc, u))
-    tgv = _axpy(tgx, u, _axpy(gx, tu, _add(_cross(tgc, u), _cross(gc, tu))))
-    grads = (gu, _neg(_add(gu, gv)), gv)
-    hvps = (tgu, _neg(_add(tgu, tgv)), tgv)
-    return grads, hvps, jv
-
-
-@jit
-def _ddihedral_grad(p0, q0, p1, q1, p2, q2, p3, q3):  # type: ignore[no-untyped-def]
-    """``((g_0..g_3), (HV_0..HV_3), J V)`` for ``(x_d, x_a, x_b, x_i)`` with tangents ``q``."""
-    b0, tb0 = _sub(p1, p0), _sub(q1, q0)
-    b1, tb1 = _sub(p2, p1), _sub(q2, q1)
-    b2, tb2 = _sub(p3, p2), _sub(q3, q2)
-    n2, tn2 = _dcross(b1, tb1, b2, tb2)
-    n1, tn1 = _dcross(b0, tb0, b1, tb1)
-    nb1, tnb1 = _dnorm(b1, tb1)
-    t = _dot(b0, n2)
-    tt = _dot(tb0, n2) + _dot(b0, tn2)
-    y = nb1 * t
-    ty = tnb1 * t + nb1 * tt
-    x = _dot(n1, n2)
-    tx = _dot(tn1, n2) + _dot(n1, tn2)
-    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
-    g_nb1, tg_nb1 = gy * t, tgy * t + gy * tt
-    g_t, tg_t = gy * nb1, tgy * nb1 + gy * tnb1
-    if nb1 == 0.0:
-        gb1, tgb1 = _ZERO3, _ZERO3
-    else:
-        w = g_nb1 / nb1
-        tw = tg_nb1 / nb1 - g_nb1 * tnb1 / (nb1 * nb1)
-        gb1 = _scale(b1, w)
-        tgb1 = _axpy(tw, b1, _scale(tb1, w))
-    gn2 = _axpy(gx, n1, _scale(b0, g_t))
-    tgn2 = _axpy(tgx, n1, _axpy(gx, tn1, _axpy(tg_t, b0, _scale(tb0, g_t))))
-    gn1 = _scale(n2, gx)
-    tgn1 = _axpy(tgx, n2, _scale(tn2, gx))
-    gb0 = _add(_scale(n2, g_t), _cross(b1, gn1))
-    tgb0 = _add(_axpy(tg_t, n2, _scale(tn2, g_t)), _add(_cross(tb1, gn1), _cross(b1, tgn1)))
-    gb1 = _add(gb1, _add(_cross(b2, gn2), _cross(gn1, b0)))
-    tgb1 = _add(
-        tgb1,
-        _add(_add(_cross(tb2, gn2), _cross(b2, tgn2)), _add(_cross(tgn1, b0), _cross(gn1, tb0))),
-    )
-    gb2 = _cross(gn2, b1)
-    tgb2 = _add(_cross(tgn2, b1), _cross(gn2, tb1))
-    grads = (_neg(gb0), _sub(gb0, gb1), _sub(gb1, gb2), gb2)
-    hvps = (_neg(tgb0), _sub(tgb0, tgb1), _sub(tgb1, tgb2), tgb2)
-    return grads, hvps, jv
 
 
 # --------------------------------------------------------------------------

@@ -1,16 +1,19 @@
-"""Blocked vjp kernel of the fused inverse map (numba): samples innermost, SIMD across samples.
+"""Blocked vjp and second-order kernels of the fused inverse map (numba): samples innermost, SIMD.
 
-The formulas and singular-geometry rules of :mod:`.fused_inverse_numba`
-(``J^T g`` of bonds, atan2 angles and dihedrals, scatter-added into the four
-atoms of each row), laid out for a block of up to ``S`` samples: positions and
-cotangents are gathered into ``(N, 3, S)`` / ``(3, N, S)`` scratch, each row is a
-few loops over the block's samples, and the adjoints accumulate per atom with no
-race (a thread owns whole blocks). Three rules make LLVM vectorise the loops:
-at most six stored values per loop (the dihedral's nine are two loops, the
-second recomputing), scalar helpers inlined by numba (``inline="always"``), and
-``error_model="numpy"`` (numba's default ``"python"`` model checks every float
-division for zero, which stops vectorisation; every division here has its own
-guard).
+The formulas and singular-geometry rules of :mod:`.fused_inverse_numba`, laid out
+for a block of up to ``S`` samples: positions, tangents and cotangents are
+gathered into ``(N, 3, S)`` / ``(3, N, S)`` scratch, each row is a few loops over
+the block's samples, and the adjoints accumulate per atom with no race (a thread
+owns whole blocks). The vjp calls the shared per-row formulas of
+:mod:`.fused_inverse_rows`; the second-order loops state the dual-number
+formulas of that module's ``_dangle_grad`` / ``_ddihedral_grad`` again, in
+select form, because those tuple-returning helpers, inlined, leave the loop
+unvectorised (checked in the assembly; one store of theirs vectorises, six do
+not). Three rules make LLVM vectorise the loops: at most six stored values per
+loop (longer bodies are two loops, the second recomputing), scalar helpers
+inlined by numba (``inline="always"``), and ``error_model="numpy"`` (numba's
+default ``"python"`` model checks every float division for zero, which stops
+vectorisation; every division here has its own guard).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import math
 
 import numpy as np
 from numba import njit, prange
+
+from .fused_inverse_rows import _angle_grad, _bond_grad, _datan2_grad, _dihedral_grad
 
 _jit = njit(cache=True, error_model="numpy")
 #: Scalar helpers of one sample, inlined into each loop by numba itself (left to LLVM, the
@@ -80,93 +85,49 @@ def _scatter_dihedral(GX, C, i, b, a, d, ns):
     _acc(GX, i, C, 6, 1.0, ns)
 
 
+@_inline
+def _at(X, j, s):
+    """Row ``j`` of sample ``s`` as a 3-tuple (the per-row formulas' argument)."""
+    return (X[j, 0, s], X[j, 1, s], X[j, 2, s])
+
+
 @_jit
 def _bond(X, G, C, i, b, ns):
-    """``C[0:3] = g_bond * u / |u|`` (0 at ``u = 0``), ``u = x_i - x_b``."""
+    """``C[0:3] = g_bond * d bond / d x_i`` (``-`` that at ``b``)."""
     for s in range(ns):
-        u0, u1, u2 = X[i, 0, s] - X[b, 0, s], X[i, 1, s] - X[b, 1, s], X[i, 2, s] - X[b, 2, s]
-        sq = u0 * u0 + u1 * u1 + u2 * u2
-        f = 0.0 if sq == 0.0 else G[0, i, s] / math.sqrt(sq)
-        C[0, s], C[1, s], C[2, s] = f * u0, f * u1, f * u2
+        g = _bond_grad(_at(X, i, s), _at(X, b, s))
+        w = G[0, i, s]
+        C[0, s], C[1, s], C[2, s] = w * g[0], w * g[1], w * g[2]
 
 
 @_jit
 def _angle(X, G, C, i, b, a, ns):
-    """``C[0:3], C[3:6] = g_angle (gu, gv)`` of ``atan2(|u x v|, u . v)``, ``u, v = x_i - x_b, x_a - x_b``."""
+    """``C[0:3], C[3:6] = g_angle * (d/dx_i, d/dx_a)``; ``d/dx_b`` is minus their sum."""
     for s in range(ns):
-        u0, u1, u2 = X[i, 0, s] - X[b, 0, s], X[i, 1, s] - X[b, 1, s], X[i, 2, s] - X[b, 2, s]
-        v0, v1, v2 = X[a, 0, s] - X[b, 0, s], X[a, 1, s] - X[b, 1, s], X[a, 2, s] - X[b, 2, s]
-        c0, c1, c2 = u1 * v2 - u2 * v1, u2 * v0 - u0 * v2, u0 * v1 - u1 * v0
-        sq = c0 * c0 + c1 * c1 + c2 * c2
-        y = 0.0 if sq == 0.0 else math.sqrt(sq)
-        x = u0 * v0 + u1 * v1 + u2 * v2
-        origin = (x == 0.0) & (y == 0.0)
-        den = 1.0 if origin else x * x + y * y
+        gi, _, ga = _angle_grad(_at(X, i, s), _at(X, b, s), _at(X, a, s))
         w = G[1, i, s]
-        gy = w if origin else w * x / den
-        gx = 0.0 if origin else -w * y / den
-        f = 0.0 if y == 0.0 else gy / y
-        g0, g1, g2 = f * c0, f * c1, f * c2
-        C[0, s] = gx * v0 + (v1 * g2 - v2 * g1)
-        C[1, s] = gx * v1 + (v2 * g0 - v0 * g2)
-        C[2, s] = gx * v2 + (v0 * g1 - v1 * g0)
-        C[3, s] = gx * u0 + (g1 * u2 - g2 * u1)
-        C[4, s] = gx * u1 + (g2 * u0 - g0 * u2)
-        C[5, s] = gx * u2 + (g0 * u1 - g1 * u0)
-
-
-@_inline
-def _dihedral_core(X, G, i, b, a, d, s):
-    """Sample ``s`` of the dihedral's adjoint: ``b0, b1, b2, n2, gn1, gn2, g_t, f`` (times ``g_dihedral``).
-
-    ``atan2(|b1| b0 . n2, n1 . n2)``, ``b0 = x_a - x_d, b1 = x_b - x_a, b2 = x_i - x_b``,
-    ``n1 = b0 x b1``, ``n2 = b1 x b2``; atom gradients ``(-gb0, gb0 - gb1, gb1 - gb2, gb2)``
-    for ``(d, a, b, i)``, made by :func:`_dihedral_01` and :func:`_dihedral_2` (one loop each,
-    so that each stores at most six values; a scalar function, inlined into both).
-    """
-    b00, b01, b02 = X[a, 0, s] - X[d, 0, s], X[a, 1, s] - X[d, 1, s], X[a, 2, s] - X[d, 2, s]
-    b10, b11, b12 = X[b, 0, s] - X[a, 0, s], X[b, 1, s] - X[a, 1, s], X[b, 2, s] - X[a, 2, s]
-    b20, b21, b22 = X[i, 0, s] - X[b, 0, s], X[i, 1, s] - X[b, 1, s], X[i, 2, s] - X[b, 2, s]
-    n20, n21, n22 = b11 * b22 - b12 * b21, b12 * b20 - b10 * b22, b10 * b21 - b11 * b20
-    n10, n11, n12 = b01 * b12 - b02 * b11, b02 * b10 - b00 * b12, b00 * b11 - b01 * b10
-    sq = b10 * b10 + b11 * b11 + b12 * b12
-    nb1 = 0.0 if sq == 0.0 else math.sqrt(sq)
-    t = b00 * n20 + b01 * n21 + b02 * n22
-    y = nb1 * t
-    x = n10 * n20 + n11 * n21 + n12 * n22
-    origin = (x == 0.0) & (y == 0.0)
-    den = 1.0 if origin else x * x + y * y
-    w = G[2, i, s]
-    gy = w if origin else w * x / den
-    gx = 0.0 if origin else -w * y / den
-    g_t = gy * nb1
-    f = 0.0 if nb1 == 0.0 else gy * t / nb1
-    gn2 = (gx * n10 + g_t * b00, gx * n11 + g_t * b01, gx * n12 + g_t * b02)
-    gn1 = (gx * n20, gx * n21, gx * n22)
-    return (b00, b01, b02), (b10, b11, b12), (b20, b21, b22), (n20, n21, n22), gn1, gn2, g_t, f
+        C[0, s], C[1, s], C[2, s] = w * gi[0], w * gi[1], w * gi[2]
+        C[3, s], C[4, s], C[5, s] = w * ga[0], w * ga[1], w * ga[2]
 
 
 @_jit
-def _dihedral_01(X, G, C, i, b, a, d, ns):
-    """``C[0:3] = gb0 = g_t n2 + b1 x gn1``, ``C[3:6] = gb1 = f b1 + b2 x gn2 + gn1 x b0``."""
+def _dihedral_da(X, G, C, i, b, a, d, ns):
+    """``C[0:6] = g_dihedral * (d/dx_d, d/dx_a)`` (one loop per six stores: see the module doc)."""
     for s in range(ns):
-        b0, b1, b2, n2, gn1, gn2, g_t, f = _dihedral_core(X, G, i, b, a, d, s)
-        C[0, s] = g_t * n2[0] + (b1[1] * gn1[2] - b1[2] * gn1[1])
-        C[1, s] = g_t * n2[1] + (b1[2] * gn1[0] - b1[0] * gn1[2])
-        C[2, s] = g_t * n2[2] + (b1[0] * gn1[1] - b1[1] * gn1[0])
-        C[3, s] = f * b1[0] + (b2[1] * gn2[2] - b2[2] * gn2[1]) + (gn1[1] * b0[2] - gn1[2] * b0[1])
-        C[4, s] = f * b1[1] + (b2[2] * gn2[0] - b2[0] * gn2[2]) + (gn1[2] * b0[0] - gn1[0] * b0[2])
-        C[5, s] = f * b1[2] + (b2[0] * gn2[1] - b2[1] * gn2[0]) + (gn1[0] * b0[1] - gn1[1] * b0[0])
+        hd, ha, _, _ = _dihedral_grad(_at(X, d, s), _at(X, a, s), _at(X, b, s), _at(X, i, s))
+        w = G[2, i, s]
+        C[0, s], C[1, s], C[2, s] = w * hd[0], w * hd[1], w * hd[2]
+        C[3, s], C[4, s], C[5, s] = w * ha[0], w * ha[1], w * ha[2]
 
 
 @_jit
-def _dihedral_2(X, G, C, i, b, a, d, ns):
-    """``C[6:9] = gb2 = gn2 x b1``."""
+def _dihedral_bi(X, G, C, i, b, a, d, ns):
+    """``C[6:12] = g_dihedral * (d/dx_b, d/dx_i)``."""
     for s in range(ns):
-        _, b1, _, _, _, gn2, _, _ = _dihedral_core(X, G, i, b, a, d, s)
-        C[6, s] = gn2[1] * b1[2] - gn2[2] * b1[1]
-        C[7, s] = gn2[2] * b1[0] - gn2[0] * b1[2]
-        C[8, s] = gn2[0] * b1[1] - gn2[1] * b1[0]
+        _, _, hb, hi = _dihedral_grad(_at(X, d, s), _at(X, a, s), _at(X, b, s), _at(X, i, s))
+        w = G[2, i, s]
+        C[6, s], C[7, s], C[8, s] = w * hb[0], w * hb[1], w * hb[2]
+        C[9, s], C[10, s], C[11, s] = w * hi[0], w * hi[1], w * hi[2]
 
 
 @_jit
@@ -182,9 +143,10 @@ def _block_vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out, b0, ns, X, G, GX, C):
             _angle(X, G, C, i, rb, ra, ns)
             _scatter_angle(GX, C, i, rb, ra, ns)
         if hb[i] and ha[i] and hd[i]:
-            _dihedral_01(X, G, C, i, rb, ra, rd, ns)
-            _dihedral_2(X, G, C, i, rb, ra, rd, ns)
-            _scatter_dihedral(GX, C, i, rb, ra, rd, ns)
+            _dihedral_da(X, G, C, i, rb, ra, rd, ns)
+            _dihedral_bi(X, G, C, i, rb, ra, rd, ns)
+            for k, row in enumerate((rd, ra, rb, i)):  # the four atoms' gradients, in C's order
+                _acc(GX, row, C, 3 * k, 1.0, ns)
     for s in range(ns):
         for j in range(n):
             for c in range(3):
@@ -197,7 +159,7 @@ def vjp_items(t, nt, xyz, refs, hb, ha, hd, gb, ga, gd, out, size):
     n_samples, n = xyz.shape[0], xyz.shape[1]
     n_blocks = -(-n_samples // size)
     X, GX = np.empty((n, 3, size)), np.empty((n, 3, size))
-    G, C = np.empty((3, n, size)), np.empty((9, size))
+    G, C = np.empty((3, n, size)), np.empty((12, size))
     for blk in range(n_blocks * t // nt, n_blocks * (t + 1) // nt):
         b0 = blk * size
         _block_vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out, b0, min(size, n_samples - b0), X, G, GX, C)
@@ -222,19 +184,6 @@ def _gather_tangents(v, b0, ns, TV):
         for j in range(n):
             for c in range(3):
                 TV[j, c, s] = np.float64(v[b0 + s, j, c])
-
-
-@_inline
-def _datan2(y, ty, x, tx):
-    """``(gy, tgy, gx, tgx, J V)`` of atan2 with tangents ``ty, tx`` (``(1, 0, 0, 0, ty)`` at the origin)."""
-    origin = (x == 0.0) & (y == 0.0)
-    den = 1.0 if origin else x * x + y * y
-    tden = 2.0 * (x * tx + y * ty)
-    gy = 1.0 if origin else x / den
-    gx = 0.0 if origin else -y / den
-    tgy = 0.0 if origin else tx / den - x * tden / (den * den)
-    tgx = 0.0 if origin else -ty / den + y * tden / (den * den)
-    return gy, tgy, gx, tgx, (ty if origin else gy * ty + gx * tx)
 
 
 @_jit
@@ -270,7 +219,7 @@ def _angle_second_at(X, TV, G, C, J, i, b, a, s, part):
     ty = 0.0 if y == 0.0 else (c0 * tc0 + c1 * tc1 + c2 * tc2) / y
     x = u0 * v0 + u1 * v1 + u2 * v2
     tx = (tu0 * v0 + tu1 * v1 + tu2 * v2) + (u0 * tv0 + u1 * tv1 + u2 * tv2)
-    gy, tgy, gx, tgx, jv = _datan2(y, ty, x, tx)
+    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
     if part == 1:
         J[1, i, s] = jv
         return
@@ -328,7 +277,7 @@ def _dihedral_second_at(X, TV, G, C, J, i, b, a, d, s, part):
     ty = tnb1 * t + nb1 * tt
     x = n10 * n20 + n11 * n21 + n12 * n22
     tx = (m10 * n20 + m11 * n21 + m12 * n22) + (n10 * m20 + n11 * m21 + n12 * m22)
-    gy, tgy, gx, tgx, jv = _datan2(y, ty, x, tx)
+    gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
     g_t, tg_t = gy * nb1, tgy * nb1 + gy * tnb1
     gn20, gn21, gn22 = gx * n10 + g_t * b00, gx * n11 + g_t * b01, gx * n12 + g_t * b02
     hn20 = tgx * n10 + gx * m10 + tg_t * b00 + g_t * q00  # tangent of gn2
