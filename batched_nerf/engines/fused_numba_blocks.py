@@ -11,8 +11,6 @@ the placement frame (9) per block. Same formulas as :mod:`.fused_numba_samples`
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
 
@@ -33,8 +31,9 @@ from .fused_numba_samples import (
     SIGN,
     SLOT,
     THIRD,
-    _clamp,
     _nerf_adjoint,
+    _nerf_frame,
+    _placement,
 )
 
 
@@ -69,16 +68,12 @@ def _block_gather(p, s0, s1, b0, ns, bonds, trig, R, T):
 def _block_nerf_frame(X, ib, ia, idd, M, ns):
     """``M`` (row-major, samples last) = the NeRF frame of rows ``ib, ia, idd``'s positions."""
     for s in range(ns):
-        u0, u1, u2 = X[ib, 0, s] - X[ia, 0, s], X[ib, 1, s] - X[ia, 1, s], X[ib, 2, s] - X[ia, 2, s]
-        du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
-        a0, a1, a2 = u0 / du, u1 / du, u2 / du
-        v0, v1, v2 = X[ia, 0, s] - X[idd, 0, s], X[ia, 1, s] - X[idd, 1, s], X[ia, 2, s] - X[idd, 2, s]
-        w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-        dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
-        c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-        M[0, s], M[1, s], M[2, s] = a0, c1 * a2 - c2 * a1, c0
-        M[3, s], M[4, s], M[5, s] = a1, c2 * a0 - c0 * a2, c1
-        M[6, s], M[7, s], M[8, s] = a2, c0 * a1 - c1 * a0, c2
+        m = _nerf_frame(
+            X[ib, 0, s] - X[ia, 0, s], X[ib, 1, s] - X[ia, 1, s], X[ib, 2, s] - X[ia, 2, s],
+            X[ia, 0, s] - X[idd, 0, s], X[ia, 1, s] - X[idd, 1, s], X[ia, 2, s] - X[idd, 2, s],
+        )  # fmt: skip
+        for c in range(9):
+            M[c, s] = m[c]
 
 
 @njit(cache=True)
@@ -89,8 +84,7 @@ def _block_place(X, F, T, M, R, i, ib, ns):
     row), and few enough arrays that LLVM vectorises the loop.
     """
     for s in range(ns):
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        l00, l10, l20 = -ct, st * cp, st * sp
+        l00, l10, l20, _, _, _, _, _ = _placement(T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s])
         e0 = M[0, s] * l00 + M[1, s] * l10 + M[2, s] * l20
         e1 = M[3, s] * l00 + M[4, s] * l10 + M[5, s] * l20
         e2 = M[6, s] * l00 + M[7, s] * l10 + M[8, s] * l20
@@ -104,10 +98,7 @@ def _block_place(X, F, T, M, R, i, ib, ns):
 def _block_out_frame(F, T, M, i, ns):
     """Out-frame columns 1, 2 of row ``i``: ``M L`` (``L`` columns 2, 3 negated where ``sin(theta) < 0``)."""
     for s in range(ns):
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        fl = -1.0 if st < 0.0 else 1.0
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l12, l22 = -sp * fl, cp * fl
+        _, _, _, l01, l11, l21, l12, l22 = _placement(T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s])
         F[i, 1, s] = M[0, s] * l01 + M[1, s] * l11 + M[2, s] * l21
         F[i, 2, s] = M[0, s] * 0.0 + M[1, s] * l12 + M[2, s] * l22  # L[0, 2] = 0 (NaN stays NaN)
         F[i, 4, s] = M[3, s] * l01 + M[4, s] * l11 + M[5, s] * l21
@@ -214,8 +205,8 @@ def _block_place_adjoint(GX, GO, T, M, R, G, i, ns):
         o0, o1, o2, o3, o4 = GO[i, 0, s], GO[i, 1, s], GO[i, 2, s], GO[i, 3, s], GO[i, 4, s]
         o5, o6, o7, o8 = GO[i, 5, s], GO[i, 6, s], GO[i, 7, s], GO[i, 8, s]
         ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-        fl = -1.0 if st < 0.0 else 1.0
-        l00, l10, l20 = -ct, st * cp, st * sp
+        fl = -1.0 if st < 0.0 else 1.0  # the angle and turn gradients below fold the flip in
+        l00, l10, l20, _, _, _, _, _ = _placement(ct, st, cp, sp)
         G[0, i, s] = (
             g0 * (m0 * l00 + m1 * l10 + m2 * l20)
             + g1 * (m3 * l00 + m4 * l10 + m5 * l20)
@@ -244,11 +235,9 @@ def _block_frame_adjoint(GX, GO, T, R, N, i, ns):
     """``N = gM = r g u^T + gO L^T`` of row ``i`` (row-major)."""
     for c in range(3):  # a row of N per loop: three stores each, so that the loop vectorises
         for s in range(ns):
-            ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-            fl = -1.0 if st < 0.0 else 1.0
-            l00, l10, l20 = -ct, st * cp, st * sp
-            l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-            l12, l22 = -sp * fl, cp * fl
+            l00, l10, l20, l01, l11, l21, l12, l22 = _placement(
+                T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
+            )
             rg = R[i, s] * GX[i, c, s]
             o0, o1, o2 = GO[i, 3 * c, s], GO[i, 3 * c + 1, s], GO[i, 3 * c + 2, s]
             N[3 * c, s] = rg * l00 + o0 * l00 + o1 * l01 + o2 * 0.0  # L[0, 2] = 0 (NaN stays NaN)

@@ -27,6 +27,27 @@ def _clamp(n: float) -> float:
     return n if n >= EPS else EPS
 
 
+@njit(inline="always")
+def _placement(ct, st, cp, sp):
+    """Entries of ``L(theta, phi_eff)`` from its cosines and sines: columns of ``L`` are
+    ``(l00, l10, l20)``, ``(l01, l11, l21)``, ``(0, l12, l22)``; columns 2, 3 negated where
+    ``sin(theta) < 0``. Inlined by numba (the blocked loops calling it stay vectorised)."""
+    fl = -1.0 if st < 0.0 else 1.0
+    return -ct, st * cp, st * sp, -st * fl, -cp * ct * fl, -sp * ct * fl, -sp * fl, cp * fl
+
+
+@njit(inline="always")
+def _nerf_frame(u0, u1, u2, v0, v1, v2):
+    """The NeRF frame ``M`` (row-major; columns ``e1, e2, e3``) of ``u = x_b - x_a``, ``v = x_a - x_d``."""
+    du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
+    a0, a1, a2 = u0 / du, u1 / du, u2 / du
+    w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
+    dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
+    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
+    b0, b1, b2 = c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0
+    return a0, b0, c0, a1, b1, c1, a2, b2, c2
+
+
 @njit(cache=True)
 def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
     """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``T = (cos t, sin t, cos p_eff, sin p_eff)``
@@ -64,11 +85,8 @@ def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
         ib = p[REF_B, k] - s0
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         T[i, 0], T[i, 1], T[i, 2], T[i, 3] = ct, st, cp, sp
-        fl = -1.0 if st < 0.0 else 1.0
-        # L columns: (l00, l10, l20), (l01, l11, l21), (l02, l12, l22)
-        l00, l10, l20 = -ct, st * cp, st * sp
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l02, l12, l22 = 0.0, -sp * fl, cp * fl
+        l00, l10, l20, l01, l11, l21, l12, l22 = _placement(ct, st, cp, sp)
+        l02 = 0.0
         X[i, 0] = X[ib, 0] + r * (m0 * l00 + m1 * l10 + m2 * l20)
         X[i, 1] = X[ib, 1] + r * (m3 * l00 + m4 * l10 + m5 * l20)
         X[i, 2] = X[ib, 2] + r * (m6 * l00 + m7 * l10 + m8 * l20)
@@ -94,15 +112,10 @@ def _frame(p, k, s0, X, F):
         q = p[PARENT, k] - s0
         return F[q, 0], F[q, 1], F[q, 2], F[q, 3], F[q, 4], F[q, 5], F[q, 6], F[q, 7], F[q, 8]
     ib, ia, idd = p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0
-    u0, u1, u2 = X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2]
-    du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
-    a0, a1, a2 = u0 / du, u1 / du, u2 / du
-    v0, v1, v2 = X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2]
-    w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-    dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
-    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
-    b0, b1, b2 = c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0
-    return a0, b0, c0, a1, b1, c1, a2, b2, c2
+    return _nerf_frame(
+        X[ib, 0] - X[ia, 0], X[ib, 1] - X[ia, 1], X[ib, 2] - X[ia, 2],
+        X[ia, 0] - X[idd, 0], X[ia, 1] - X[idd, 1], X[ia, 2] - X[idd, 2],
+    )  # fmt: skip
 
 
 @njit(cache=True)
@@ -160,10 +173,9 @@ def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
         r = np.nan if neg else np.float64(bonds[b, atom])
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
         ct, st, cp, sp = T[i, 0], T[i, 1], T[i, 2], T[i, 3]
-        fl = -1.0 if st < 0.0 else 1.0
-        l00, l10, l20 = -ct, st * cp, st * sp
-        l01, l11, l21 = -st * fl, -cp * ct * fl, -sp * ct * fl
-        l02, l12, l22 = 0.0, -sp * fl, cp * fl
+        fl = -1.0 if st < 0.0 else 1.0  # the angle and turn gradients below fold the flip in
+        l00, l10, l20, l01, l11, l21, l12, l22 = _placement(ct, st, cp, sp)
+        l02 = 0.0
         o0, o1, o2, o3, o4, o5, o6, o7, o8 = (
             GO[i, 0], GO[i, 1], GO[i, 2], GO[i, 3], GO[i, 4], GO[i, 5], GO[i, 6], GO[i, 7], GO[i, 8]
         )  # fmt: skip
