@@ -131,18 +131,17 @@ def test_parallel_kernel_matches_serial() -> None:
 
 
 @pytest.mark.parametrize("name", list(TABLES))
-@pytest.mark.parametrize("size", [None, 8], ids=["default_blocks", "blocks_of_8"])
-def test_sample_blocks_equal_scan(name: str, size: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight samples or more: the blocked kernels (SIMD across samples), partial last blocks too."""
+def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight samples or more: the blocked kernels (SIMD across samples); one short block (spare
+    lanes), a full block and a short one, many blocks."""
     from batched_nerf.engines import fused_numba
 
-    calls: list[int] = []  # block sizes of the calls that took the blocked kernel
-    choose = fused_numba._block_size
-    monkeypatch.setattr(
-        fused_numba, "_block_size", lambda width: calls.append(size or choose(width)) or calls[-1]
-    )
+    calls: list[bool] = []  # whether each call took the blocked kernels
+    choose = fused_numba._blocked
+    monkeypatch.setattr(fused_numba, "_blocked", lambda *args: calls.append(choose(*args)) or calls[-1])
     table = TABLES[name]
-    for batch in (fused_numba.BLOCK_MIN, 37, 300):  # degenerate inputs at 4,096: test_degenerate.py
+    lanes = fused_numba.LANES
+    for batch in (fused_numba.BLOCK_MIN, lanes + 5, 9 * lanes + 12):  # degenerate inputs: test_degenerate.py
         b, a, d = _ic(table, (batch,), seed=batch)
         b[4, -1] = -1.0  # a negative bond: NaN for that atom and those built from it
         fx = _fixed((batch,)) if table.n_fixed else None
@@ -158,7 +157,74 @@ def test_sample_blocks_equal_scan(name: str, size: int | None, monkeypatch: pyte
             b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
         )
         torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
-    assert len(calls) == 6 and calls[0] == (size or 64)  # the blocked kernels ran (forward, backward)
+    assert calls.count(True) == 6  # the blocked kernels ran: 3 forward, 3 backward calls
+
+
+# ------------------------------------------------- the kernels' cos / sin
+def test_trig_constants_split_half_pi_exactly() -> None:
+    """``h1 + h2 + h3 = pi/2`` to 1e-35 (exact binary sum vs 50 digits of pi); heads of 33 bits."""
+    from fractions import Fraction
+
+    from batched_nerf.engines.fused_numba_trig import PIO2
+
+    pi = Fraction("3.14159265358979323846264338327950288419716939937510")
+    assert abs(sum(Fraction(h) for h in PIO2) - pi / 2) < Fraction(1, 10**35)
+    for head in PIO2[:2]:
+        assert (Fraction(head) * 2 ** (33 - math.frexp(head)[1])).denominator == 1
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0, 1e3, 1e5, 1e9])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_trig_within_two_ulp_of_libm(scale: float, dtype: type) -> None:
+    """cos and sin of the angles and dihedrals, every quadrant, large values (libm past LIMIT)."""
+    from batched_nerf.engines.fused_numba_trig import trig
+
+    rng = np.random.default_rng(int(scale))
+    a, d = (np.ascontiguousarray(scale * (2 * rng.random((64, 300)) - 1), dtype=dtype) for _ in range(2))
+    got = trig(a, d)
+    want = [f(x.astype(np.float64)) for f in (np.cos, np.sin) for x in (a, d)]
+    for g, w in zip(got, want):
+        assert np.all(np.abs(g - w) <= 2 * np.spacing(np.maximum(np.abs(w), 0.5)))
+
+
+def test_trig_special_values() -> None:
+    from batched_nerf.engines.fused_numba_trig import trig
+
+    x = np.array([[0.0, -0.0, math.pi / 2, -math.pi, 1e300, np.inf, -np.inf, np.nan]])
+    cos, _, sin, _ = trig(x, x)
+    np.testing.assert_array_equal(np.isnan(cos), [[False] * 5 + [True] * 3])
+    np.testing.assert_array_equal(np.isnan(sin), [[False] * 5 + [True] * 3])
+    np.testing.assert_allclose(cos[0, :5], np.cos(x[0, :5]), rtol=0, atol=4.5e-16)
+    np.testing.assert_allclose(sin[0, :5], np.sin(x[0, :5]), rtol=0, atol=4.5e-16)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-5, 1.0, 1e5, 1e300])
+def test_atan2_within_two_ulp_of_libm(scale: float) -> None:
+    """Angles and dihedrals from the inverse kernel's atan2 arguments: every octant, zeros."""
+    from batched_nerf.engines.fused_numba_trig import angles
+
+    rng = np.random.default_rng(3)
+    args = scale * rng.standard_normal((4, 50, 400))
+    args[2:, 0] = 0.0  # x = 0
+    args[:2, 1] = 0.0  # y = 0
+    args[:2, 2] = args[2:, 2]  # |y| = |x|, pi/4 and its odd multiples
+    got = [np.empty((50, 400)), np.empty((50, 400), dtype=np.float32)]
+    angles(args, *got)
+    for g, want in zip(got, (np.arctan2(args[0], args[2]), np.arctan2(args[1], args[3]))):
+        want = np.where(want <= -np.pi, want + 2 * np.pi, want).astype(g.dtype)
+        assert np.all(np.abs(g - want) <= 2 * np.spacing(np.maximum(np.abs(want), np.finfo(g.dtype).tiny)))
+
+
+def test_atan2_special_values() -> None:
+    """(0, 0) reads 0 (the engines' rule), -0 for y reads +pi (the (-pi, pi] wrap); inf, NaN."""
+    from batched_nerf.engines.fused_numba_trig import angles
+
+    y = np.array([0.0, 0.0, -0.0, 1.0, np.inf, np.inf, np.nan, 1.0])
+    x = np.array([0.0, -1.0, -1.0, -np.inf, np.inf, -np.inf, 1.0, np.nan])
+    out = np.empty(8)
+    angles(np.stack([y, y, x, x]), out, out.copy())
+    np.testing.assert_array_equal(out[:6], [0.0, math.pi, math.pi, math.pi, math.pi / 4, 3 * math.pi / 4])
+    assert np.isnan(out[6:]).all()
 
 
 def test_sample_blocks_float32() -> None:

@@ -18,7 +18,7 @@ atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
 flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
 
 The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from :func:`trig`
-(torch's vectorised float64 math); the forward's array is kept for the backward
+(one vectorised float64 loop); the forward's array is kept for the backward
 (:class:`Turns`).
 
 Derivatives: :class:`FusedBuild` runs the forward kernel; its backward is
@@ -168,20 +168,14 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def trig(angles: Tensor, dihedrals: Tensor) -> Tensor:
+def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
-    torch's vectorised float64 ``sin``/``cos`` (several values per instruction,
-    on torch's threads) instead of a scalar libm call per atom inside the
-    kernel: the same float64 values to within an ulp, a third of the forward
-    kernel's time saved.
+    One vectorised numba loop over the values (:mod:`.fused_numba_trig`, within
+    2 ulp of libm) instead of a scalar libm call per atom inside the kernels:
+    the forward kernel's transcendental functions were a third of its time.
     """
-    out = torch.empty((4, *angles.shape), dtype=torch.float64)
-    out[0].copy_(angles.detach())
-    out[1].copy_(dihedrals.detach())
-    torch.sin(out[:2], out=out[2:])
-    out[:2].cos_()
-    return out
+    return require("cpu").trig(_np(angles), _np(dihedrals))
 
 
 class Turns:
@@ -190,12 +184,12 @@ class Turns:
 
     __slots__ = ("cs",)
 
-    def __init__(self, cs: Tensor | None) -> None:
+    def __init__(self, cs: np.ndarray | None) -> None:
         self.cs = cs
 
     def get(self, a: Tensor, d: Tensor) -> np.ndarray:
         """The kept array, or a new one from ``a`` and ``d``."""
-        return (self.cs if self.cs is not None else trig(a, d)).numpy()
+        return self.cs if self.cs is not None else trig(a, d)
 
 
 _NO_TURNS = Turns(None)
@@ -357,9 +351,10 @@ def build_fused(
 
 
 def _turns(a: Tensor, d: Tensor) -> Turns:
-    """The forward's :func:`trig` array, made here to keep for the backward (CPU, plain tensors)."""
+    """The forward's :func:`trig` array, made here to keep for the backward (numba kernels, plain
+    tensors)."""
     if (
-        a.device.type != "cpu"
+        getattr(require(a.device.type), "TENSORS", False)  # Triton (on CUDA, or interpreted)
         or _IS_FUNCTORCH_WRAPPED is None
         or _IS_FUNCTORCH_WRAPPED(a)
         or _IS_FUNCTORCH_WRAPPED(d)

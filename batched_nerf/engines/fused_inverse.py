@@ -33,6 +33,7 @@ import math
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -191,23 +192,12 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         out = gpu.internal_forward(plan.refs, _has(plan), x)
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
-    bonds = torch.empty(m, n, dtype=xyz.dtype)
-    args = torch.empty(4, m, n, dtype=torch.float64)
-    _kernels().forward(_flat(xyz, lead, (n, 3), xyz.dtype), *_arrays(plan), bonds.numpy(), args.numpy())
-    angles, dihedrals = _atan2(args, xyz.dtype)
+    bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
+    args = np.empty((4, m, n))  # the atan2 arguments: y_angle, y_dihedral, x_angle, x_dihedral
+    kernels = _kernels()
+    kernels.forward(_flat(xyz, lead, (n, 3), xyz.dtype), *_arrays(plan), bonds.numpy(), args)
+    kernels.angles(args, angles.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
     return tuple(o.reshape(*lead, n) for o in (bonds, angles, dihedrals))  # type: ignore[return-value]
-
-
-def _atan2(args: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Angles and dihedrals (wrapped into ``(-pi, pi]``) of ``dtype`` from the kernel's ``(4, B, N)``
-    float64 ``atan2`` arguments (``y_angle, y_dihedral, x_angle, x_dihedral``).
-
-    torch's vectorised float64 ``atan2`` (several values per instruction):
-    eight times faster here than a scalar call per row inside the kernel.
-    """
-    angles = torch.atan2(args[0], args[2]).to(dtype)  # own memory: Function outputs must not be views
-    phi = torch.atan2(args[1], args[3])
-    return angles, torch.where(phi <= -math.pi, phi + 2 * math.pi, phi).to(dtype)
 
 
 def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:

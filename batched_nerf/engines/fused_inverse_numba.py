@@ -26,9 +26,10 @@ writing the caller's dtype:
 Calls of fewer than :data:`PARALLEL_ROWS` rows run on one thread. Scatters never
 race: with at least as many samples as threads a thread owns whole samples (atoms
 in sequence); with fewer, the rows' contributions are computed in parallel into a
-buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on, the
-vjp and second-order kernels run blocked, samples innermost
-(:mod:`.fused_inverse_numba_blocks`, vectorised across samples). The per-row
+buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on (and
+enough blocks for the threads), the vjp and second-order kernels run blocked,
+samples innermost (:mod:`.fused_inverse_numba_blocks`, vectorised across
+samples). The per-row
 formulas both layouts share are in :mod:`.fused_inverse_rows`.
 """
 
@@ -54,6 +55,9 @@ from .fused_inverse_rows import (
     _scale,
     _sub,
 )
+from .fused_numba_trig import angles
+
+__all__ = ["angles", "forward", "second", "vjp"]
 
 jit = numba.njit(cache=True)
 pjit = numba.njit(parallel=True, cache=True)
@@ -308,9 +312,9 @@ def forward(xyz, refs, hb, ha, hd, bonds, args):  # type: ignore[no-untyped-def]
     """``xyz`` ``(B, N, 3)`` -> ``bonds`` ``(B, N)`` and the ``atan2`` arguments ``args`` ``(4, B, N)``
     float64 (``y`` of the angles, of the dihedrals, then their ``x``), written in place.
 
-    The caller takes the ``atan2`` (torch's vectorised one: a scalar call per row
-    was three quarters of this kernel's time) and wraps the dihedrals into
-    ``(-pi, pi]``.
+    :func:`angles` takes the ``atan2`` and wraps the dihedrals into ``(-pi,
+    pi]`` (a vectorised loop over the values: a scalar libm call per row was
+    three quarters of this kernel's time).
     """
     total = xyz.shape[0] * xyz.shape[1]
     if total < PARALLEL_ROWS:
@@ -326,28 +330,32 @@ def _scatter(rows, refs, out):  # type: ignore[no-untyped-def]
         _scatter_rows_par(rows, refs, out)
 
 
-#: The vjp takes samples in blocks (SIMD across samples, :mod:`.fused_inverse_numba_blocks`)
-#: from this many samples on, for at most BLOCK_MAX_ATOMS atoms per sample.
-BLOCK_MIN = 8
+#: The vjp and the second-order term take samples in blocks of ``LANES`` (SIMD across samples,
+#: :mod:`.fused_inverse_numba_blocks`) from this many samples on, for at most BLOCK_MAX_ATOMS
+#: atoms per sample, when there are enough blocks for the threads (measured, float32, 2 cores,
+#: vs the per-sample kernels at 64 samples: vjp 5.7x / 5.5x / 3.8x / 3.2x, second order 4.0x /
+#: 2.8x / 2.9x / 2.5x on 22- / 64- / 512- / 2,048-atom molecules; one block on two threads, or
+#: 8 samples of 512 atoms, 0.5-0.8x).
+BLOCK_MIN = 16
 BLOCK_MAX_ATOMS = 4096
 
 
-def _block_size(n_atoms: int) -> int:
-    """Samples per block: 64 up to 128 atoms per sample, else 32."""
-    return 64 if n_atoms <= 128 else 32
+def _blocked(n_samples: int, n_atoms: int, nt: int) -> bool:
+    """Whether a call of ``nt`` threads takes the blocked kernels."""
+    n_blocks = -(-n_samples // blocks.LANES)
+    return n_samples >= BLOCK_MIN and n_atoms <= BLOCK_MAX_ATOMS and (nt == 1 or n_blocks >= nt)
 
 
 def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
     """``out`` ``(B, N, 3)`` = ``J^T (gb, ga, gd)`` (each ``g`` ``(B, N)``)."""
     n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
     how = _schedule(n_samples, n_atoms)
-    if n_samples >= BLOCK_MIN and n_atoms <= BLOCK_MAX_ATOMS:
-        size = _block_size(n_atoms)
-        nt = 1 if how == "serial" else min(numba.get_num_threads(), -(-n_samples // size))
+    nt = 1 if how == "serial" else numba.get_num_threads()
+    if _blocked(n_samples, n_atoms, nt):
         if nt > 1:
-            blocks.vjp_parallel(xyz, refs, hb, ha, hd, gb, ga, gd, out, nt, size)
+            blocks.vjp_parallel(xyz, refs, hb, ha, hd, gb, ga, gd, out, nt)
         else:
-            blocks.vjp_items(0, 1, xyz, refs, hb, ha, hd, gb, ga, gd, out, size)
+            blocks.vjp_items(0, 1, xyz, refs, hb, ha, hd, gb, ga, gd, out)
     elif how == "serial":
         _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
     elif how == "samples":
@@ -362,14 +370,13 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
     """``out`` = ``sum_k g_k H_k v`` ``(B, N, 3)``; ``jb, ja, jd`` = ``J v`` ``(B, N)`` each."""
     n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
     how = _schedule(n_samples, n_atoms)
-    if n_samples >= BLOCK_MIN and n_atoms <= BLOCK_MAX_ATOMS:
-        size = _block_size(n_atoms)
-        nt = 1 if how == "serial" else min(numba.get_num_threads(), -(-n_samples // size))
+    nt = 1 if how == "serial" else numba.get_num_threads()
+    if _blocked(n_samples, n_atoms, nt):
         args = (xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
         if nt > 1:
-            blocks.second_parallel(*args, nt, size)
+            blocks.second_parallel(*args, nt)
         else:
-            blocks.second_items(0, 1, *args, size)
+            blocks.second_items(0, 1, *args)
     elif how == "serial":
         _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
     elif how == "samples":

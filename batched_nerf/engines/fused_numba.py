@@ -11,10 +11,10 @@ thread pool can cost a scheduler time slice on a busy machine). Every frame and
 position is kept in float64 scratch per thread (``O(unit size)``); inputs and
 outputs keep their dtype (float32 or float64).
 The kernels call no transcendental function: the cosines and sines of the
-angles and dihedrals come in as one float64 array (torch computes them with
-its vectorised math, several times faster than a scalar call per atom), and
-``phi_eff`` is composed as a turn ``(cos, sin)``: a sibling's turn multiplied in,
-``pi`` a sign change.
+angles and dihedrals come in as one float64 array (:func:`trig`, one
+vectorised loop over the values, :mod:`.fused_numba_trig`), and ``phi_eff``
+is composed as a turn ``(cos, sin)``: a sibling's turn multiplied in, ``pi``
+a sign change.
 
 Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
 ``L = L(theta, phi_eff)`` (columns: ``u = (-cos t, sin t cos p, sin t sin p)``
@@ -40,34 +40,28 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .fused_numba_blocks import (
-    _blocks_backward_items,
-    _blocks_backward_parallel,
-    _blocks_items,
-    _blocks_parallel,
-)
+from .fused_numba_blocks import LANES, blocks_backward, blocks_forward
 from .fused_numba_samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
+from .fused_numba_trig import trig
 
-__all__ = ["backward", "forward"]
+__all__ = ["backward", "forward", "trig"]
 
 #: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
 SERIAL_WORK = 4096
-#: Both kernels take samples in blocks (SIMD across samples) from this many samples on, for
-#: units of at most BLOCK_MAX_WIDTH atoms (measured, float32, 2 cores, vs the per-sample
-#: kernels: forward 1.3x / 1.1x / 1.0x, backward 1.6x / 1.2x / 1.1x on 22- / 64- / 512-atom
-#: units; wider units not tried).
-BLOCK_MIN = 8
+#: Both kernels take samples in blocks of LANES (SIMD across samples) from this many samples
+#: on, for units of at most BLOCK_MAX_WIDTH atoms, when there are enough blocks for the threads
+#: (measured, float32, 2 cores, vs the per-sample kernels: forward 2.0x / 2.0x / 1.9x, backward
+#: 2.7x / 2.8x / 1.2x on 22- / 64- / 512-atom units x 256 samples; on 1,024-atom units 1.1x
+#: / 1.0x, on 4,096 0.6x; below 16 samples, or one block on two threads, the per-sample
+#: kernels win).
+BLOCK_MIN = 16
 BLOCK_MAX_WIDTH = 512
 
 
-def _blocked(n_samples: int, width: int) -> bool:
-    """Whether a call takes the blocked kernels (SIMD across samples)."""
-    return n_samples >= BLOCK_MIN and width <= BLOCK_MAX_WIDTH
-
-
-def _block_size(width: int) -> int:
-    """Samples per block: 64 for units of up to 128 atoms, else 32 (the fastest of 16-256 measured)."""
-    return 64 if width <= 128 else 32
+def _blocked(n_samples: int, width: int, n_units: int, nt: int) -> bool:
+    """Whether a call of ``nt`` threads takes the blocked kernels (SIMD across samples)."""
+    items = -(-n_samples // LANES) * n_units
+    return n_samples >= BLOCK_MIN and width <= BLOCK_MAX_WIDTH and (nt == 1 or items >= nt)
 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
@@ -96,13 +90,9 @@ def forward(
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if _blocked(n_samples, width):  # samples innermost, SIMD across a block
-        size = _block_size(width)
-        nt = min(nt, -(-n_samples // size) * (starts.size - 1))
-        if nt > 1:
-            _blocks_parallel(index, starts, bonds, trig, fixed, out, nt, width, size)
-        else:
-            _blocks_items(0, 1, index, starts, bonds, trig, fixed, out, width, size)
+    if _blocked(n_samples, width, starts.size - 1, nt):  # samples innermost, SIMD across a block
+        nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
+        blocks_forward(index, starts, bonds, trig, fixed, out, nt, width)
     elif nt > 1:
         _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
     else:  # the same loop on this thread: no thread-pool round trip
@@ -129,13 +119,9 @@ def backward(
     width = max(int(np.max(np.diff(starts), initial=0)), 1)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
-    if _blocked(n_samples, width):
-        size = _block_size(width)
-        nt = min(nt, -(-n_samples // size) * (starts.size - 1))
-        if nt > 1:
-            _blocks_backward_parallel(*args, nt, width, size)
-        else:
-            _blocks_backward_items(0, 1, *args, width, size)
+    if _blocked(n_samples, width, starts.size - 1, nt):
+        nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
+        blocks_backward(*args, nt, width)
     elif nt > 1:
         _backward_parallel(*args, nt, width)
     else:

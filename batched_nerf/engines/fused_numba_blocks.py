@@ -1,12 +1,25 @@
 """Blocked CPU kernels of the fused engine (numba): samples innermost, SIMD across samples.
 
-A work item is ``(block of up to S samples, unit)``; thread ``t`` of ``nt`` takes
-a contiguous run of items. Every row is a few short loops over the block's
-samples with few enough arrays each that LLVM vectorises them (AVX-512 here);
-array views are avoided inside the row loop (numba reference-counts each view).
-Scratch per row and sample: positions (3), out-frame (9), turns (4), bond (1);
-the placement frame (9) per block. Same formulas as :mod:`.fused_numba_samples`
-(see :mod:`.fused_numba`).
+A work item is ``(block of LANES samples, unit)``; thread ``t`` of ``nt`` takes
+a contiguous run of items. Every row is a few loops of ``LANES`` iterations
+over the block's samples (in a short last block the spare lanes compute on
+finite leftovers and are never written out). The forward's inputs and outputs
+move between the ``(B, N, ...)`` arrays and the scratch in tiles
+(:data:`TILE`); the backward's row by row, through strided views of the
+block's samples (``x[b0:b1, atom]``), which measured faster there.
+
+Scratch layout, chosen so that LLVM vectorises those loops without runtime
+alias checks: one row of scratch per plan row, ``Z[i]`` (positions 3,
+out-frame 9, turns 4, bond 1) and in the backward ``Y[i]`` (position adjoint 3,
+out-frame adjoint 9, turn given back by siblings 1, gradients of bond, angle
+and turn 3), each field ``LANES`` long at a constant offset; the placement
+frame ``M`` and its adjoint ``N`` (9 fields) per block. A loop indexes a few row
+views with constant offsets and a constant trip count, so its accesses to one
+view provably do not overlap and only the few views need comparing. (With
+``(rows, fields, samples)`` arrays numba's run-time strides made LLVM emit one
+alias check per pair of accessed fields, ~50 per loop, which cost more than
+the 32-sample loop itself.) Same formulas as :mod:`.fused_numba_samples` (see
+:mod:`.fused_numba`).
 """
 
 from __future__ import annotations
@@ -36,178 +49,202 @@ from .fused_numba_samples import (
     _placement,
 )
 
+__all__ = ["LANES", "blocks_backward", "blocks_forward", "lanes"]
+
+#: Samples per block: the trip count of every loop (a compile-time constant; 16 / 32 / 64
+#: measured, 32 the fastest on 22- to 512-atom units).
+LANES = 32
+L = LANES
+# fields of a forward scratch row: position, out-frame (row-major), turn (cos t, sin t, cos p, sin p), bond
+_X, _F, _T, _R, FORWARD_FIELDS = 0, 3, 12, 16, 17
+# fields of a backward scratch row: adjoints of position and out-frame, the turn's adjoint given
+# back by the siblings that add it, gradients of bond, angle and turn
+_GX, _GO, _GP, _G, BACKWARD_FIELDS = 0, 3, 12, 13, 16
+#: The forward's inputs and outputs move in tiles of this many rows, sample by sample within a
+#: tile, through the sample's row view (``x[b]``): whole cache lines of a row at a time. A
+#: row's strided view of the block's samples thrashed the cache where the stride is a power
+#: of two (512-atom chains: 4-8x slower); indexing the whole arrays pays numba's
+#: negative-index wrap-around on every index (2x slower).
+TILE = 16
+
 
 @njit(cache=True)
-def _block_gather(p, s0, s1, b0, ns, bonds, trig, R, T):
-    """Bonds and ``T = (cos t, sin t, cos p_eff, sin p_eff)`` of the block's rows, samples last."""
-    for s in range(ns):  # sample by sample: the inputs are read along their rows
-        for k in range(s0, s1):
-            i, atom = k - s0, p[ATOM, k]
-            r = np.float64(bonds[b0 + s, atom])
-            R[i, s] = np.nan if r < 0.0 else r
-            T[i, 0, s] = trig[0, b0 + s, atom]
-            T[i, 1, s] = trig[2, b0 + s, atom]
-            T[i, 2, s] = 1.0 if p[THIRD, k] else trig[1, b0 + s, atom]
-            T[i, 3, s] = 0.0 if p[THIRD, k] else trig[3, b0 + s, atom]
+def lanes(row, fields):
+    """``LANES``, read from a scratch row's length at run time, for the trip count of short loops:
+    LLVM unrolls a constant-trip loop of a few operations completely, and the straight-line
+    code is not vectorised (it cannot check the arrays for overlap there)."""
+    return row.size // fields
+
+
+# ------------------------------------------------------------------ forward
+@njit(cache=True)
+def _block_gather(p, s0, s1, b0, bonds, trig, Z):
+    """Bonds (NaN if negative) and turns of the block's rows (``ns`` lanes; the spare lanes of a
+    short last block keep what they held: finite values, never written out)."""
+    b1 = min(b0 + L, bonds.shape[0])
+    for k0 in range(s0, s1, TILE):
+        for b in range(b0, b1):
+            s, r_b, t_b = b - b0, bonds[b], trig[:, b]
+            for k in range(k0, min(k0 + TILE, s1)):
+                i, atom, third = k - s0, p[ATOM, k], p[THIRD, k]
+                r = np.float64(r_b[atom])
+                Z[i, _R * L + s] = np.nan if r < 0.0 else r
+                Z[i, _T * L + s] = t_b[0, atom]
+                Z[i, (_T + 1) * L + s] = t_b[2, atom]
+                Z[i, (_T + 2) * L + s] = 1.0 if third else t_b[1, atom]
+                Z[i, (_T + 3) * L + s] = 0.0 if third else t_b[3, atom]
     for k in range(s0, s1):
-        i = k - s0
-        q, fo = p[PHI_FROM, k] - s0, p[FLIP_ON, k]
+        Zi, q, fo = Z[k - s0], p[PHI_FROM, k] - s0, p[FLIP_ON, k]
         if q >= 0:  # compose the sibling's turn (an earlier row: composed already)
-            for s in range(ns):
-                cp, sp, cq, sq = T[i, 2, s], T[i, 3, s], T[q, 2, s], T[q, 3, s]
-                T[i, 2, s] = cp * cq - sp * sq
-                T[i, 3, s] = sp * cq + cp * sq
+            _compose(Zi, Z[q])
         if fo >= 0:  # + pi where sin(angle of atom fo) < 0
-            for s in range(ns):
-                g = -1.0 if trig[2, b0 + s, fo] < 0.0 else 1.0
-                T[i, 2, s] *= g
-                T[i, 3, s] *= g
+            sin_fo = trig[2, b0:b1, fo]
+            for s in range(b1 - b0):
+                g = -1.0 if sin_fo[s] < 0.0 else 1.0
+                Zi[(_T + 2) * L + s] *= g
+                Zi[(_T + 3) * L + s] *= g
 
 
 @njit(cache=True)
-def _block_nerf_frame(X, ib, ia, idd, M, ns):
-    """``M`` (row-major, samples last) = the NeRF frame of rows ``ib, ia, idd``'s positions."""
-    for s in range(ns):
+def _compose(Zi, Zq):
+    """Row ``i``'s turn times row ``q``'s: ``phi_eff(i) = phi(i) + phi_eff(q)``."""
+    for s in range(L):
+        cp, sp = Zi[(_T + 2) * L + s], Zi[(_T + 3) * L + s]
+        cq, sq = Zq[(_T + 2) * L + s], Zq[(_T + 3) * L + s]
+        Zi[(_T + 2) * L + s] = cp * cq - sp * sq
+        Zi[(_T + 3) * L + s] = sp * cq + cp * sq
+
+
+@njit(cache=True)
+def _block_nerf_frame(Zb, Za, Zd, M):
+    """``M`` (row-major) = the NeRF frame of the positions of rows ``b, a, d``."""
+    for s in range(L):
         m = _nerf_frame(
-            X[ib, 0, s] - X[ia, 0, s], X[ib, 1, s] - X[ia, 1, s], X[ib, 2, s] - X[ia, 2, s],
-            X[ia, 0, s] - X[idd, 0, s], X[ia, 1, s] - X[idd, 1, s], X[ia, 2, s] - X[idd, 2, s],
+            Zb[s] - Za[s], Zb[L + s] - Za[L + s], Zb[2 * L + s] - Za[2 * L + s],
+            Za[s] - Zd[s], Za[L + s] - Zd[L + s], Za[2 * L + s] - Zd[2 * L + s],
         )  # fmt: skip
         for c in range(9):
-            M[c, s] = m[c]
+            M[c * L + s] = m[c]
 
 
 @njit(cache=True)
-def _block_place(X, F, T, M, R, i, ib, ns):
-    """Row ``i``: ``x = x_b + r M u`` and out-frame column 0 (``M u``).
-
-    Whole arrays and row numbers, not views (a view costs reference counting per
-    row), and few enough arrays that LLVM vectorises the loop.
-    """
-    for s in range(ns):
-        l00, l10, l20, _, _, _, _, _ = _placement(T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s])
-        e0 = M[0, s] * l00 + M[1, s] * l10 + M[2, s] * l20
-        e1 = M[3, s] * l00 + M[4, s] * l10 + M[5, s] * l20
-        e2 = M[6, s] * l00 + M[7, s] * l10 + M[8, s] * l20
-        X[i, 0, s] = X[ib, 0, s] + R[i, s] * e0
-        X[i, 1, s] = X[ib, 1, s] + R[i, s] * e1
-        X[i, 2, s] = X[ib, 2, s] + R[i, s] * e2
-        F[i, 0, s], F[i, 3, s], F[i, 6, s] = e0, e1, e2
-
-
-@njit(cache=True)
-def _block_out_frame(F, T, M, i, ns):
-    """Out-frame columns 1, 2 of row ``i``: ``M L`` (``L`` columns 2, 3 negated where ``sin(theta) < 0``)."""
-    for s in range(ns):
-        _, _, _, l01, l11, l21, l12, l22 = _placement(T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s])
-        F[i, 1, s] = M[0, s] * l01 + M[1, s] * l11 + M[2, s] * l21
-        F[i, 2, s] = M[0, s] * 0.0 + M[1, s] * l12 + M[2, s] * l22  # L[0, 2] = 0 (NaN stays NaN)
-        F[i, 4, s] = M[3, s] * l01 + M[4, s] * l11 + M[5, s] * l21
-        F[i, 5, s] = M[3, s] * 0.0 + M[4, s] * l12 + M[5, s] * l22
-        F[i, 7, s] = M[6, s] * l01 + M[7, s] * l11 + M[8, s] * l21
-        F[i, 8, s] = M[6, s] * 0.0 + M[7, s] * l12 + M[8, s] * l22
-
-
-@njit(cache=True)
-def _block_frame(p, k, s0, ns, X, F, M):
+def _block_frame(p, k, s0, Z, M):
     """The placement frame of row ``k`` into ``M`` (anchor, the parent's out-frame or NeRF)."""
     code = p[CODE, k]
     if code == ANCHOR:
         sg = np.float64(p[SIGN, k])
-        for s in range(ns):
-            M[0, s], M[1, s], M[2, s] = sg, 0.0, 0.0
-            M[3, s], M[4, s], M[5, s] = 0.0, 1.0, 0.0
-            M[6, s], M[7, s], M[8, s] = 0.0, 0.0, sg
+        for s in range(L):
+            M[s], M[L + s], M[2 * L + s] = sg, 0.0, 0.0
+            M[3 * L + s], M[4 * L + s], M[5 * L + s] = 0.0, 1.0, 0.0
+            M[6 * L + s], M[7 * L + s], M[8 * L + s] = 0.0, 0.0, sg
     elif code == FROM_PARENT:
-        q = p[PARENT, k] - s0
+        Zq = Z[p[PARENT, k] - s0]
         for c in range(9):
-            for s in range(ns):
-                M[c, s] = F[q, c, s]
+            for s in range(L):
+                M[c * L + s] = Zq[(_F + c) * L + s]
     else:
-        _block_nerf_frame(X, p[REF_B, k] - s0, p[REF_A, k] - s0, p[REF_D, k] - s0, M, ns)
+        _block_nerf_frame(Z[p[REF_B, k] - s0], Z[p[REF_A, k] - s0], Z[p[REF_D, k] - s0], M)
 
 
 @njit(cache=True)
-def _block_rows(p, s0, s1, b0, ns, bonds, trig, fixed, X, F, T, R, M):
-    """Positions ``X``, out-frames ``F`` and turns ``T`` of rows ``[s0, s1)``, samples ``[b0, b0 + ns)``."""
-    _block_gather(p, s0, s1, b0, ns, bonds, trig, R, T)
+def _block_place(Zi, Zb, M):
+    """``x = x_b + r M u`` and the out-frame ``M L`` (``L`` columns 2, 3 negated where ``sin(theta) < 0``)."""
+    for s in range(L):
+        l00, l10, l20, l01, l11, l21, l12, l22 = _placement(
+            Zi[_T * L + s], Zi[(_T + 1) * L + s], Zi[(_T + 2) * L + s], Zi[(_T + 3) * L + s]
+        )
+        m0, m1, m2, m3, m4, m5 = M[s], M[L + s], M[2 * L + s], M[3 * L + s], M[4 * L + s], M[5 * L + s]
+        m6, m7, m8, r = M[6 * L + s], M[7 * L + s], M[8 * L + s], Zi[_R * L + s]
+        e0 = m0 * l00 + m1 * l10 + m2 * l20
+        e1 = m3 * l00 + m4 * l10 + m5 * l20
+        e2 = m6 * l00 + m7 * l10 + m8 * l20
+        Zi[s] = Zb[s] + r * e0
+        Zi[L + s] = Zb[L + s] + r * e1
+        Zi[2 * L + s] = Zb[2 * L + s] + r * e2
+        Zi[_F * L + s] = e0
+        Zi[(_F + 1) * L + s] = m0 * l01 + m1 * l11 + m2 * l21
+        Zi[(_F + 2) * L + s] = m0 * 0.0 + m1 * l12 + m2 * l22  # L[0, 2] = 0 (NaN stays NaN)
+        Zi[(_F + 3) * L + s] = e1
+        Zi[(_F + 4) * L + s] = m3 * l01 + m4 * l11 + m5 * l21
+        Zi[(_F + 5) * L + s] = m3 * 0.0 + m4 * l12 + m5 * l22
+        Zi[(_F + 6) * L + s] = e2
+        Zi[(_F + 7) * L + s] = m6 * l01 + m7 * l11 + m8 * l21
+        Zi[(_F + 8) * L + s] = m6 * 0.0 + m7 * l12 + m8 * l22
+
+
+@njit(cache=True)
+def _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M):
+    """Positions, out-frames and turns of rows ``[s0, s1)`` for samples ``b0, b0 + 1, ...`` into ``Z``."""
+    _block_gather(p, s0, s1, b0, bonds, trig, Z)
+    b1 = min(b0 + L, bonds.shape[0])
     for k in range(s0, s1):
         i, code = k - s0, p[CODE, k]
+        Zi = Z[i]
         if code == FIXED:
+            f = fixed[b0:b1, p[SLOT, k]]
             for c in range(3):
-                for s in range(ns):
-                    X[i, c, s] = np.float64(fixed[b0 + s, p[SLOT, k], c])
+                for s in range(b1 - b0):
+                    Zi[c * L + s] = np.float64(f[s, c])
         elif code == ROOT or code == SECOND:  # (0, 0, 0), (r, 0, 0); a NaN bond makes the atom NaN
-            for s in range(ns):
-                r = R[i, s] if code == SECOND else 0.0
-                X[i, 0, s], X[i, 1, s], X[i, 2, s] = r, 0.0 * r, 0.0 * r
+            for s in range(L):
+                r = Zi[_R * L + s] if code == SECOND else 0.0
+                Zi[s], Zi[L + s], Zi[2 * L + s] = r, 0.0 * r, 0.0 * r
         else:
-            _block_frame(p, k, s0, ns, X, F, M)
-            _block_place(X, F, T, M, R, i, p[REF_B, k] - s0, ns)
-            _block_out_frame(F, T, M, i, ns)
+            _block_frame(p, k, s0, Z, M)
+            _block_place(Zi, Z[p[REF_B, k] - s0], M)
 
 
 @njit(cache=True)
-def _block_forward(p, s0, s1, b0, ns, bonds, trig, fixed, out, X, F, T, R, M):
-    """Rows ``[s0, s1)`` of samples ``[b0, b0 + ns)`` into ``out``."""
-    _block_rows(p, s0, s1, b0, ns, bonds, trig, fixed, X, F, T, R, M)
-    for s in range(ns):
-        for k in range(s0, s1):
-            atom = p[ATOM, k]
-            for c in range(3):
-                out[b0 + s, atom, c] = X[k - s0, c, s]
-
-
-@njit(cache=True)
-def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width, size):
+def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width):
     """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
-    total = -(-n_samples // size) * n_units
-    X, F, T = np.empty((width, 3, size)), np.empty((width, 9, size)), np.empty((width, 4, size))
-    R, M = np.empty((width, size)), np.empty((9, size))
+    total = -(-n_samples // L) * n_units
+    Z, M = np.zeros((width, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
     for item in range(total * t // nt, total * (t + 1) // nt):
-        blk, u = item // n_units, item % n_units
-        b0 = blk * size
-        ns = min(size, n_samples - b0)
-        _block_forward(p, starts[u], starts[u + 1], b0, ns, bonds, trig, fixed, out, X, F, T, R, M)
+        b0, u = (item // n_units) * L, item % n_units
+        s0, s1 = starts[u], starts[u + 1]
+        _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M)
+        for k0 in range(s0, s1, TILE):  # in tiles, as the inputs came in
+            for b in range(b0, min(b0 + L, n_samples)):
+                s, o = b - b0, out[b]
+                for k in range(k0, min(k0 + TILE, s1)):
+                    i, atom = k - s0, p[ATOM, k]
+                    o[atom, 0], o[atom, 1], o[atom, 2] = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
 
 
 @njit(cache=True, parallel=True)
-def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width, size):
+def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width):
     for t in prange(nt):
-        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width, size)
+        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width)
+
+
+def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width):  # type: ignore[no-untyped-def]
+    """Positions into ``out`` on ``nt`` threads (arguments as :func:`.fused_numba.forward`'s)."""
+    if nt > 1:
+        _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width)
+    else:  # on this thread: no thread-pool round trip
+        _blocks_items(0, 1, p, starts, bonds, trig, fixed, out, width)
 
 
 # ------------------------------------------------------------------ backward
 # The reverse walk of fused_numba_samples._unit_backward, row by row, each step a
-# loop over the block's samples. Adjoints: GX (positions, 3), GO (out-frames, 9),
-# GP (turns added to siblings, 1); G (3): the gradients of bond, angle and dihedral
-# of each row; N (9): the placement frame's adjoint of the current row.
+# loop over the block's samples.
 
 
 @njit(cache=True)
-def _block_adjoint_start(p, s0, s1, b0, ns, gxyz, GX, GO, GP):
-    for s in range(ns):
-        for k in range(s0, s1):
-            atom = p[ATOM, k]
-            for c in range(3):
-                GX[k - s0, c, s] = np.float64(gxyz[b0 + s, atom, c])
-    GO[: s1 - s0, :, :ns] = 0.0
-    GP[: s1 - s0, :ns] = 0.0
-
-
-@njit(cache=True)
-def _block_place_adjoint(GX, GO, T, M, R, G, i, ns):
+def _block_place_adjoint(Yi, Zi, M):
     """Row ``i``: ``dr = g . (M u)``, angle and turn gradients through ``gL = M^T gO + r (M^T g) e_1^T``."""
-    for s in range(ns):
-        g0, g1, g2 = GX[i, 0, s], GX[i, 1, s], GX[i, 2, s]
-        m0, m1, m2, m3, m4, m5 = M[0, s], M[1, s], M[2, s], M[3, s], M[4, s], M[5, s]
-        m6, m7, m8, r = M[6, s], M[7, s], M[8, s], R[i, s]
-        o0, o1, o2, o3, o4 = GO[i, 0, s], GO[i, 1, s], GO[i, 2, s], GO[i, 3, s], GO[i, 4, s]
-        o5, o6, o7, o8 = GO[i, 5, s], GO[i, 6, s], GO[i, 7, s], GO[i, 8, s]
-        ct, st, cp, sp = T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
+    for s in range(L):
+        g0, g1, g2 = Yi[s], Yi[L + s], Yi[2 * L + s]
+        m0, m1, m2, m3, m4, m5 = M[s], M[L + s], M[2 * L + s], M[3 * L + s], M[4 * L + s], M[5 * L + s]
+        m6, m7, m8, r = M[6 * L + s], M[7 * L + s], M[8 * L + s], Zi[_R * L + s]
+        o0, o1, o2 = Yi[_GO * L + s], Yi[(_GO + 1) * L + s], Yi[(_GO + 2) * L + s]
+        o3, o4, o5 = Yi[(_GO + 3) * L + s], Yi[(_GO + 4) * L + s], Yi[(_GO + 5) * L + s]
+        o6, o7, o8 = Yi[(_GO + 6) * L + s], Yi[(_GO + 7) * L + s], Yi[(_GO + 8) * L + s]
+        ct, st, cp, sp = Zi[_T * L + s], Zi[(_T + 1) * L + s], Zi[(_T + 2) * L + s], Zi[(_T + 3) * L + s]
         fl = -1.0 if st < 0.0 else 1.0  # the angle and turn gradients below fold the flip in
         l00, l10, l20, _, _, _, _, _ = _placement(ct, st, cp, sp)
-        G[0, i, s] = (
+        Yi[_G * L + s] = (
             g0 * (m0 * l00 + m1 * l10 + m2 * l20)
             + g1 * (m3 * l00 + m4 * l10 + m5 * l20)
             + g2 * (m6 * l00 + m7 * l10 + m8 * l20)
@@ -220,135 +257,154 @@ def _block_place_adjoint(GX, GO, T, M, R, G, i, ns):
         q12 = m1 * o2 + m4 * o5 + m7 * o8
         q21 = m2 * o1 + m5 * o4 + m8 * o7
         q22 = m2 * o2 + m5 * o5 + m8 * o8
-        G[1, i, s] = (
+        Yi[(_G + 1) * L + s] = (
             q00 * st + q10 * cp * ct + q20 * sp * ct
             + fl * (-q01 * ct + q11 * cp * st + q21 * sp * st)
         )  # fmt: skip
-        G[2, i, s] = (
+        Yi[(_G + 2) * L + s] = (
             -q10 * sp * st + q20 * cp * st
             + fl * (q11 * sp * ct - q21 * cp * ct - q12 * cp - q22 * sp)
         )  # fmt: skip
 
 
 @njit(cache=True)
-def _block_frame_adjoint(GX, GO, T, R, N, i, ns):
+def _block_frame_adjoint(Yi, Zi, N):
     """``N = gM = r g u^T + gO L^T`` of row ``i`` (row-major)."""
-    for c in range(3):  # a row of N per loop: three stores each, so that the loop vectorises
-        for s in range(ns):
-            l00, l10, l20, l01, l11, l21, l12, l22 = _placement(
-                T[i, 0, s], T[i, 1, s], T[i, 2, s], T[i, 3, s]
-            )
-            rg = R[i, s] * GX[i, c, s]
-            o0, o1, o2 = GO[i, 3 * c, s], GO[i, 3 * c + 1, s], GO[i, 3 * c + 2, s]
-            N[3 * c, s] = rg * l00 + o0 * l00 + o1 * l01 + o2 * 0.0  # L[0, 2] = 0 (NaN stays NaN)
-            N[3 * c + 1, s] = rg * l10 + o0 * l10 + o1 * l11 + o2 * l12
-            N[3 * c + 2, s] = rg * l20 + o0 * l20 + o1 * l21 + o2 * l22
+    for s in range(L):
+        l00, l10, l20, l01, l11, l21, l12, l22 = _placement(
+            Zi[_T * L + s], Zi[(_T + 1) * L + s], Zi[(_T + 2) * L + s], Zi[(_T + 3) * L + s]
+        )
+        r = Zi[_R * L + s]
+        for c in range(3):
+            rg = r * Yi[c * L + s]
+            o = (_GO + 3 * c) * L + s
+            o0, o1, o2 = Yi[o], Yi[o + L], Yi[o + 2 * L]
+            N[3 * c * L + s] = rg * l00 + o0 * l00 + o1 * l01 + o2 * 0.0  # L[0, 2] = 0 (NaN stays NaN)
+            N[(3 * c + 1) * L + s] = rg * l10 + o0 * l10 + o1 * l11 + o2 * l12
+            N[(3 * c + 2) * L + s] = rg * l20 + o0 * l20 + o1 * l21 + o2 * l22
 
 
 @njit(cache=True)
-def _block_nerf_adjoint(X, GX, N, ib, ia, idd, ns):
-    """Adjoint of the NeRF frame of rows ``ib, ia, idd`` (frame adjoint ``N``, row-major) into ``GX``.
+def _block_nerf_adjoint(Zb, Za, Zd, Yb, Ya, Yd, N):
+    """Adjoint of the NeRF frame of rows ``b, a, d`` (frame adjoint ``N``, row-major) into ``Y``.
 
-    ``(gu, gv)`` overwrite ``N[0:6]`` in the vectorised loop (six stores), then
-    three short loops add them into the atoms.
+    ``(gu, gv)`` overwrite ``N[0:6]``, then one loop adds them into the three atoms.
     """
-    for s in range(ns):
+    for s in range(L):
         gu0, gu1, gu2, gv0, gv1, gv2 = _nerf_adjoint(
-            X[ib, 0, s] - X[ia, 0, s],
-            X[ib, 1, s] - X[ia, 1, s],
-            X[ib, 2, s] - X[ia, 2, s],
-            X[ia, 0, s] - X[idd, 0, s],
-            X[ia, 1, s] - X[idd, 1, s],
-            X[ia, 2, s] - X[idd, 2, s],
-            N[0, s],
-            N[3, s],
-            N[6, s],
-            N[1, s],
-            N[4, s],
-            N[7, s],
-            N[2, s],
-            N[5, s],
-            N[8, s],
+            Zb[s] - Za[s],
+            Zb[L + s] - Za[L + s],
+            Zb[2 * L + s] - Za[2 * L + s],
+            Za[s] - Zd[s],
+            Za[L + s] - Zd[L + s],
+            Za[2 * L + s] - Zd[2 * L + s],
+            N[s],
+            N[3 * L + s],
+            N[6 * L + s],
+            N[L + s],
+            N[4 * L + s],
+            N[7 * L + s],
+            N[2 * L + s],
+            N[5 * L + s],
+            N[8 * L + s],
         )  # fmt: skip  (column adjoints of M = (e1, e2, e3), M row-major)
-        N[0, s], N[1, s], N[2, s], N[3, s], N[4, s], N[5, s] = gu0, gu1, gu2, gv0, gv1, gv2
+        N[s], N[L + s], N[2 * L + s], N[3 * L + s], N[4 * L + s], N[5 * L + s] = gu0, gu1, gu2, gv0, gv1, gv2
     for c in range(3):
-        for s in range(ns):
-            GX[ib, c, s] += N[c, s]
-    for c in range(3):
-        for s in range(ns):
-            GX[ia, c, s] += N[3 + c, s] - N[c, s]
-    for c in range(3):
-        for s in range(ns):
-            GX[idd, c, s] -= N[3 + c, s]
+        for s in range(L):
+            gu, gv = N[c * L + s], N[(3 + c) * L + s]
+            Yb[c * L + s] += gu
+            Ya[c * L + s] += gv - gu
+            Yd[c * L + s] -= gv
 
 
 @njit(cache=True)
-def _block_backward(p, s0, s1, b0, ns, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
-    """Input gradients of rows ``[s0, s1)``, samples ``[b0, b0 + ns)``: recompute, then walk back."""
-    X, F, T, R, M, GX, GO, GP, G, N = S
-    _block_rows(p, s0, s1, b0, ns, bonds, trig, fixed, X, F, T, R, M)
-    _block_adjoint_start(p, s0, s1, b0, ns, gxyz, GX, GO, GP)
+def _block_adjoint_start(p, s0, s1, b0, gxyz, Y):
+    Y[: s1 - s0, : _G * L] = 0.0  # spare lanes too: their adjoints stay 0
+    b1 = min(b0 + L, gxyz.shape[0])
+    for k in range(s0, s1):
+        g, Yi = gxyz[b0:b1, p[ATOM, k]], Y[k - s0]
+        for c in range(3):
+            for s in range(b1 - b0):
+                Yi[c * L + s] = np.float64(g[s, c])
+
+
+@njit(cache=True)
+def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
+    """Input gradients of rows ``[s0, s1)``, samples from ``b0``: walk back over the forward in ``Z``."""
+    _block_adjoint_start(p, s0, s1, b0, gxyz, Y)
+    ns = min(L, bonds.shape[0] - b0)
     for k in range(s1 - 1, s0 - 1, -1):
-        i, code, atom = k - s0, p[CODE, k], p[ATOM, k]
-        if code <= SECOND:
-            for s in range(ns):  # a SECOND atom is (r, 0, 0): dr = g_x (NaN in g stays NaN)
-                G[0, i, s] = GX[i, 0, s] + 0.0 * (GX[i, 1, s] + GX[i, 2, s]) if code == SECOND else 0.0
-                G[1, i, s], G[2, i, s] = 0.0, 0.0
+        i, code = k - s0, p[CODE, k]
+        Yi = Y[i]
+        if code <= SECOND:  # a SECOND atom is (r, 0, 0): dr = g_x (NaN in g stays NaN)
+            for s in range(L):
+                Yi[_G * L + s] = Yi[s] + 0.0 * (Yi[L + s] + Yi[2 * L + s]) if code == SECOND else 0.0
+                Yi[(_G + 1) * L + s], Yi[(_G + 2) * L + s] = 0.0, 0.0
             if code == FIXED:
                 for s in range(ns):
                     for c in range(3):
-                        gf[b0 + s, p[SLOT, k], c] = GX[i, c, s]
+                        gf[b0 + s, p[SLOT, k], c] = Yi[c * L + s]
             continue
-        _block_frame(p, k, s0, ns, X, F, M)
-        _block_place_adjoint(GX, GO, T, M, R, G, i, ns)
-        q = p[PHI_FROM, k] - s0
-        for s in range(ns):  # the turn's gradient: its own plus what siblings built on it gave back
-            G[2, i, s] = 0.0 if p[THIRD, k] else G[2, i, s] + GP[i, s]
-        if q >= 0:
-            for s in range(ns):
-                GP[q, s] += G[2, i, s]
+        Zi = Z[i]
+        _block_frame(p, k, s0, Z, M)
+        _block_place_adjoint(Yi, Zi, M)
+        third = p[THIRD, k]
+        for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
+            Yi[(_G + 2) * L + s] = 0.0 if third else Yi[(_G + 2) * L + s] + Yi[_GP * L + s]
+        if p[PHI_FROM, k] >= 0:
+            Yq = Y[p[PHI_FROM, k] - s0]
+            for s in range(L):
+                Yq[_GP * L + s] += Yi[(_G + 2) * L + s]
         ib = p[REF_B, k] - s0
+        Yb = Y[ib]
         for c in range(3):
-            for s in range(ns):
-                GX[ib, c, s] += GX[i, c, s]
+            for s in range(L):
+                Yb[c * L + s] += Yi[c * L + s]
         if code == ANCHOR:
             continue
-        _block_frame_adjoint(GX, GO, T, R, N, i, ns)
+        _block_frame_adjoint(Yi, Zi, N)
         if code == FROM_PARENT:
-            q = p[PARENT, k] - s0
+            Yq = Y[p[PARENT, k] - s0]
             for c in range(9):
-                for s in range(ns):
-                    GO[q, c, s] += N[c, s]
+                for s in range(L):
+                    Yq[(_GO + c) * L + s] += N[c * L + s]
         else:
-            _block_nerf_adjoint(X, GX, N, ib, p[REF_A, k] - s0, p[REF_D, k] - s0, ns)
-    for s in range(ns):  # out, sample by sample; no gradient for an out-of-domain (negative) bond
-        for k in range(s0, s1):
-            i, atom = k - s0, p[ATOM, k]
-            neg = p[CODE, k] >= SECOND and bonds[b0 + s, atom] < 0.0
-            gb[b0 + s, atom] = 0.0 if neg else G[0, i, s]
-            ga[b0 + s, atom] = G[1, i, s]
-            gd[b0 + s, atom] = G[2, i, s]
+            ia, idd = p[REF_A, k] - s0, p[REF_D, k] - s0
+            _block_nerf_adjoint(Z[ib], Z[ia], Z[idd], Yb, Y[ia], Y[idd], N)
+    b1 = b0 + ns
+    for k in range(s0, s1):  # out; no gradient for an out-of-domain (negative) bond
+        atom, domain, Yi = p[ATOM, k], p[CODE, k] >= SECOND, Y[k - s0]
+        r, db, da, dd = bonds[b0:b1, atom], gb[b0:b1, atom], ga[b0:b1, atom], gd[b0:b1, atom]
+        for s in range(ns):
+            db[s] = 0.0 if domain and r[s] < 0.0 else Yi[_G * L + s]
+            da[s] = Yi[(_G + 1) * L + s]
+            dd[s] = Yi[(_G + 2) * L + s]
 
 
 @njit(cache=True)
-def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width, size):
-    """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
+def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width):
+    """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items (forward recomputed)."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
-    total = -(-n_samples // size) * n_units
-    S = (
-        np.empty((width, 3, size)), np.empty((width, 9, size)), np.empty((width, 4, size)),
-        np.empty((width, size)), np.empty((9, size)), np.empty((width, 3, size)),
-        np.empty((width, 9, size)), np.empty((width, size)), np.empty((3, width, size)),
-        np.empty((9, size)),
-    )  # fmt: skip
+    total = -(-n_samples // L) * n_units
+    Z, M = np.zeros((width, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
+    Y, N = np.empty((width, BACKWARD_FIELDS * L)), np.empty(9 * L)
     for item in range(total * t // nt, total * (t + 1) // nt):
-        blk, u = item // n_units, item % n_units
-        b0 = blk * size
-        ns = min(size, n_samples - b0)
-        _block_backward(p, starts[u], starts[u + 1], b0, ns, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
+        b0, u = (item // n_units) * L, item % n_units
+        s0, s1 = starts[u], starts[u + 1]
+        _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M)
+        _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N)
 
 
 @njit(cache=True, parallel=True)
-def _blocks_backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width, size):
+def _blocks_backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):
     for t in prange(nt):
-        _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width, size)
+        _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width)
+
+
+def blocks_backward(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):  # type: ignore[no-untyped-def]
+    """Input gradients into ``gb, ga, gd, gf`` on ``nt`` threads (as :func:`.fused_numba.backward`'s)."""
+    args = (p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf)
+    if nt > 1:
+        _blocks_backward_parallel(*args, nt, width)
+    else:
+        _blocks_backward_items(0, 1, *args, width)

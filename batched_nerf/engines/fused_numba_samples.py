@@ -39,11 +39,11 @@ def _placement(ct, st, cp, sp):
 @njit(inline="always")
 def _nerf_frame(u0, u1, u2, v0, v1, v2):
     """The NeRF frame ``M`` (row-major; columns ``e1, e2, e3``) of ``u = x_b - x_a``, ``v = x_a - x_d``."""
-    du = _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))
-    a0, a1, a2 = u0 / du, u1 / du, u2 / du
+    iu = 1.0 / _clamp(math.sqrt(u0 * u0 + u1 * u1 + u2 * u2))  # one division per norm: the
+    a0, a1, a2 = u0 * iu, u1 * iu, u2 * iu  # blocked loops are bound by vector division
     w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
-    dw = _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
-    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
+    iw = 1.0 / _clamp(math.sqrt(w0 * w0 + w1 * w1 + w2 * w2))
+    c0, c1, c2 = w0 * iw, w1 * iw, w2 * iw
     b0, b1, b2 = c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0
     return a0, b0, c0, a1, b1, c1, a2, b2, c2
 
@@ -254,12 +254,12 @@ def _nerf_adjoint(u0, u1, u2, v0, v1, v2, ge10, ge11, ge12, ge20, ge21, ge22, ge
     ``x_a += gv - gu``, ``x_d -= gv``). Scalars, shared by both kernel layouts.
     """
     nu = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
-    du = _clamp(nu)
-    a0, a1, a2 = u0 / du, u1 / du, u2 / du
+    iu = 1.0 / _clamp(nu)  # one division per norm (as in _nerf_frame)
+    a0, a1, a2 = u0 * iu, u1 * iu, u2 * iu
     w0, w1, w2 = v1 * a2 - v2 * a1, v2 * a0 - v0 * a2, v0 * a1 - v1 * a0
     nw = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
-    dw = _clamp(nw)
-    c0, c1, c2 = w0 / dw, w1 / dw, w2 / dw
+    iw = 1.0 / _clamp(nw)
+    c0, c1, c2 = w0 * iw, w1 * iw, w2 * iw
     # e2 = e3 x e1: ge3 += e1 x ge2, ge1 += ge2 x e3
     ge30 += a1 * ge22 - a2 * ge21
     ge31 += a2 * ge20 - a0 * ge22
@@ -269,7 +269,7 @@ def _nerf_adjoint(u0, u1, u2, v0, v1, v2, ge10, ge11, ge12, ge20, ge21, ge22, ge
     ge12 += ge20 * c1 - ge21 * c0
     # e3 = w / max(|w|, EPS)
     dot = (c0 * ge30 + c1 * ge31 + c2 * ge32) if nw >= EPS else 0.0
-    gw0, gw1, gw2 = (ge30 - dot * c0) / dw, (ge31 - dot * c1) / dw, (ge32 - dot * c2) / dw
+    gw0, gw1, gw2 = (ge30 - dot * c0) * iw, (ge31 - dot * c1) * iw, (ge32 - dot * c2) * iw
     # w = v x e1: gv = e1 x gw, ge1 += gw x v
     gv0, gv1, gv2 = a1 * gw2 - a2 * gw1, a2 * gw0 - a0 * gw2, a0 * gw1 - a1 * gw0
     ge10 += gw1 * v2 - gw2 * v1
@@ -277,7 +277,7 @@ def _nerf_adjoint(u0, u1, u2, v0, v1, v2, ge10, ge11, ge12, ge20, ge21, ge22, ge
     ge12 += gw0 * v1 - gw1 * v0
     # e1 = u / max(|u|, EPS)
     dot = (a0 * ge10 + a1 * ge11 + a2 * ge12) if nu >= EPS else 0.0
-    gu0, gu1, gu2 = (ge10 - dot * a0) / du, (ge11 - dot * a1) / du, (ge12 - dot * a2) / du
+    gu0, gu1, gu2 = (ge10 - dot * a0) * iu, (ge11 - dot * a1) * iu, (ge12 - dot * a2) * iu
     return gu0, gu1, gu2, gv0, gv1, gv2
 
 

@@ -1,0 +1,170 @@
+"""Vectorised float64 trigonometry of the CPU kernels (numba): ``cos``/``sin`` and ``atan2``.
+
+**cos, sin** (:func:`trig`, the builder's inputs).
+
+``x = k pi/2 + r`` with ``k = rint(2x / pi)`` and ``|r| <= pi/4``; ``pi/2`` is
+split in three (:data:`PIO2`: two 33-bit heads, so ``k * head`` is exact for
+``|k| < 2**20``, and the rest), ``r = ((x - k h1) - k h2) - k h3``. ``sin r``
+and ``cos r`` are their Taylor series to ``r**17`` and ``r**18`` (truncation
+below ``1e-19`` on ``|r| <= pi/4``), and ``k mod 4`` picks the quadrant. Within
+2 ulp of libm for ``|x| <= LIMIT`` (checked against ``numpy`` in the tests);
+larger ``|x|``, ``inf`` and NaN go to ``math.sin``/``math.cos``.
+
+**atan2** (:func:`angles`, the inverse map's outputs). With ``lo, hi`` the
+smaller and larger of ``|x|, |y|``: ``atan(lo / hi)``, or ``pi/4 + atan((lo -
+hi) / (lo + hi))`` where ``lo / hi > tan(pi/8)`` (one division either way), a
+Taylor series on ``|t| <= tan(pi/8)`` to ``t**43`` (truncation below
+``1e-18``); then ``pi/2 - a`` (``|y| > |x|``), ``pi - a`` (``x < 0``) and the
+sign of ``y``. ``atan2(0, 0) = 0`` and ``y = -0.0`` reads
+``+pi`` for ``x < 0`` (the ``(-pi, pi]`` wrap). Within 4 ulp of libm for finite
+arguments (the tests); ``inf`` and NaN go to ``math.atan2``.
+
+Both loops are written out in select form (no helper returning a tuple, no
+integer quadrant), which is what lets LLVM vectorise them: about 1 ns per value
+on one core here, against ~5 ns for torch's float64 ``sin`` and ``cos``
+together and ~1.5 ns for its ``atan2``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["angles", "trig"]
+
+#: ``pi/2 = h1 + h2 + h3``: 33-bit ``h1``, ``h2``, then the rest (exact binary values).
+PIO2 = tuple(float.fromhex(h) for h in ("0x1.921fb544p+0", "0x1.0b4611a6p-34", "0x1.3198a2e037073p-69"))
+#: Beyond this ``|x|`` the reduction leaves its exact range: libm takes over.
+LIMIT = 1.0e5
+#: Below this many values a call runs on the calling thread.
+SERIAL_VALUES = 32768
+
+_H1, _H2, _H3 = PIO2
+_TWO_OVER_PI = 2.0 / math.pi
+# Taylor coefficients (-1)^k / (2k + 1)! and (-1)^k / (2k)!, correctly rounded
+_S1, _S2, _S3, _S4, _S5, _S6, _S7, _S8 = ((-1) ** k / math.factorial(2 * k + 1) for k in range(1, 9))
+_C1, _C2, _C3, _C4, _C5, _C6, _C7, _C8 = ((-1) ** k / math.factorial(2 * k) for k in range(2, 10))
+# atan(t) = t + t z sum_k T_k z^(k-1), T_k = (-1)^k / (2k + 1), z = t^2, |t| <= tan(pi/8): to k = 21
+# (truncation below 1e-18)
+(_T1, _T2, _T3, _T4, _T5, _T6, _T7, _T8, _T9, _T10, _T11, _T12, _T13, _T14, _T15, _T16, _T17, _T18, _T19,
+ _T20, _T21) = ((-1) ** k / (2 * k + 1) for k in range(1, 22))  # fmt: skip
+_TAN_PI_8 = math.sqrt(2.0) - 1.0
+
+
+@njit(cache=True, error_model="numpy")
+def _sincos(x, cos_out, sin_out):
+    """``cos_out[i], sin_out[i] = cos(x[i]), sin(x[i])`` (flat float arrays; a loop from 0, so that
+    numba's negative-index wrap-around cannot turn the stores into scatters)."""
+    wide = 0
+    for i in range(x.size):
+        v = np.float64(x[i])
+        k = np.rint(v * _TWO_OVER_PI)
+        r = ((v - k * _H1) - k * _H2) - k * _H3
+        z = r * r
+        ps = _S5 + z * (_S6 + z * (_S7 + z * _S8))  # Horner, in two lines
+        pc = _C5 + z * (_C6 + z * (_C7 + z * _C8))
+        s = r + r * z * (_S1 + z * (_S2 + z * (_S3 + z * (_S4 + z * ps))))
+        c = 1.0 - 0.5 * z + z * z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * pc))))
+        q = k - 4.0 * np.floor(0.25 * k)  # 0, 1, 2, 3
+        swap = (q == 1.0) | (q == 3.0)
+        sq = c if swap else s
+        cq = s if swap else c
+        sin_out[i] = -sq if q >= 2.0 else sq
+        cos_out[i] = -cq if (q == 1.0) | (q == 2.0) else cq
+        wide += 0 if abs(v) <= LIMIT else 1  # also inf and NaN
+    if wide:
+        for i in range(x.size):
+            v = np.float64(x[i])
+            if not abs(v) <= LIMIT:
+                sin_out[i] = math.sin(v)
+                cos_out[i] = math.cos(v)
+
+
+@njit(cache=True)
+def _trig_items(t, nt, angles, dihedrals, out):
+    m = angles.size
+    lo, hi = m * t // nt, m * (t + 1) // nt
+    _sincos(angles[lo:hi], out[0, lo:hi], out[2, lo:hi])
+    _sincos(dihedrals[lo:hi], out[1, lo:hi], out[3, lo:hi])
+
+
+@njit(cache=True, parallel=True)
+def _trig_parallel(angles, dihedrals, out, nt):
+    for t in prange(nt):
+        _trig_items(t, nt, angles, dihedrals, out)
+
+
+def trig(angles: np.ndarray, dihedrals: np.ndarray) -> np.ndarray:
+    """``(4, *shape)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)``.
+
+    ``angles`` and ``dihedrals``: C-contiguous float32 or float64 arrays of one
+    shape, in radians.
+    """
+    out = np.empty((4, *angles.shape))
+    a, d, flat = angles.reshape(-1), dihedrals.reshape(-1), out.reshape(4, -1)
+    nt = 1 if 2 * a.size < SERIAL_VALUES else numba.get_num_threads()
+    if nt > 1:
+        _trig_parallel(a, d, flat, nt)
+    else:
+        _trig_items(0, 1, a, d, flat)
+    return out
+
+
+@njit(cache=True, error_model="numpy")
+def _atan2(y, x, out):
+    """``out[i] = atan2(y[i], x[i])`` in ``(-pi, pi]``, in ``out``'s dtype (flat float arrays)."""
+    wide = 0
+    for i in range(y.size):
+        vy, vx = y[i], x[i]
+        ay, ax = abs(vy), abs(vx)
+        swap = ay > ax
+        lo, hi = (ax, ay) if swap else (ay, ax)
+        big = lo > _TAN_PI_8 * hi  # atan(lo / hi) = pi/4 + atan((lo - hi) / (lo + hi))
+        t = 0.0 if hi == 0.0 else ((lo - hi) if big else lo) / ((lo + hi) if big else hi)
+        z = t * t
+        w = z * z  # four Horner chains in v = z^4 (one chain of 21 was latency-bound: 3x slower)
+        v = w * w
+        pa = _T1 + v * (_T5 + v * (_T9 + v * (_T13 + v * (_T17 + v * _T21))))
+        pb = _T2 + v * (_T6 + v * (_T10 + v * (_T14 + v * _T18)))
+        pc = _T3 + v * (_T7 + v * (_T11 + v * (_T15 + v * _T19)))
+        pd = _T4 + v * (_T8 + v * (_T12 + v * (_T16 + v * _T20)))
+        p = (pa + z * pb) + w * (pc + z * pd)
+        a = t + t * z * p + (0.25 * math.pi if big else 0.0)
+        a = 0.5 * math.pi - a if swap else a
+        a = math.pi - a if vx < 0.0 else a
+        out[i] = -a if vy < 0.0 else a
+        wide += 0 if hi <= 1.0e300 else 1  # inf and NaN (hi is NaN where either is)
+    if wide:
+        for i in range(y.size):
+            if not max(abs(y[i]), abs(x[i])) <= 1.0e300:
+                a = math.atan2(y[i], x[i])
+                out[i] = a + 2.0 * math.pi if a <= -math.pi else a
+
+
+@njit(cache=True)
+def _angles_items(t, nt, args, angles, dihedrals):
+    m = angles.size
+    lo, hi = m * t // nt, m * (t + 1) // nt
+    _atan2(args[0, lo:hi], args[2, lo:hi], angles[lo:hi])
+    _atan2(args[1, lo:hi], args[3, lo:hi], dihedrals[lo:hi])
+
+
+@njit(cache=True, parallel=True)
+def _angles_parallel(args, angles, dihedrals, nt):
+    for t in prange(nt):
+        _angles_items(t, nt, args, angles, dihedrals)
+
+
+def angles(args: np.ndarray, angles: np.ndarray, dihedrals: np.ndarray) -> None:
+    """Angles and dihedrals (in ``(-pi, pi]``) into ``angles`` and ``dihedrals`` (C-contiguous, one
+    shape ``S``, float32 or float64) from ``args`` ``(4, *S)`` float64: the ``atan2`` arguments
+    ``y_angle, y_dihedral, x_angle, x_dihedral``."""
+    a, d, flat = angles.reshape(-1), dihedrals.reshape(-1), args.reshape(4, -1)
+    nt = 1 if 2 * a.size < SERIAL_VALUES else numba.get_num_threads()
+    if nt > 1:
+        _angles_parallel(flat, a, d, nt)
+    else:
+        _angles_items(0, 1, flat, a, d)
