@@ -139,8 +139,9 @@ def _block_frame(p, k, s0, Z, M):
             M[6 * L + s], M[7 * L + s], M[8 * L + s] = 0.0, 0.0, sg
     elif code == FROM_PARENT:
         Zq = Z[p[PARENT, k] - s0]
+        n = lanes(M, 9)  # a short loop: see lanes
         for c in range(9):
-            for s in range(L):
+            for s in range(n):
                 M[c * L + s] = Zq[(_F + c) * L + s]
     else:
         _block_nerf_frame(Z[p[REF_B, k] - s0], Z[p[REF_A, k] - s0], Z[p[REF_D, k] - s0], M)
@@ -351,14 +352,15 @@ def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
         third = p[THIRD, k]
         for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
             Yi[(_G + 2) * L + s] = 0.0 if third else Yi[(_G + 2) * L + s] + Yi[_GP * L + s]
+        n = lanes(Yi, BACKWARD_FIELDS)  # the short loops: see lanes
         if p[PHI_FROM, k] >= 0:
             Yq = Y[p[PHI_FROM, k] - s0]
-            for s in range(L):
+            for s in range(n):
                 Yq[_GP * L + s] += Yi[(_G + 2) * L + s]
         ib = p[REF_B, k] - s0
         Yb = Y[ib]
         for c in range(3):
-            for s in range(L):
+            for s in range(n):
                 Yb[c * L + s] += Yi[c * L + s]
         if code == ANCHOR:
             continue
@@ -366,7 +368,7 @@ def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
         if code == FROM_PARENT:
             Yq = Y[p[PARENT, k] - s0]
             for c in range(9):
-                for s in range(L):
+                for s in range(n):
                     Yq[(_GO + c) * L + s] += N[c * L + s]
         else:
             ia, idd = p[REF_A, k] - s0, p[REF_D, k] - s0
