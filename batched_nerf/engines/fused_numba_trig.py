@@ -104,13 +104,18 @@ def trig(angles: np.ndarray, dihedrals: np.ndarray) -> np.ndarray:
     shape, in radians.
     """
     out = np.empty((4, *angles.shape))
-    a, d, flat = angles.reshape(-1), dihedrals.reshape(-1), out.reshape(4, -1)
-    nt = 1 if 2 * a.size < SERIAL_VALUES else numba.get_num_threads()
-    if nt > 1:
-        _trig_parallel(a, d, flat, nt)
-    else:
-        _trig_items(0, 1, a, d, flat)
+    _run(_trig_items, _trig_parallel, angles.reshape(-1), dihedrals.reshape(-1), out.reshape(4, -1))
     return out
+
+
+def _run(items, parallel, *args):  # type: ignore[no-untyped-def]
+    """``items`` on this thread for small calls (no thread-pool round trip), else ``parallel``;
+    ``args[0]``: the flat values of one of the two inputs."""
+    nt = 1 if 2 * args[0].size < SERIAL_VALUES else numba.get_num_threads()
+    if nt > 1:
+        parallel(*args, nt)
+    else:
+        items(0, 1, *args)
 
 
 @njit(cache=True, error_model="numpy")
@@ -145,7 +150,7 @@ def _atan2(y, x, out):
 
 
 @njit(cache=True)
-def _angles_items(t, nt, args, angles, dihedrals):
+def _angles_items(t, nt, angles, dihedrals, args):
     m = angles.size
     lo, hi = m * t // nt, m * (t + 1) // nt
     _atan2(args[0, lo:hi], args[2, lo:hi], angles[lo:hi])
@@ -153,18 +158,13 @@ def _angles_items(t, nt, args, angles, dihedrals):
 
 
 @njit(cache=True, parallel=True)
-def _angles_parallel(args, angles, dihedrals, nt):
+def _angles_parallel(angles, dihedrals, args, nt):
     for t in prange(nt):
-        _angles_items(t, nt, args, angles, dihedrals)
+        _angles_items(t, nt, angles, dihedrals, args)
 
 
 def angles(args: np.ndarray, angles: np.ndarray, dihedrals: np.ndarray) -> None:
     """Angles and dihedrals (in ``(-pi, pi]``) into ``angles`` and ``dihedrals`` (C-contiguous, one
     shape ``S``, float32 or float64) from ``args`` ``(4, *S)`` float64: the ``atan2`` arguments
     ``y_angle, y_dihedral, x_angle, x_dihedral``."""
-    a, d, flat = angles.reshape(-1), dihedrals.reshape(-1), args.reshape(4, -1)
-    nt = 1 if 2 * a.size < SERIAL_VALUES else numba.get_num_threads()
-    if nt > 1:
-        _angles_parallel(flat, a, d, nt)
-    else:
-        _angles_items(0, 1, flat, a, d)
+    _run(_angles_items, _angles_parallel, angles.reshape(-1), dihedrals.reshape(-1), args.reshape(4, -1))
