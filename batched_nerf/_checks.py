@@ -148,7 +148,10 @@ def broadcast_internal(
             )
     dtype = torch.promote_types(torch.promote_types(tensors[0].dtype, tensors[1].dtype), tensors[2].dtype)
     try:
-        b, a, d = torch.broadcast_tensors(*(t.to(dtype) for t in tensors))
+        if all(t.shape == tensors[0].shape and t.dtype == dtype for t in tensors):
+            b, a, d = tensors  # nothing to broadcast or promote (the common case: a few us saved)
+        else:
+            b, a, d = torch.broadcast_tensors(*(t.to(dtype) for t in tensors))
     except RuntimeError:
         raise ValueError(
             "bonds, angles and dihedrals do not broadcast: shapes "
