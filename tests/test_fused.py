@@ -130,16 +130,22 @@ def test_parallel_kernel_matches_serial() -> None:
             torch.testing.assert_close(full[k], one[k], atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("name", list(TABLES))
+#: A unit of several CHUNKs of rows (references across chunk boundaries), for the blocked kernels.
+WIDE = {"protein36": bn.protein.protein_table("GAWKYC" * 6).table}
+
+
+@pytest.mark.parametrize("name", [*TABLES, *WIDE])
 def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight samples or more: the blocked kernels (SIMD across samples); one short block (spare
-    lanes), a full block and a short one, many blocks."""
-    from batched_nerf.engines import fused_numba
+    """From BLOCK_MIN samples on: the blocked kernels (SIMD across samples); one short block (spare
+    lanes), a full block and a short one, many blocks; units of several chunks of rows."""
+    from batched_nerf.engines import fused_numba, fused_numba_blocks
 
     calls: list[bool] = []  # whether each call took the blocked kernels
     choose = fused_numba._blocked
     monkeypatch.setattr(fused_numba, "_blocked", lambda *args: calls.append(choose(*args)) or calls[-1])
-    table = TABLES[name]
+    table = {**TABLES, **WIDE}[name]
+    if name in WIDE:
+        assert 3 * fused_numba_blocks.CHUNK < table.n_atoms <= fused_numba.BLOCK_MAX_WIDTH
     lanes = fused_numba.LANES
     for batch in (fused_numba.BLOCK_MIN, lanes + 5, 9 * lanes + 12):  # degenerate inputs: test_degenerate.py
         b, a, d = _ic(table, (batch,), seed=batch)
@@ -157,7 +163,9 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
             b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
         )
         torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
-    assert calls.count(True) == 6  # the blocked kernels ran: 3 forward, 3 backward calls
+    # the blocked kernels ran: forward and backward of each batch (16 samples of the wide table
+    # are one block on two threads: the per-sample kernels)
+    assert calls.count(True) == (4 if name in WIDE else 6)
 
 
 # ------------------------------------------------- the kernels' cos / sin

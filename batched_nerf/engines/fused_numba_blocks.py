@@ -66,6 +66,10 @@ _GX, _GO, _GP, _G, BACKWARD_FIELDS = 0, 3, 12, 13, 16
 #: of two (512-atom chains: 4-8x slower); indexing the whole arrays pays numba's
 #: negative-index wrap-around on every index (2x slower).
 TILE = 16
+#: The forward gathers, builds and scatters this many rows at a time, the backward's reverse
+#: walk hands back its gradients this many rows at a time: fewer passes over the scratch
+#: (which falls out of the caches on wide units).
+CHUNK = 64
 
 
 @njit(cache=True)
@@ -78,14 +82,14 @@ def lanes(row, fields):
 
 # ------------------------------------------------------------------ forward
 @njit(cache=True)
-def _block_gather(p, s0, s1, b0, bonds, trig, Z):
-    """Bonds (NaN if negative) and turns of the block's rows (``ns`` lanes; the spare lanes of a
-    short last block keep what they held: finite values, never written out)."""
+def _block_gather(p, s0, c0, c1, b0, bonds, trig, Z):
+    """Bonds (NaN if negative) and turns of rows ``[c0, c1)`` of the unit from row ``s0`` (the spare
+    lanes of a short last block keep what they held: finite values, never written out)."""
     b1 = min(b0 + L, bonds.shape[0])
-    for k0 in range(s0, s1, TILE):
+    for k0 in range(c0, c1, TILE):
         for b in range(b0, b1):
             s, r_b, t_b = b - b0, bonds[b], trig[:, b]
-            for k in range(k0, min(k0 + TILE, s1)):
+            for k in range(k0, min(k0 + TILE, c1)):
                 i, atom, third = k - s0, p[ATOM, k], p[THIRD, k]
                 r = np.float64(r_b[atom])
                 Z[i, _R * L + s] = np.nan if r < 0.0 else r
@@ -93,7 +97,7 @@ def _block_gather(p, s0, s1, b0, bonds, trig, Z):
                 Z[i, (_T + 1) * L + s] = t_b[2, atom]
                 Z[i, (_T + 2) * L + s] = 1.0 if third else t_b[1, atom]
                 Z[i, (_T + 3) * L + s] = 0.0 if third else t_b[3, atom]
-    for k in range(s0, s1):
+    for k in range(c0, c1):
         Zi, q, fo = Z[k - s0], p[PHI_FROM, k] - s0, p[FLIP_ON, k]
         if q >= 0:  # compose the sibling's turn (an earlier row: composed already)
             _compose(Zi, Z[q])
@@ -174,11 +178,12 @@ def _block_place(Zi, Zb, M):
 
 
 @njit(cache=True)
-def _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M):
-    """Positions, out-frames and turns of rows ``[s0, s1)`` for samples ``b0, b0 + 1, ...`` into ``Z``."""
-    _block_gather(p, s0, s1, b0, bonds, trig, Z)
+def _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M):
+    """Positions, out-frames and turns of rows ``[c0, c1)`` (of the unit from row ``s0``) for samples
+    ``b0, b0 + 1, ...`` into ``Z``."""
+    _block_gather(p, s0, c0, c1, b0, bonds, trig, Z)
     b1 = min(b0 + L, bonds.shape[0])
-    for k in range(s0, s1):
+    for k in range(c0, c1):
         i, code = k - s0, p[CODE, k]
         Zi = Z[i]
         if code == FIXED:
@@ -204,13 +209,15 @@ def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width):
     for item in range(total * t // nt, total * (t + 1) // nt):
         b0, u = (item // n_units) * L, item % n_units
         s0, s1 = starts[u], starts[u + 1]
-        _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M)
-        for k0 in range(s0, s1, TILE):  # in tiles, as the inputs came in
-            for b in range(b0, min(b0 + L, n_samples)):
-                s, o = b - b0, out[b]
-                for k in range(k0, min(k0 + TILE, s1)):
-                    i, atom = k - s0, p[ATOM, k]
-                    o[atom, 0], o[atom, 1], o[atom, 2] = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
+        for c0 in range(s0, s1, CHUNK):  # in, build, out: a chunk of rows at a time
+            c1 = min(c0 + CHUNK, s1)
+            _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M)
+            for k0 in range(c0, c1, TILE):  # in tiles, as the inputs came in
+                for b in range(b0, min(b0 + L, n_samples)):
+                    s, o = b - b0, out[b]
+                    for k in range(k0, min(k0 + TILE, c1)):
+                        i, atom = k - s0, p[ATOM, k]
+                        o[atom, 0], o[atom, 1], o[atom, 2] = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
 
 
 @njit(cache=True, parallel=True)
@@ -330,57 +337,73 @@ def _block_adjoint_start(p, s0, s1, b0, gxyz, Y):
 
 
 @njit(cache=True)
-def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
-    """Input gradients of rows ``[s0, s1)``, samples from ``b0``: walk back over the forward in ``Z``."""
-    _block_adjoint_start(p, s0, s1, b0, gxyz, Y)
-    ns = min(L, bonds.shape[0] - b0)
-    for k in range(s1 - 1, s0 - 1, -1):
-        i, code = k - s0, p[CODE, k]
-        Yi = Y[i]
-        if code <= SECOND:  # a SECOND atom is (r, 0, 0): dr = g_x (NaN in g stays NaN)
-            for s in range(L):
-                Yi[_G * L + s] = Yi[s] + 0.0 * (Yi[L + s] + Yi[2 * L + s]) if code == SECOND else 0.0
-                Yi[(_G + 1) * L + s], Yi[(_G + 2) * L + s] = 0.0, 0.0
-            if code == FIXED:
-                for s in range(ns):
-                    for c in range(3):
-                        gf[b0 + s, p[SLOT, k], c] = Yi[c * L + s]
-            continue
-        Zi = Z[i]
-        _block_frame(p, k, s0, Z, M)
-        _block_place_adjoint(Yi, Zi, M)
-        third = p[THIRD, k]
-        for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
-            Yi[(_G + 2) * L + s] = 0.0 if third else Yi[(_G + 2) * L + s] + Yi[_GP * L + s]
-        n = lanes(Yi, BACKWARD_FIELDS)  # the short loops: see lanes
-        if p[PHI_FROM, k] >= 0:
-            Yq = Y[p[PHI_FROM, k] - s0]
+def _block_row_adjoint(p, k, s0, b0, ns, Z, M, Y, N, gf):
+    """Row ``k``'s step of the reverse walk: its gradients into ``Y[i]``'s last fields, its adjoints
+    into its references' rows (and the fixed positions' gradients into ``gf``)."""
+    i, code = k - s0, p[CODE, k]
+    Yi = Y[i]
+    if code <= SECOND:  # a SECOND atom is (r, 0, 0): dr = g_x (NaN in g stays NaN)
+        for s in range(L):
+            Yi[_G * L + s] = Yi[s] + 0.0 * (Yi[L + s] + Yi[2 * L + s]) if code == SECOND else 0.0
+            Yi[(_G + 1) * L + s], Yi[(_G + 2) * L + s] = 0.0, 0.0
+        if code == FIXED:
+            for s in range(ns):
+                for c in range(3):
+                    gf[b0 + s, p[SLOT, k], c] = Yi[c * L + s]
+        return
+    Zi = Z[i]
+    _block_frame(p, k, s0, Z, M)
+    _block_place_adjoint(Yi, Zi, M)
+    third = p[THIRD, k]
+    for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
+        Yi[(_G + 2) * L + s] = 0.0 if third else Yi[(_G + 2) * L + s] + Yi[_GP * L + s]
+    n = lanes(Yi, BACKWARD_FIELDS)  # the short loops: see lanes
+    if p[PHI_FROM, k] >= 0:
+        Yq = Y[p[PHI_FROM, k] - s0]
+        for s in range(n):
+            Yq[_GP * L + s] += Yi[(_G + 2) * L + s]
+    ib = p[REF_B, k] - s0
+    Yb = Y[ib]
+    for c in range(3):
+        for s in range(n):
+            Yb[c * L + s] += Yi[c * L + s]
+    if code == ANCHOR:
+        return
+    _block_frame_adjoint(Yi, Zi, N)
+    if code == FROM_PARENT:
+        Yq = Y[p[PARENT, k] - s0]
+        for c in range(9):
             for s in range(n):
-                Yq[_GP * L + s] += Yi[(_G + 2) * L + s]
-        ib = p[REF_B, k] - s0
-        Yb = Y[ib]
-        for c in range(3):
-            for s in range(n):
-                Yb[c * L + s] += Yi[c * L + s]
-        if code == ANCHOR:
-            continue
-        _block_frame_adjoint(Yi, Zi, N)
-        if code == FROM_PARENT:
-            Yq = Y[p[PARENT, k] - s0]
-            for c in range(9):
-                for s in range(n):
-                    Yq[(_GO + c) * L + s] += N[c * L + s]
-        else:
-            ia, idd = p[REF_A, k] - s0, p[REF_D, k] - s0
-            _block_nerf_adjoint(Z[ib], Z[ia], Z[idd], Yb, Y[ia], Y[idd], N)
+                Yq[(_GO + c) * L + s] += N[c * L + s]
+    else:
+        ia, idd = p[REF_A, k] - s0, p[REF_D, k] - s0
+        _block_nerf_adjoint(Z[ib], Z[ia], Z[idd], Yb, Y[ia], Y[idd], N)
+
+
+@njit(cache=True)
+def _block_grads_out(p, s0, c0, c1, b0, ns, bonds, Y, gb, ga, gd):
+    """The gradients of rows ``[c0, c1)`` out; none for an out-of-domain (negative) bond."""
     b1 = b0 + ns
-    for k in range(s0, s1):  # out; no gradient for an out-of-domain (negative) bond
+    for k in range(c0, c1):
         atom, domain, Yi = p[ATOM, k], p[CODE, k] >= SECOND, Y[k - s0]
         r, db, da, dd = bonds[b0:b1, atom], gb[b0:b1, atom], ga[b0:b1, atom], gd[b0:b1, atom]
         for s in range(ns):
             db[s] = 0.0 if domain and r[s] < 0.0 else Yi[_G * L + s]
             da[s] = Yi[(_G + 1) * L + s]
             dd[s] = Yi[(_G + 2) * L + s]
+
+
+@njit(cache=True)
+def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
+    """Input gradients of rows ``[s0, s1)``, samples from ``b0``: walk back over the forward in ``Z``
+    (a row's gradients are final once the walk has passed it: out a chunk at a time)."""
+    _block_adjoint_start(p, s0, s1, b0, gxyz, Y)
+    ns = min(L, bonds.shape[0] - b0)
+    for c1 in range(s1, s0, -CHUNK):
+        c0 = max(c1 - CHUNK, s0)
+        for k in range(c1 - 1, c0 - 1, -1):
+            _block_row_adjoint(p, k, s0, b0, ns, Z, M, Y, N, gf)
+        _block_grads_out(p, s0, c0, c1, b0, ns, bonds, Y, gb, ga, gd)
 
 
 @njit(cache=True)
@@ -393,7 +416,8 @@ def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, g
     for item in range(total * t // nt, total * (t + 1) // nt):
         b0, u = (item // n_units) * L, item % n_units
         s0, s1 = starts[u], starts[u + 1]
-        _block_rows(p, s0, s1, b0, bonds, trig, fixed, Z, M)
+        for c0 in range(s0, s1, CHUNK):
+            _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M)
         _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N)
 
 
