@@ -130,8 +130,14 @@ def test_parallel_kernel_matches_serial() -> None:
             torch.testing.assert_close(full[k], one[k], atol=1e-10, rtol=0)
 
 
-#: A unit of several CHUNKs of rows (references across chunk boundaries), for the blocked kernels.
-WIDE = {"protein36": bn.protein.protein_table("GAWKYC" * 6).table}
+#: Units of several CHUNKs of rows (references across chunk boundaries; the forward's ring of
+#: scratch rows wraps around), for the blocked kernels; chain700 is wider than the blocked backward
+#: takes (its backward runs per sample). Blocked calls expected over the three batches below.
+WIDE = {
+    "protein36": bn.protein.protein_table("GAWKYC" * 6).table,
+    "chain700": bn.ConstructionTable.chain(700),
+}
+BLOCKED_CALLS = {"protein36": 4, "chain700": 2}
 
 
 @pytest.mark.parametrize("name", [*TABLES, *WIDE])
@@ -145,7 +151,7 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(fused_numba, "_blocked", lambda *args: calls.append(choose(*args)) or calls[-1])
     table = {**TABLES, **WIDE}[name]
     if name in WIDE:
-        assert 3 * fused_numba_blocks.CHUNK < table.n_atoms <= fused_numba.BLOCK_MAX_WIDTH
+        assert 3 * fused_numba_blocks.CHUNK < table.n_atoms <= fused_numba.FORWARD_MAX_WIDTH
     lanes = fused_numba.LANES
     for batch in (fused_numba.BLOCK_MIN, lanes + 5, 9 * lanes + 12):  # degenerate inputs: test_degenerate.py
         b, a, d = _ic(table, (batch,), seed=batch)
@@ -163,9 +169,9 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
             b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
         )
         torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
-    # the blocked kernels ran: forward and backward of each batch (16 samples of the wide table
-    # are one block on two threads: the per-sample kernels)
-    assert calls.count(True) == (4 if name in WIDE else 6)
+    # the blocked kernels ran: forward and backward of each batch (16 samples of a wide table are
+    # one block on two threads: the per-sample kernels)
+    assert calls.count(True) == BLOCKED_CALLS.get(name, 6)
 
 
 # ------------------------------------------------- the kernels' cos / sin

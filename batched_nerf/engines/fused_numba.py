@@ -49,19 +49,22 @@ __all__ = ["backward", "forward", "trig"]
 #: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
 SERIAL_WORK = 4096
 #: Both kernels take samples in blocks of LANES (SIMD across samples) from this many samples
-#: on, for units of at most BLOCK_MAX_WIDTH atoms, when there are enough blocks for the threads
-#: (measured, float32, 2 cores, vs the per-sample kernels: forward 2.0x / 2.0x / 1.9x, backward
-#: 2.7x / 2.8x / 1.2x on 22- / 64- / 512-atom units x 256 samples; on 1,024-atom units 1.1x
-#: / 1.0x, on 4,096 0.6x; below 16 samples, or one block on two threads, the per-sample
-#: kernels win).
+#: on, when there are enough blocks for the threads, for units of at most FORWARD_MAX_WIDTH /
+#: BACKWARD_MAX_WIDTH atoms. Measured, float32, 2 cores, vs the per-sample kernels: forward
+#: 2.0x / 2.0x / 1.9x / 2.4x / 2.2x on 22- / 64- / 512- / 1,024- / 4,096-atom units (256, 1,024,
+#: 256, 256, 64 samples; the forward keeps only a ring of scratch rows), 1.0x at 4,096 x 256
+#: and 1.2x at 16,384 x 64; backward 2.7x / 2.8x / 1.2x on 22- / 64- / 512-atom units, 0.8x
+#: on 1,024 (it keeps every row's scratch for the reverse walk); below 16 samples, or one block
+#: on two threads, the per-sample kernels win.
 BLOCK_MIN = 16
-BLOCK_MAX_WIDTH = 512
+FORWARD_MAX_WIDTH = 4096
+BACKWARD_MAX_WIDTH = 512
 
 
-def _blocked(n_samples: int, width: int, n_units: int, nt: int) -> bool:
+def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) -> bool:
     """Whether a call of ``nt`` threads takes the blocked kernels (SIMD across samples)."""
     items = -(-n_samples // LANES) * n_units
-    return n_samples >= BLOCK_MIN and width <= BLOCK_MAX_WIDTH and (nt == 1 or items >= nt)
+    return n_samples >= BLOCK_MIN and width <= max_width and (nt == 1 or items >= nt)
 
 
 @numba.njit(cache=True)
@@ -99,7 +102,7 @@ def forward(
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     width = _width(starts)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    if _blocked(n_samples, width, starts.size - 1, nt):  # samples innermost, SIMD across a block
+    if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
         nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
         blocks_forward(index, starts, bonds, trig, fixed, out, nt, width)
     elif nt > 1:
@@ -128,7 +131,7 @@ def backward(
     width = _width(starts)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
-    if _blocked(n_samples, width, starts.size - 1, nt):
+    if _blocked(n_samples, width, starts.size - 1, nt, BACKWARD_MAX_WIDTH):
         nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
         blocks_backward(*args, nt, width)
     elif nt > 1:

@@ -18,8 +18,11 @@ views with constant offsets and a constant trip count, so its accesses to one
 view provably do not overlap and only the few views need comparing. (With
 ``(rows, fields, samples)`` arrays numba's run-time strides made LLVM emit one
 alias check per pair of accessed fields, ~50 per loop, which cost more than
-the 32-sample loop itself.) Same formulas as :mod:`.fused_numba_samples` (see
-:mod:`.fused_numba`).
+the 32-sample loop itself.) The forward gathers, builds and writes out
+:data:`CHUNK` rows at a time into a ring of scratch rows just long enough for
+the farthest reference back (:func:`_ring`), so wide units stay in the caches;
+the backward keeps every row's scratch for its reverse walk. Same formulas as
+:mod:`.fused_numba_samples` (see :mod:`.fused_numba`).
 """
 
 from __future__ import annotations
@@ -82,7 +85,7 @@ def lanes(row, fields):
 
 # ------------------------------------------------------------------ forward
 @njit(cache=True)
-def _block_gather(p, s0, c0, c1, b0, bonds, trig, Z):
+def _block_gather(p, s0, c0, c1, b0, bonds, trig, Z, mask):
     """Bonds (NaN if negative) and turns of rows ``[c0, c1)`` of the unit from row ``s0`` (the spare
     lanes of a short last block keep what they held: finite values, never written out)."""
     b1 = min(b0 + L, bonds.shape[0])
@@ -90,7 +93,7 @@ def _block_gather(p, s0, c0, c1, b0, bonds, trig, Z):
         for b in range(b0, b1):
             s, r_b, t_b = b - b0, bonds[b], trig[:, b]
             for k in range(k0, min(k0 + TILE, c1)):
-                i, atom, third = k - s0, p[ATOM, k], p[THIRD, k]
+                i, atom, third = (k - s0) & mask, p[ATOM, k], p[THIRD, k]
                 r = np.float64(r_b[atom])
                 Z[i, _R * L + s] = np.nan if r < 0.0 else r
                 Z[i, _T * L + s] = t_b[0, atom]
@@ -98,9 +101,9 @@ def _block_gather(p, s0, c0, c1, b0, bonds, trig, Z):
                 Z[i, (_T + 2) * L + s] = 1.0 if third else t_b[1, atom]
                 Z[i, (_T + 3) * L + s] = 0.0 if third else t_b[3, atom]
     for k in range(c0, c1):
-        Zi, q, fo = Z[k - s0], p[PHI_FROM, k] - s0, p[FLIP_ON, k]
+        Zi, q, fo = Z[(k - s0) & mask], p[PHI_FROM, k], p[FLIP_ON, k]
         if q >= 0:  # compose the sibling's turn (an earlier row: composed already)
-            _compose(Zi, Z[q])
+            _compose(Zi, Z[(q - s0) & mask])
         if fo >= 0:  # + pi where sin(angle of atom fo) < 0
             sin_fo = trig[2, b0:b1, fo]
             for s in range(b1 - b0):
@@ -132,7 +135,7 @@ def _block_nerf_frame(Zb, Za, Zd, M):
 
 
 @njit(cache=True)
-def _block_frame(p, k, s0, Z, M):
+def _block_frame(p, k, s0, Z, M, mask):
     """The placement frame of row ``k`` into ``M`` (anchor, the parent's out-frame or NeRF)."""
     code = p[CODE, k]
     if code == ANCHOR:
@@ -142,13 +145,14 @@ def _block_frame(p, k, s0, Z, M):
             M[3 * L + s], M[4 * L + s], M[5 * L + s] = 0.0, 1.0, 0.0
             M[6 * L + s], M[7 * L + s], M[8 * L + s] = 0.0, 0.0, sg
     elif code == FROM_PARENT:
-        Zq = Z[p[PARENT, k] - s0]
+        Zq = Z[(p[PARENT, k] - s0) & mask]
         n = lanes(M, 9)  # a short loop: see lanes
         for c in range(9):
             for s in range(n):
                 M[c * L + s] = Zq[(_F + c) * L + s]
     else:
-        _block_nerf_frame(Z[p[REF_B, k] - s0], Z[p[REF_A, k] - s0], Z[p[REF_D, k] - s0], M)
+        ib, ia, idd = (p[REF_B, k] - s0) & mask, (p[REF_A, k] - s0) & mask, (p[REF_D, k] - s0) & mask
+        _block_nerf_frame(Z[ib], Z[ia], Z[idd], M)
 
 
 @njit(cache=True)
@@ -178,13 +182,13 @@ def _block_place(Zi, Zb, M):
 
 
 @njit(cache=True)
-def _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M):
+def _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M, mask):
     """Positions, out-frames and turns of rows ``[c0, c1)`` (of the unit from row ``s0``) for samples
     ``b0, b0 + 1, ...`` into ``Z``."""
-    _block_gather(p, s0, c0, c1, b0, bonds, trig, Z)
+    _block_gather(p, s0, c0, c1, b0, bonds, trig, Z, mask)
     b1 = min(b0 + L, bonds.shape[0])
     for k in range(c0, c1):
-        i, code = k - s0, p[CODE, k]
+        i, code = (k - s0) & mask, p[CODE, k]
         Zi = Z[i]
         if code == FIXED:
             f = fixed[b0:b1, p[SLOT, k]]
@@ -196,8 +200,24 @@ def _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M):
                 r = Zi[_R * L + s] if code == SECOND else 0.0
                 Zi[s], Zi[L + s], Zi[2 * L + s] = r, 0.0 * r, 0.0 * r
         else:
-            _block_frame(p, k, s0, Z, M)
-            _block_place(Zi, Z[p[REF_B, k] - s0], M)
+            _block_frame(p, k, s0, Z, M, mask)
+            _block_place(Zi, Z[(p[REF_B, k] - s0) & mask], M)
+
+
+@njit(cache=True)
+def _ring(p, starts, width):
+    """Scratch rows the forward needs: a power of two covering the farthest reference back plus a
+    chunk (rows wrap around it: wide units stay in the caches), or ``width``; and its mask."""
+    reach = 0
+    for u in range(starts.size - 1):
+        for k in range(starts[u], starts[u + 1]):
+            for f in (REF_B, REF_A, REF_D, PARENT, PHI_FROM):
+                if p[f, k] >= 0:
+                    reach = max(reach, k - p[f, k])
+    size = 1
+    while size < reach + CHUNK:
+        size *= 2
+    return (size, size - 1) if size < width else (width, -1)
 
 
 @njit(cache=True)
@@ -205,18 +225,19 @@ def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width):
     """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
     total = -(-n_samples // L) * n_units
-    Z, M = np.zeros((width, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
+    rows, mask = _ring(p, starts, width)
+    Z, M = np.zeros((rows, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
     for item in range(total * t // nt, total * (t + 1) // nt):
         b0, u = (item // n_units) * L, item % n_units
         s0, s1 = starts[u], starts[u + 1]
         for c0 in range(s0, s1, CHUNK):  # in, build, out: a chunk of rows at a time
             c1 = min(c0 + CHUNK, s1)
-            _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M)
+            _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M, mask)
             for k0 in range(c0, c1, TILE):  # in tiles, as the inputs came in
                 for b in range(b0, min(b0 + L, n_samples)):
                     s, o = b - b0, out[b]
                     for k in range(k0, min(k0 + TILE, c1)):
-                        i, atom = k - s0, p[ATOM, k]
+                        i, atom = (k - s0) & mask, p[ATOM, k]
                         o[atom, 0], o[atom, 1], o[atom, 2] = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
 
 
@@ -352,7 +373,7 @@ def _block_row_adjoint(p, k, s0, b0, ns, Z, M, Y, N, gf):
                     gf[b0 + s, p[SLOT, k], c] = Yi[c * L + s]
         return
     Zi = Z[i]
-    _block_frame(p, k, s0, Z, M)
+    _block_frame(p, k, s0, Z, M, -1)
     _block_place_adjoint(Yi, Zi, M)
     third = p[THIRD, k]
     for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
@@ -417,7 +438,7 @@ def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, g
         b0, u = (item // n_units) * L, item % n_units
         s0, s1 = starts[u], starts[u + 1]
         for c0 in range(s0, s1, CHUNK):
-            _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M)
+            _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M, -1)
         _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N)
 
 
