@@ -186,3 +186,28 @@ def test_deep_table_lazy_plan_inside_transform(method: str) -> None:
             torch.tensor(1.0, dtype=F64)
         )
         assert out.shape == (n, 3) and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("method", ["scan", "fused"])  # (levels runs Functions on deep tables only)
+def test_function_apply_skips_signature_binding(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engines' Functions skip torch's per-call ``inspect.signature`` outside transforms (20-40 us
+    a call), and keep torch's own ``apply`` inside them: values and derivatives as before."""
+    if method == "fused":
+        pytest.importorskip("numba", reason='the fused engine needs numba: pip install "batched-nerf[fast]"')
+    table = TABLES["branched"]
+    b, a, d = (t.requires_grad_() for t in ics(table, (3,)))
+    want = bn.to_cartesian(b, a, d, table, method=method)
+    (g_want,) = torch.autograd.grad(want.square().sum(), d, create_graph=True)
+    vm_want = vmap(lambda d: bn.to_cartesian(b, a, d, table, method=method))(d)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("inspect.signature called outside a torch.func transform")
+
+    monkeypatch.setattr(torch.autograd.function.inspect, "signature", refuse)
+    got = bn.to_cartesian(b, a, d, table, method=method)
+    (g_got,) = torch.autograd.grad(got.square().sum(), d, create_graph=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=0)
+    monkeypatch.undo()
+    vm_got = vmap(lambda d: bn.to_cartesian(b, a, d, table, method=method))(d)  # torch's apply
+    torch.testing.assert_close(vm_got, vm_want, rtol=0, atol=0)

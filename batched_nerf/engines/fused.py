@@ -49,6 +49,7 @@ from .backends import require
 from .base import Engine, Movable
 from .dispatch import SHALLOW_DEPTH, scan_block
 from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
+from .function import Function
 from .levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from .scan import build_scan, scan_plan
 
@@ -237,7 +238,7 @@ def _front(x: Tensor, dim: int | None, size: int) -> Tensor:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()  # no aliasing rows
 
 
-class FusedBuild(torch.autograd.Function):
+class FusedBuild(Function):
     """``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions -> ``(B, N, 3)``."""
 
     @staticmethod
@@ -271,7 +272,7 @@ class FusedBuild(torch.autograd.Function):
         return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
 
 
-class FusedVJP(torch.autograd.Function):
+class FusedVJP(Function):
     """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))``; differentiable."""
 
     @staticmethod

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from . import backends
+from .function import Function
 from .inverse import InternalCoordinates, InversePlan
 from .inverse import internal_from_xyz as torch_internal_from_xyz
 
@@ -283,7 +284,7 @@ def _batched(info: Any, in_dims: tuple[int | None, ...], *args: Tensor) -> list[
 # --------------------------------------------------------------------------
 
 
-class FusedInternal(torch.autograd.Function):
+class FusedInternal(Function):
     """``(xyz, plan) -> (bonds, angles, dihedrals)`` with the forward kernel."""
 
     @staticmethod
@@ -314,7 +315,7 @@ class FusedInternal(torch.autograd.Function):
         return FusedInternal.apply(x, plan), (0, 0, 0)
 
 
-class FusedInternalVJP(torch.autograd.Function):
+class FusedInternalVJP(Function):
     """``(xyz, gb, ga, gd, plan) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel."""
 
     @staticmethod
@@ -345,7 +346,7 @@ class FusedInternalVJP(torch.autograd.Function):
         return FusedInternalVJP.apply(*_batched(info, in_dims[:4], *tensors), plan), 0
 
 
-class FusedInternalSecond(torch.autograd.Function):
+class FusedInternalSecond(Function):
     """``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``: the backward of :class:`FusedInternalVJP`.
 
     Outputs ``(..., N, 3)`` (cotangent of ``xyz``) and three ``(..., N)`` (of ``gb, ga, gd``).

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .function import Function
+
 
 def _t2(x: Tensor, rows: int, cols: int) -> Tensor:
     """``x`` viewed ``(rows, cols)`` and copied transposed: ``(cols, rows)`` contiguous."""
@@ -36,7 +38,7 @@ def _rows_to_ic(g: Tensor, rows: Tensor, n: int) -> Tensor:
     return _t2(full, n, 3 * batch).reshape(3, batch, n)
 
 
-class ToRows(torch.autograd.Function):
+class ToRows(Function):
     """``(3, B, N)`` internal coordinates -> ``(R, 3, B)`` rows ``rows`` (atoms, each at most once)."""
 
     generate_vmap_rule = True
@@ -59,7 +61,7 @@ class ToRows(torch.autograd.Function):
         return _rows_of(t, ctx.rows)
 
 
-class FromRows(torch.autograd.Function):
+class FromRows(Function):
     """Adjoint of :class:`ToRows`: rows scattered into zeros, transposed back to ``(3, B, N)``."""
 
     generate_vmap_rule = True
@@ -92,7 +94,7 @@ def _from_xyz(g: Tensor, inverse: Tensor, total: int) -> Tensor:
     return rows.new_zeros((total, 3, batch)).index_copy(0, inverse, rows)
 
 
-class ToXyz(torch.autograd.Function):
+class ToXyz(Function):
     """``(T, 3, B)`` engine rows -> ``(B, N, 3)`` positions (row ``inverse[i]`` is atom ``i``)."""
 
     generate_vmap_rule = True
@@ -115,7 +117,7 @@ class ToXyz(torch.autograd.Function):
         return _to_xyz(t, ctx.inverse)
 
 
-class FromXyz(torch.autograd.Function):
+class FromXyz(Function):
     """Adjoint of :class:`ToXyz`."""
 
     generate_vmap_rule = True
@@ -137,7 +139,7 @@ class FromXyz(torch.autograd.Function):
         return _from_xyz(t, ctx.inverse, ctx.total)
 
 
-class SinCos(torch.autograd.Function):
+class SinCos(Function):
     """``(cos(x), sin(x))`` whose backward reuses both outputs instead of evaluating them again."""
 
     generate_vmap_rule = True

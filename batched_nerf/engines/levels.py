@@ -46,6 +46,7 @@ from .._geometry import EPS
 from .._topology import FULL, SECOND, THIRD, Topology
 from .base import Engine, Movable, as_long
 from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
+from .function import Function
 from .layout import sincos, to_rows, to_xyz
 from .seeds import SeedPlan, seed_atoms, seed_plan, seed_positions
 
@@ -388,7 +389,7 @@ def level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot
     return plain_level_loop(plan, *inputs)
 
 
-class LevelLoop(torch.autograd.Function):
+class LevelLoop(Function):
     """:func:`plain_level_loop` with a hand-written first-order backward."""
 
     generate_vmap_rule = True
