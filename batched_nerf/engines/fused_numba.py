@@ -3,9 +3,10 @@
 Imported lazily (numba is the optional extra ``fast``). Two kernel layouts:
 per sample (:mod:`.fused_numba_samples`: work items ``(sample, unit)``, a unit
 being a run of whole components in build order,
-:func:`batched_nerf.engines.fused.fused_plan`) and, for the forward pass of 8
-samples or more on units of at most 512 atoms, blocks of samples innermost
-(:mod:`.fused_numba_blocks`, vectorised across samples). Small calls and calls
+:func:`batched_nerf.engines.fused.fused_plan`) and, from :data:`BLOCK_MIN`
+samples on (units of at most :data:`FORWARD_MAX_WIDTH` /
+:data:`BACKWARD_MAX_WIDTH` atoms, enough blocks for the threads), blocks of
+samples innermost (:mod:`.fused_numba_blocks`, vectorised across samples). Small calls and calls
 with a single work item run on the calling thread (a round trip through numba's
 thread pool can cost a scheduler time slice on a busy machine). Every frame and
 position is kept in float64 scratch per thread (``O(unit size)``); inputs and
