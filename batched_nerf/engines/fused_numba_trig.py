@@ -16,7 +16,7 @@ hi) / (lo + hi))`` where ``lo / hi > tan(pi/8)`` (one division either way), a
 Taylor series on ``|t| <= tan(pi/8)`` to ``t**43`` (truncation below
 ``1e-18``); then ``pi/2 - a`` (``|y| > |x|``), ``pi - a`` (``x < 0``) and the
 sign of ``y``. ``atan2(0, 0) = 0`` and ``y = -0.0`` reads
-``+pi`` for ``x < 0`` (the ``(-pi, pi]`` wrap). Within 4 ulp of libm for finite
+``+pi`` for ``x < 0`` (the ``(-pi, pi]`` wrap). Within 2 ulp of libm for finite
 arguments (the tests); ``inf`` and NaN go to ``math.atan2``.
 
 Both loops are written out in select form (no helper returning a tuple, no
