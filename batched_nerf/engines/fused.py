@@ -76,11 +76,16 @@ class FusedPlan(Movable):
             third-seed flag. Reference rows are positions in this order.
         starts: ``(U + 1,)`` ``int64`` first row of each work unit.
         topology: the table's topology (the reference engine's plan is made from it on demand).
+        width: atoms of the widest unit (at least 1): the kernels' scratch rows.
+        reach: the farthest any row's references lie back (rows; 0 for none): the
+            blocked forward keeps a ring of scratch rows that long plus a chunk.
     """
 
     index: np.ndarray
     starts: np.ndarray
     topology: Topology
+    width: int
+    reach: int
     _reference: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def reference(self, n_samples: int, device: torch.device) -> Any:
@@ -161,7 +166,10 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
     index = np.ascontiguousarray(np.stack(fields)[:, atoms], dtype=np.int64)
     counts = np.bincount(unit, minlength=int(unit.max(initial=-1)) + 1)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return FusedPlan(index=index, starts=starts, topology=topo)
+    rows, refs = np.arange(n), index[2:7]  # the reference rows: bond, angle, dihedral, parent, sibling
+    reach = int((rows - np.where(refs >= 0, refs, rows)).max(initial=0))
+    width = int(counts.max(initial=1))
+    return FusedPlan(index=index, starts=starts, topology=topo, width=width, reach=reach)
 
 
 # ------------------------------------------------------------------ autograd
@@ -203,7 +211,8 @@ def _forward_kernel(
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
         return kernels.forward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach())
-    return torch.from_numpy(kernels.forward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f)))
+    out = kernels.forward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), plan.width, plan.reach)
+    return torch.from_numpy(out)
 
 
 def _backward_kernel(
@@ -214,7 +223,7 @@ def _backward_kernel(
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
         return tuple(kernels.backward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach(), g))
-    out = kernels.backward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), _np(g))
+    out = kernels.backward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), _np(g), plan.width)
     return tuple(torch.from_numpy(x) for x in out)
 
 

@@ -68,15 +68,6 @@ def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) 
     return n_samples >= BLOCK_MIN and width <= max_width and (nt == 1 or items >= nt)
 
 
-@numba.njit(cache=True)
-def _width(starts):  # type: ignore[no-untyped-def]
-    """Atoms in the widest work unit (at least 1): one numba call, a few times cheaper than numpy's."""
-    width = 1
-    for u in range(starts.size - 1):
-        width = max(width, starts[u + 1] - starts[u])
-    return width
-
-
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
     """Threads for one call: 1 for small work, else at most one per work item."""
     if n_samples * n_atoms < SERIAL_WORK:
@@ -90,22 +81,23 @@ def forward(
     bonds: np.ndarray,
     trig: np.ndarray,
     fixed: np.ndarray,
+    width: int,
+    reach: int,
 ) -> np.ndarray:
     """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
     ``trig`` ``(4, B, N)`` float64: ``cos(angles), cos(dihedrals), sin(angles),
     sin(dihedrals)`` (:func:`batched_nerf.engines.fused.trig`). ``index``
-    ``(11, N)`` and ``starts`` ``(U + 1,)`` are the plan's arrays
+    ``(11, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
     (:class:`batched_nerf.engines.fused.FusedPlan`); every array C-contiguous,
     ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
     """
     n_samples, n_atoms = bonds.shape
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
-    width = _width(starts)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
         nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        blocks_forward(index, starts, bonds, trig, fixed, out, nt, width)
+        blocks_forward(index, starts, bonds, trig, fixed, out, nt, width, reach)
     elif nt > 1:
         _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
     else:  # the same loop on this thread: no thread-pool round trip
@@ -121,6 +113,7 @@ def backward(
     trig: np.ndarray,
     fixed: np.ndarray,
     grad_xyz: np.ndarray,
+    width: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(g_bonds, g_angles, g_dihedrals, g_fixed)`` of ``sum(grad_xyz * xyz)``.
 
@@ -129,7 +122,6 @@ def backward(
     n_samples, n_atoms = bonds.shape
     gb, ga, gd = (np.empty((n_samples, n_atoms), dtype=bonds.dtype) for _ in range(3))
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
-    width = _width(starts)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
     if _blocked(n_samples, width, starts.size - 1, nt, BACKWARD_MAX_WIDTH):

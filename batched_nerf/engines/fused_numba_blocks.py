@@ -204,16 +204,10 @@ def _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M, mask):
             _block_place(Zi, Z[(p[REF_B, k] - s0) & mask], M)
 
 
-@njit(cache=True)
-def _ring(p, starts, width):
-    """Scratch rows the forward needs: a power of two covering the farthest reference back plus a
-    chunk (rows wrap around it: wide units stay in the caches), or ``width``; and its mask."""
-    reach = 0
-    for u in range(starts.size - 1):
-        for k in range(starts[u], starts[u + 1]):
-            for f in (REF_B, REF_A, REF_D, PARENT, PHI_FROM):
-                if p[f, k] >= 0:
-                    reach = max(reach, k - p[f, k])
+def _ring(reach: int, width: int) -> tuple[int, int]:
+    """Scratch rows the forward needs and their index mask: a power of two covering ``reach``
+    (the farthest reference back) plus a chunk, rows wrapping around it (wide units stay in the
+    caches); or ``width`` rows, mask ``-1``, where that is no shorter."""
     size = 1
     while size < reach + CHUNK:
         size *= 2
@@ -221,11 +215,10 @@ def _ring(p, starts, width):
 
 
 @njit(cache=True)
-def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width):
+def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask):
     """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
     total = -(-n_samples // L) * n_units
-    rows, mask = _ring(p, starts, width)
     Z, M = np.zeros((rows, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
     for item in range(total * t // nt, total * (t + 1) // nt):
         b0, u = (item // n_units) * L, item % n_units
@@ -242,17 +235,18 @@ def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width):
 
 
 @njit(cache=True, parallel=True)
-def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width):
+def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask):
     for t in prange(nt):
-        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, width)
+        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask)
 
 
-def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width):  # type: ignore[no-untyped-def]
+def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width, reach):  # type: ignore[no-untyped-def]
     """Positions into ``out`` on ``nt`` threads (arguments as :func:`.fused_numba.forward`'s)."""
+    rows, mask = _ring(reach, width)
     if nt > 1:
-        _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, width)
+        _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask)
     else:  # on this thread: no thread-pool round trip
-        _blocks_items(0, 1, p, starts, bonds, trig, fixed, out, width)
+        _blocks_items(0, 1, p, starts, bonds, trig, fixed, out, rows, mask)
 
 
 # ------------------------------------------------------------------ backward
