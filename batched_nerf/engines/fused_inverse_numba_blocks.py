@@ -49,15 +49,21 @@ def _gather3(x, b0, R):
 
 
 @_jit
-def _gather(xyz, gb, ga, gd, b0, X, G, GX):
-    """Positions and the cotangents of bond, angle and dihedral of the block; adjoints zeroed."""
-    _gather3(xyz, b0, X)
-    n, b1 = xyz.shape[1], min(b0 + L, xyz.shape[0])
+def _gather_per_atom(gb, ga, gd, b0, R):
+    """``R[j, k * L + s] = (gb, ga, gd)[k][b0 + s, j]``: three ``(B, N)`` arrays, as :func:`_gather3`."""
+    n, b1 = gb.shape[1], min(b0 + L, gb.shape[0])
     for j0 in range(0, n, TILE):
         for b in range(b0, b1):
             s, wb, wa, wd = b - b0, gb[b], ga[b], gd[b]
             for j in range(j0, min(j0 + TILE, n)):
-                G[j, s], G[j, L + s], G[j, 2 * L + s] = wb[j], wa[j], wd[j]
+                R[j, s], R[j, L + s], R[j, 2 * L + s] = wb[j], wa[j], wd[j]
+
+
+@_jit
+def _gather(xyz, gb, ga, gd, b0, X, G, GX):
+    """Positions and the cotangents of bond, angle and dihedral of the block; adjoints zeroed."""
+    _gather3(xyz, b0, X)
+    _gather_per_atom(gb, ga, gd, b0, G)
     GX[:] = 0.0
 
 
@@ -70,6 +76,17 @@ def _put3(R, b0, out):
             s, ob = b - b0, out[b]
             for j in range(j0, min(j0 + TILE, n)):
                 ob[j, 0], ob[j, 1], ob[j, 2] = R[j, s], R[j, L + s], R[j, 2 * L + s]
+
+
+@_jit
+def _put_per_atom(R, b0, ob, oa, od):
+    """``(ob, oa, od)[k][b0 + s, j] = R[j, k * L + s]``: the transpose of :func:`_gather_per_atom`."""
+    n, b1 = ob.shape[1], min(b0 + L, ob.shape[0])
+    for j0 in range(0, n, TILE):
+        for b in range(b0, b1):
+            s, wb, wa, wd = b - b0, ob[b], oa[b], od[b]
+            for j in range(j0, min(j0 + TILE, n)):
+                wb[j], wa[j], wd[j] = R[j, s], R[j, L + s], R[j, 2 * L + s]
 
 
 @_inline
@@ -342,12 +359,7 @@ def _block_second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, b0, X, 
             _dihedral_second(X[i], X[rb], X[ra], X[rd], TV[i], TV[rb], TV[ra], TV[rd], G[i], C, J[i])
             _scatter_dihedral(GX, C, i, rb, ra, rd)
     _put3(GX, b0, out)
-    n, b1 = xyz.shape[1], min(b0 + L, xyz.shape[0])
-    for j0 in range(0, n, TILE):
-        for b in range(b0, b1):
-            s, ob, oa, od = b - b0, jb[b], ja[b], jd[b]
-            for j in range(j0, min(j0 + TILE, n)):
-                ob[j], oa[j], od[j] = J[j, s], J[j, L + s], J[j, 2 * L + s]
+    _put_per_atom(J, b0, jb, ja, jd)
 
 
 @_jit

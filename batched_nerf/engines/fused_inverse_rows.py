@@ -90,6 +90,17 @@ def _dnorm(v, tv):  # type: ignore[no-untyped-def]
 
 
 @jit
+def _dscaled(v, tv, g, tg, n, tn):  # type: ignore[no-untyped-def]
+    """``((g / n) v, d((g / n) v))`` for tangents ``tv, tg, tn``; exact zeros at ``n = 0`` (the
+    gradient of ``n = |v|``'s argument, zero there as :func:`_norm`'s)."""
+    if n == 0.0:
+        return _ZERO3, _ZERO3
+    w = g / n
+    tw = tg / n - g * tn / (n * n)
+    return _scale(v, w), _axpy(tw, v, _scale(tv, w))
+
+
+@jit
 def _atan2_args(y, x):  # type: ignore[no-untyped-def]
     """``(y, x)`` for ``atan2`` with ``safe_atan2``'s rule: ``(0, 0) -> (0, 1)``."""
     return (y, 1.0) if x == 0.0 and y == 0.0 else (y, x)
@@ -218,13 +229,7 @@ def _dangle_grad(xi, ti, xb, tb, xa, ta):  # type: ignore[no-untyped-def]
     x = _dot(u, v)
     tx = _dot(tu, v) + _dot(u, tv)
     gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
-    if y == 0.0:
-        gc, tgc = _ZERO3, _ZERO3
-    else:
-        w = gy / y
-        tw = tgy / y - gy * ty / (y * y)
-        gc = _scale(c, w)
-        tgc = _axpy(tw, c, _scale(tc, w))
+    gc, tgc = _dscaled(c, tc, gy, tgy, y, ty)
     gu = _axpy(gx, v, _cross(v, gc))
     tgu = _axpy(tgx, v, _axpy(gx, tv, _add(_cross(tv, gc), _cross(v, tgc))))
     gv = _axpy(gx, u, _cross(gc, u))
@@ -252,13 +257,7 @@ def _ddihedral_grad(p0, q0, p1, q1, p2, q2, p3, q3):  # type: ignore[no-untyped-
     gy, tgy, gx, tgx, jv = _datan2_grad(y, ty, x, tx)
     g_nb1, tg_nb1 = gy * t, tgy * t + gy * tt
     g_t, tg_t = gy * nb1, tgy * nb1 + gy * tnb1
-    if nb1 == 0.0:
-        gb1, tgb1 = _ZERO3, _ZERO3
-    else:
-        w = g_nb1 / nb1
-        tw = tg_nb1 / nb1 - g_nb1 * tnb1 / (nb1 * nb1)
-        gb1 = _scale(b1, w)
-        tgb1 = _axpy(tw, b1, _scale(tb1, w))
+    gb1, tgb1 = _dscaled(b1, tb1, g_nb1, tg_nb1, nb1, tnb1)
     gn2 = _axpy(gx, n1, _scale(b0, g_t))
     tgn2 = _axpy(tgx, n1, _axpy(gx, tn1, _axpy(tg_t, b0, _scale(tb0, g_t))))
     gn1 = _scale(n2, gx)
