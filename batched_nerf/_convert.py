@@ -13,8 +13,8 @@ from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, che
 from ._geometry import nan_negative_bonds
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
-from .engines import fused_inverse
 from .engines.dispatch import auto_method
+from .engines.fused import inverse as fused_inverse
 from .engines.inverse import InternalCoordinates
 
 __all__ = ["InternalCoordinates", "InverseMethod", "Method", "to_cartesian", "to_internal"]

@@ -203,7 +203,8 @@ def test_function_apply_skips_signature_binding(method: str, monkeypatch: pytest
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("inspect.signature called outside a torch.func transform")
 
-    from batched_nerf.engines import fused, layout  # (scan's Function: layout.SinCos)
+    from batched_nerf.engines import layout  # (scan's Function: layout.SinCos)
+    from batched_nerf.engines.fused import build as fused
 
     c_apply = torch.autograd.Function.__dict__.get("apply") is torch._C._FunctionBase.__dict__.get("apply")
     if c_apply:  # torch 2.14+: torch's C apply binds; the forwards carry their signature for it

@@ -144,7 +144,8 @@ BLOCKED_CALLS = {"protein36": 4, "chain700": 2}
 def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """From BLOCK_MIN samples on: the blocked kernels (SIMD across samples); one short block (spare
     lanes), a full block and a short one, many blocks; units of several chunks of rows."""
-    from batched_nerf.engines import fused_numba, fused_numba_blocks
+    from batched_nerf.engines.fused.cpu import blocks as fused_numba_blocks
+    from batched_nerf.engines.fused.cpu import build as fused_numba
 
     calls: list[bool] = []  # whether each call took the blocked kernels
     choose = fused_numba._blocked
@@ -179,7 +180,7 @@ def test_trig_constants_split_half_pi_exactly() -> None:
     """``h1 + h2 + h3 = pi/2`` to 1e-35 (exact binary sum vs 50 digits of pi); heads of 33 bits."""
     from fractions import Fraction
 
-    from batched_nerf.engines.fused_numba_trig import PIO2
+    from batched_nerf.engines.fused.cpu.trig import PIO2
 
     pi = Fraction("3.14159265358979323846264338327950288419716939937510")
     assert abs(sum(Fraction(h) for h in PIO2) - pi / 2) < Fraction(1, 10**35)
@@ -191,7 +192,7 @@ def test_trig_constants_split_half_pi_exactly() -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_trig_within_two_ulp_of_libm(scale: float, dtype: type) -> None:
     """cos and sin of the angles and dihedrals, every quadrant, large values (libm past LIMIT)."""
-    from batched_nerf.engines.fused_numba_trig import trig
+    from batched_nerf.engines.fused.cpu.trig import trig
 
     rng = np.random.default_rng(int(scale))
     a, d = (np.ascontiguousarray(scale * (2 * rng.random((64, 300)) - 1), dtype=dtype) for _ in range(2))
@@ -202,7 +203,7 @@ def test_trig_within_two_ulp_of_libm(scale: float, dtype: type) -> None:
 
 
 def test_trig_special_values() -> None:
-    from batched_nerf.engines.fused_numba_trig import trig
+    from batched_nerf.engines.fused.cpu.trig import trig
 
     x = np.array([[0.0, -0.0, math.pi / 2, -math.pi, 1e300, np.inf, -np.inf, np.nan]])
     cos, _, sin, _ = trig(x, x)
@@ -215,7 +216,7 @@ def test_trig_special_values() -> None:
 @pytest.mark.parametrize("scale", [1e-300, 1e-5, 1.0, 1e5, 1e300])
 def test_atan2_within_two_ulp_of_libm(scale: float) -> None:
     """Angles and dihedrals from the inverse kernel's atan2 arguments: every octant, zeros."""
-    from batched_nerf.engines.fused_numba_trig import angles
+    from batched_nerf.engines.fused.cpu.trig import angles
 
     rng = np.random.default_rng(3)
     args = scale * rng.standard_normal((4, 50, 400))
@@ -231,7 +232,7 @@ def test_atan2_within_two_ulp_of_libm(scale: float) -> None:
 
 def test_atan2_special_values() -> None:
     """(0, 0) reads 0 (the engines' rule), -0 for y reads +pi (the (-pi, pi] wrap); inf, NaN."""
-    from batched_nerf.engines.fused_numba_trig import angles
+    from batched_nerf.engines.fused.cpu.trig import angles
 
     y = np.array([0.0, 0.0, -0.0, 1.0, np.inf, np.inf, np.nan, 1.0])
     x = np.array([0.0, -1.0, -1.0, -np.inf, np.inf, -np.inf, 1.0, np.nan])
@@ -432,6 +433,6 @@ def test_gpu_backend_is_triton_or_a_clear_error() -> None:
         with pytest.raises(RuntimeError, match="needs triton on cuda"):
             backends.require("cuda")
     else:
-        assert backends.require("cuda").__name__ == "batched_nerf.engines.fused_triton"
+        assert backends.require("cuda").__name__ == "batched_nerf.engines.fused.cuda.build"
     with pytest.raises(RuntimeError, match="no fused backend exists for device type 'mps'"):
         backends.require("mps")

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from torch.func import hessian, jacfwd, jacrev, vmap
 
 import batched_nerf as bn
-from batched_nerf.engines import fused_inverse
+from batched_nerf.engines.fused import inverse as fused_inverse
 
 pytest.importorskip("numba", reason="the fused inverse map needs numba")
 testing = pytest.importorskip("batched_nerf.testing", reason="needs hypothesis")
-numba_kernels = pytest.importorskip("batched_nerf.engines.fused_inverse_numba")
+numba_kernels = pytest.importorskip("batched_nerf.engines.fused.cpu.inverse")
 
 F64 = torch.float64
 METHODS = ("fused", "torch")

@@ -12,7 +12,7 @@ pytest.importorskip(
     minversion="3.0",
     reason="the Triton kernels need triton >= 3 (its interpreter runs them on the CPU)",
 )
-from batched_nerf.engines import fused_inverse_triton as kern  # noqa: E402
+from batched_nerf.engines.fused.cuda import inverse as kern  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -121,7 +121,7 @@ def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed:
 
 @pytest.mark.parametrize("name", list(_build_tables()))
 def test_build_and_vjp_match_levels(name: str) -> None:
-    from batched_nerf.engines.fused_triton import triton_build, triton_plan, triton_vjp
+    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan, triton_vjp
 
     table = _build_tables()[name]
     bonds, angles, dihedrals, fixed = _internal(table, 3, torch.float64)
@@ -139,7 +139,7 @@ def test_build_and_vjp_match_levels(name: str) -> None:
 
 def test_build_degenerate_inputs_match_scan() -> None:
     """Zero bonds and angles of 0, pi and beyond pi continue along the frames like the scan engine."""
-    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan
 
     table = bn.ConstructionTable.chain(10)
     bonds, angles, dihedrals, _ = _internal(table, 4, torch.float64)
@@ -153,7 +153,7 @@ def test_build_degenerate_inputs_match_scan() -> None:
 
 
 def test_build_float32_and_nan() -> None:
-    from batched_nerf.engines.fused_triton import triton_build, triton_plan
+    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan
 
     table = bn.data.load("alanine_dipeptide").table
     bonds, angles, dihedrals, _ = _internal(table, 5, torch.float64)
@@ -173,7 +173,9 @@ def test_build_float32_and_nan() -> None:
 @pytest.fixture
 def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Route CPU tensors of ``method="fused"`` through the Triton kernels (interpreter mode)."""
-    from batched_nerf.engines import backends, fused_inverse, fused_triton
+    from batched_nerf.engines import backends
+    from batched_nerf.engines.fused import inverse as fused_inverse
+    from batched_nerf.engines.fused.cuda import build as fused_triton
 
     monkeypatch.setitem(backends._kernels, "cpu", fused_triton)
     monkeypatch.setattr(fused_inverse, "TRITON_ON_CPU", True)

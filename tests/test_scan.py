@@ -12,7 +12,7 @@ import batched_nerf as bn
 from batched_nerf import data
 from batched_nerf.engines.dispatch import auto_method, scan_block
 from batched_nerf.engines.levels import build_levels
-from batched_nerf.engines.scan import build_scan
+from batched_nerf.engines.scan.build import build_scan
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
 
 # Tables whose rows reference atoms freely (not only the primary / sibling

@@ -11,8 +11,8 @@ import batched_nerf as bn
 from batched_nerf import data
 from batched_nerf.engines.compiled import FIXED_TORCH, _torch_version
 from batched_nerf.engines.levels import build_levels
-from batched_nerf.engines.scan import _narrow_runs, build_scan
-from batched_nerf.engines.scan_path import Take, path_band, scan_path, trig_dtype
+from batched_nerf.engines.scan.build import _narrow_runs, build_scan
+from batched_nerf.engines.scan.path import Take, path_band, scan_path, trig_dtype
 
 
 def _chain_inputs(n: int, batch: int, seed: int, dtype: torch.dtype = torch.float64):  # type: ignore[no-untyped-def]

@@ -23,8 +23,8 @@ from batched_nerf import data
 from batched_nerf._topology import FULL, THIRD, Topology
 from batched_nerf.engines.base import as_long
 from batched_nerf.engines.frame_tree import ANCHOR, PARENT, frame_tree
-from batched_nerf.engines.scan_path import Take
-from batched_nerf.engines.scan_plan import RoundPlan, ScanPlan, scan_plan
+from batched_nerf.engines.scan.path import Take
+from batched_nerf.engines.scan.plan import RoundPlan, ScanPlan, scan_plan
 from batched_nerf.engines.seeds import seed_atoms, seed_plan
 from batched_nerf.testing import construction_tables
 

@@ -1,4 +1,4 @@
-"""Engines: a registry of planners and builders, one file per engine.
+"""Engines: a registry of planners and builders, one module or subpackage per engine.
 
 Each engine (:class:`~.base.Engine`) is a *planner*, run once per table on its
 :class:`~batched_nerf._topology.Topology` (numpy work; the table caches the
@@ -6,10 +6,16 @@ result per device), and a *builder*, the compute path. ``to_cartesian``
 engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
 ``to_internal``. :mod:`.dispatch` chooses between them for ``method="auto"``.
 
-Layout: :mod:`.base` (plan mixin, engine record), :mod:`.seeds` (block 0,
-shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.fused` (compiled
-kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`. Nothing here imports
-the table or the public API.
+Layout: shared machinery at this level (:mod:`.base`: plan mixin, engine
+record; :mod:`.function`: the engines' ``autograd.Function`` base;
+:mod:`.seeds`: block 0; :mod:`.frame_tree`: the placement-frame
+classification; :mod:`.layout`; :mod:`.compiled`; :mod:`.dispatch`:
+``method="auto"``; :mod:`.backends`: the fused engine's compiled backends,
+found lazily), then one room per engine: :mod:`.levels`, :mod:`.inverse` (one
+module each), :mod:`.scan` (plan, path, build) and :mod:`.fused` (plan, build
+and inverse with their autograd; its backends below it in
+:mod:`.fused.cpu` (numba) and :mod:`.fused.cuda` (Triton)). Nothing here
+imports the table or the public API.
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ from typing import Any
 
 from .._topology import Topology
 from .base import Engine
-from .fused import FUSED
+from .fused.build import FUSED
 from .inverse import INVERSE
 from .levels import LEVELS
-from .scan import SCAN
+from .scan.build import SCAN
 
 __all__ = ["ENGINES", "METHODS", "Engine", "get", "make_plan"]
 

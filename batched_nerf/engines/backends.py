@@ -1,9 +1,9 @@
 """Optional compiled backends of the fused engine, imported lazily.
 
 * CPU: numba (the extra ``fast``: ``pip install "batched-nerf[fast]"``), kernels
-  in :mod:`.fused_numba`;
+  in :mod:`.fused.cpu.build`;
 * GPU (CUDA): triton (the CUDA builds of torch ship it), kernels in
-  :mod:`.fused_triton` and :mod:`.fused_inverse_triton`; their tests run them in
+  :mod:`.fused.cuda.build` and :mod:`.fused.cuda.inverse`; their tests run them in
   Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
 
 Nothing is imported until a fused build, ``method="auto"`` or :func:`backends`
@@ -22,7 +22,7 @@ __all__ = ["INSTALL", "available", "backends", "require"]
 INSTALL = 'pip install "batched-nerf[fast]"'
 
 #: device type -> (backend package, kernel module of this package)
-_BACKENDS = {"cpu": ("numba", "fused_numba"), "cuda": ("triton", "fused_triton")}
+_BACKENDS = {"cpu": ("numba", "fused.cpu.build"), "cuda": ("triton", "fused.cuda.build")}
 _kernels: dict[str, ModuleType | None] = {}
 _errors: dict[str, str] = {}
 

@@ -22,7 +22,7 @@ the 32-sample loop itself.) The forward gathers, builds and writes out
 :data:`CHUNK` rows at a time into a ring of scratch rows just long enough for
 the farthest reference back (:func:`_ring`), so wide units stay in the caches;
 the backward keeps every row's scratch for its reverse walk. Same formulas as
-:mod:`.fused_numba_samples` (see :mod:`.fused_numba`).
+:mod:`.samples` (see :mod:`.build`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .fused_numba_samples import (
+from .samples import (
     ANCHOR,
     ATOM,
     CODE,
@@ -241,7 +241,7 @@ def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask):
 
 
 def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width, reach):  # type: ignore[no-untyped-def]
-    """Positions into ``out`` on ``nt`` threads (arguments as :func:`.fused_numba.forward`'s)."""
+    """Positions into ``out`` on ``nt`` threads (arguments as :func:`.build.forward`'s)."""
     rows, mask = _ring(reach, width)
     if nt > 1:
         _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask)
@@ -250,7 +250,7 @@ def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width, reach):  # typ
 
 
 # ------------------------------------------------------------------ backward
-# The reverse walk of fused_numba_samples._unit_backward, row by row, each step a
+# The reverse walk of samples._unit_backward, row by row, each step a
 # loop over the block's samples.
 
 
@@ -443,7 +443,7 @@ def _blocks_backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, g
 
 
 def blocks_backward(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):  # type: ignore[no-untyped-def]
-    """Input gradients into ``gb, ga, gd, gf`` on ``nt`` threads (as :func:`.fused_numba.backward`'s)."""
+    """Input gradients into ``gb, ga, gd, gf`` on ``nt`` threads (as :func:`.build.backward`'s)."""
     args = (p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf)
     if nt > 1:
         _blocks_backward_parallel(*args, nt, width)

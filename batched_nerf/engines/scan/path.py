@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .base import Movable
+from ..base import Movable
 
 #: Atom-samples up to which float32 paths are scanned in float64 (:func:`path_dtype`).
 SMALL_WORK = 1 << 16

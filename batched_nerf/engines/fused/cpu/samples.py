@@ -1,10 +1,10 @@
 """Per-sample CPU kernels of the fused engine (numba), and the plan rows every CPU kernel reads.
 
 A work item is ``(sample, unit)`` -- a unit is a run of whole components in
-build order (:func:`batched_nerf.engines.fused.fused_plan`); thread ``t`` of
+build order (:func:`batched_nerf.engines.fused.build.fused_plan`); thread ``t`` of
 ``nt`` takes items ``t, t + nt, ...``. Frames and positions are float64 scratch
 per thread (``O(unit size)``). The entry points that choose between these and
-the blocked kernels are in :mod:`.fused_numba`; the formulas are stated there.
+the blocked kernels are in :mod:`.build`; the formulas are stated there.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .._geometry import EPS
+from ...._geometry import EPS
 
 # rows of the plan's index array (see fused.FusedPlan.index)
 ATOM, CODE, REF_B, REF_A, REF_D, PARENT, PHI_FROM, FLIP_ON, SLOT, SIGN, THIRD = range(11)

@@ -2,7 +2,7 @@
 
 :func:`internal_from_xyz` computes what :func:`batched_nerf.engines.inverse.internal_from_xyz`
 does (the same formulas and singular-geometry rules, see
-:mod:`.fused_inverse_numba`) in one compiled pass over every (sample, atom)
+:mod:`.cpu.inverse`) in one compiled pass over every (sample, atom)
 instead of a chain of torch kernels. Derivatives are kernels too:
 
 * :class:`FusedInternal`: ``xyz -> (bonds, angles, dihedrals)``; its backward is
@@ -21,7 +21,7 @@ kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` 
 ``hessian`` work. numba is optional (found through :mod:`.backends`, like the
 fused ``to_cartesian`` engine): :func:`available` says whether the kernels can
 run, :func:`unavailable_reason` why not. On CUDA the forward and vjp are the
-Triton kernels of :mod:`.fused_inverse_triton`; the second-order term there is
+Triton kernels of :mod:`.cuda.inverse`; the second-order term there is
 the torch engine's graph.
 """
 
@@ -37,10 +37,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import backends
-from .function import Function
-from .inverse import InternalCoordinates, InversePlan
-from .inverse import internal_from_xyz as torch_internal_from_xyz
+from .. import backends
+from ..function import Function
+from ..inverse import InternalCoordinates, InversePlan
+from ..inverse import internal_from_xyz as torch_internal_from_xyz
 
 __all__ = [
     "CALLS",
@@ -65,7 +65,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if not backends.available("cpu"):
         return None, f"the CPU backend (numba) is not available; install it with {backends.INSTALL}"
     try:
-        return importlib.import_module(f"{__package__}.fused_inverse_numba"), ""
+        return importlib.import_module(f"{__package__}.cpu.inverse"), ""
     except ImportError as exc:  # pragma: no cover - numba imports but these kernels do not
         return None, f"the fused inverse kernels do not load ({exc}); install numba with {backends.INSTALL}"
 
@@ -85,7 +85,7 @@ def _triton(xyz: Tensor) -> ModuleType | None:
         return None
     if not backends.available("cuda"):
         return None
-    return importlib.import_module(f"{__package__}.fused_inverse_triton")
+    return importlib.import_module(f"{__package__}.cuda.inverse")
 
 
 def _has(plan: InversePlan) -> Tensor:

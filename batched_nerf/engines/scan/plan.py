@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._topology import FULL, SECOND, THIRD, Topology
-from .base import Movable, as_long
-from .frame_tree import ANCHOR, NONE, PARENT, POSITIONS, FrameTree, frame_tree
-from .scan_path import Take
-from .seeds import SeedPlan, seed_atoms, seed_plan
+from ..._topology import FULL, SECOND, THIRD, Topology
+from ..base import Movable, as_long
+from ..frame_tree import ANCHOR, NONE, PARENT, POSITIONS, FrameTree, frame_tree
+from ..seeds import SeedPlan, seed_atoms, seed_plan
+from .path import Take
 
 __all__ = ["RoundPlan", "ScanPlan", "scan_plan"]
 

@@ -28,9 +28,9 @@ race: with at least as many samples as threads a thread owns whole samples (atom
 in sequence); with fewer, the rows' contributions are computed in parallel into a
 buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on (and
 enough blocks for the threads), the vjp and second-order kernels run blocked,
-samples innermost (:mod:`.fused_inverse_numba_blocks`, vectorised across
+samples innermost (:mod:`.inverse_blocks`, vectorised across
 samples). The per-row
-formulas both layouts share are in :mod:`.fused_inverse_rows`.
+formulas both layouts share are in :mod:`.inverse_rows`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import fused_inverse_numba_blocks as blocks
-from .fused_inverse_rows import (
+from . import inverse_blocks as blocks
+from .inverse_rows import (
     _ZERO3,
     _angle_args,
     _angle_grad,
@@ -55,7 +55,7 @@ from .fused_inverse_rows import (
     _scale,
     _sub,
 )
-from .fused_numba_trig import angles
+from .trig import angles
 
 __all__ = ["angles", "forward", "second", "vjp"]
 
@@ -331,7 +331,7 @@ def _scatter(rows, refs, out):  # type: ignore[no-untyped-def]
 
 
 #: The vjp and the second-order term take samples in blocks of ``LANES`` (SIMD across samples,
-#: :mod:`.fused_inverse_numba_blocks`) from this many samples on, for at most BLOCK_MAX_ATOMS
+#: :mod:`.inverse_blocks`) from this many samples on, for at most BLOCK_MAX_ATOMS
 #: atoms per sample, when there are enough blocks for the threads (measured, float32, 2 cores,
 #: vs the per-sample kernels at 64 samples: vjp 5.7x / 5.5x / 3.8x / 3.2x, second order 4.0x /
 #: 2.8x / 2.9x / 2.5x on 22- / 64- / 512- / 2,048-atom molecules; one block on two threads, or

@@ -1,6 +1,6 @@
 """Scan engine: compose rigid frames along the reference tree in O(log depth) steps.
 
-Frame-tree compilation (once per table and band size, :mod:`.scan_plan`)
+Frame-tree compilation (once per table and band size, :mod:`.plan`)
 -------------------------------------------------------------------------
 Every fully referenced atom ``j`` with references ``(b, a, d)`` is placed from
 the frame ``M_j`` spanned by the atoms ``(d, a, b)`` (see
@@ -35,10 +35,10 @@ change results.
 Paths
 -----
 A round whose scanned atoms form one path below one root (a chain) skips all of
-the above: :mod:`._scan_path` composes ``3 x 3`` rotations in bands of ``K``
+the above: :mod:`.path` composes ``3 x 3`` rotations in bands of ``K``
 (chosen per call from the path length and batch size), jumps across band tops
 in float64 and sums bond vectors with ``cumsum``, with the batch innermost and
-no index gathers (every take is a slice: see :class:`._scan_path.Take`).
+no index gathers (every take is a slice: see :class:`.path.Take`).
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ import math
 import torch
 from torch import Tensor
 
-from .._geometry import cross, nerf_frame
-from .base import Engine
-from .compiled import check_compiled_backward
-from .dispatch import BLOCK_LARGE, BLOCK_SMALL, scan_block
-from .scan_path import Take, path_band, scan_path, trig_dtype
-from .scan_plan import RoundPlan, ScanPlan, scan_plan
-from .seeds import seed_block
+from ..._geometry import cross, nerf_frame
+from ..base import Engine
+from ..compiled import check_compiled_backward
+from ..dispatch import BLOCK_LARGE, BLOCK_SMALL, scan_block
+from ..seeds import seed_block
+from .path import Take, path_band, scan_path, trig_dtype
+from .plan import RoundPlan, ScanPlan, scan_plan
 
 # ---------------------------------------------------------------- compute path
 # Quaternions and vectors are component-major here: ``(4, ..., n)`` and

@@ -4,9 +4,9 @@ One row ``i`` with references ``(b, a, d)``: its values (bond, ``atan2``
 arguments of angle and dihedral), their gradients w.r.t. the row's atoms, and
 those gradients on dual numbers (forward-over-reverse: the gradient, its
 tangent ``H V`` and the value's tangent ``J V``), with the singular-geometry
-rules of :mod:`batched_nerf._geometry` (see :mod:`.fused_inverse_numba`).
-Shared by the per-sample kernels (:mod:`.fused_inverse_numba`) and the blocked
-ones (:mod:`.fused_inverse_numba_blocks`). Every function is inlined by numba
+rules of :mod:`batched_nerf._geometry` (see :mod:`.inverse`).
+Shared by the per-sample kernels (:mod:`.inverse`) and the blocked
+ones (:mod:`.inverse_blocks`). Every function is inlined by numba
 into its caller (``inline="always"``): left to LLVM, a call inside a blocked
 loop stays a call and the loop is not vectorised.
 """

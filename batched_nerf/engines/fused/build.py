@@ -4,16 +4,16 @@ Every other engine runs tens to hundreds of small torch kernels per call; this
 one runs one compiled loop over the atoms in build order for each
 ``(sample, unit)`` work item (a *unit* is a run of whole components; on the
 CPU, from 8 samples on, a block of samples per item, vectorised across them:
-:mod:`.fused_numba`), split over the CPU's threads. Its values follow the frame tree
+:mod:`.cpu.build`), split over the CPU's threads. Its values follow the frame tree
 (:mod:`.frame_tree`) exactly like the scan engine's, degenerate inputs
 included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
 anchor frame, the parent's out-frame or the NeRF frame of the references'
 positions. Frames and positions are accumulated in float64 whatever the input
 dtype (float32 in, float32 out). On CUDA tensors the same walk runs as Triton
-kernels (:mod:`.fused_triton`: a lane per ``(component, sample)``).
+kernels (:mod:`.cuda.build`: a lane per ``(component, sample)``).
 
 Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
-integer array over the atoms in work order (see ``fused_numba_samples``' row names:
+integer array over the atoms in work order (see ``cpu.samples``' row names:
 atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
 flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
 
@@ -43,15 +43,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._geometry import nan_negative_bonds
-from .._topology import SECOND, THIRD, Topology
-from .backends import require
-from .base import Engine, Movable
-from .dispatch import SHALLOW_DEPTH, scan_block
-from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
-from .function import Function
-from .levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
-from .scan import build_scan, scan_plan
+from ..._geometry import nan_negative_bonds
+from ..._topology import SECOND, THIRD, Topology
+from ..backends import require
+from ..base import Engine, Movable
+from ..dispatch import SHALLOW_DEPTH, scan_block
+from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
+from ..function import Function
+from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
+from ..scan.build import build_scan, scan_plan
 
 __all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan", "trig"]
 
@@ -60,7 +60,7 @@ UNIT_MIN_ATOMS = 256
 #: ... and a table has at most about this many units (enough to share one sample over the threads).
 UNITS_MAX = 64
 
-# row codes of the kernels (fused_numba_samples.FIXED ... POSITIONS)
+# row codes of the kernels (cpu.samples.FIXED ... POSITIONS)
 _FIXED, _ROOT, _SECOND, _ANCHOR, _PARENT, _POSITIONS = range(6)
 
 
@@ -69,7 +69,7 @@ class FusedPlan(Movable):
     """Atoms in work order with everything the kernels read.
 
     Attributes:
-        index: ``(11, N)`` ``int64`` (rows named in ``fused_numba_samples``): atom, row
+        index: ``(11, N)`` ``int64`` (rows named in ``cpu.samples``): atom, row
             code, bond/angle/dihedral reference row, parent row, sibling row
             whose ``phi_eff`` is added (``-1``: none), atom whose
             ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
@@ -180,7 +180,7 @@ def _np(t: Tensor) -> np.ndarray:
 def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
-    One vectorised numba loop over the values (:mod:`.fused_numba_trig`, within
+    One vectorised numba loop over the values (:mod:`.cpu.trig`, within
     2 ulp of libm) instead of a scalar libm call per atom inside the kernels:
     the forward kernel's transcendental functions were a third of its time.
     """

@@ -1,19 +1,19 @@
 """CPU backend of the fused engine (numba): one compiled loop per pass, and which loop runs.
 
 Imported lazily (numba is the optional extra ``fast``). Two kernel layouts:
-per sample (:mod:`.fused_numba_samples`: work items ``(sample, unit)``, a unit
+per sample (:mod:`.samples`: work items ``(sample, unit)``, a unit
 being a run of whole components in build order,
-:func:`batched_nerf.engines.fused.fused_plan`) and, from :data:`BLOCK_MIN`
+:func:`batched_nerf.engines.fused.build.fused_plan`) and, from :data:`BLOCK_MIN`
 samples on (units of at most :data:`FORWARD_MAX_WIDTH` /
 :data:`BACKWARD_MAX_WIDTH` atoms, enough blocks for the threads), blocks of
-samples innermost (:mod:`.fused_numba_blocks`, vectorised across samples). Small calls and calls
+samples innermost (:mod:`.blocks`, vectorised across samples). Small calls and calls
 with a single work item run on the calling thread (a round trip through numba's
 thread pool can cost a scheduler time slice on a busy machine). Every frame and
 position is kept in float64 scratch per thread (``O(unit size)``); inputs and
 outputs keep their dtype (float32 or float64).
 The kernels call no transcendental function: the cosines and sines of the
 angles and dihedrals come in as one float64 array (:func:`trig`, one
-vectorised loop over the values, :mod:`.fused_numba_trig`), and ``phi_eff``
+vectorised loop over the values, :mod:`.trig`), and ``phi_eff``
 is composed as a turn ``(cos, sin)``: a sibling's turn multiplied in, ``pi``
 a sign change.
 
@@ -33,7 +33,7 @@ positions (``POSITIONS`` rows); ``phi_eff``'s adjoint flows on to the sibling
 it adds.
 
 Entry points: :func:`forward` and :func:`backward` below, on numpy arrays (the
-Triton port, :mod:`.fused_triton`, walks the same rows on device tensors).
+Triton port, :mod:`..cuda.build`, walks the same rows on device tensors).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .fused_numba_blocks import LANES, blocks_backward, blocks_forward
-from .fused_numba_samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
-from .fused_numba_trig import trig
+from .blocks import LANES, blocks_backward, blocks_forward
+from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
+from .trig import trig
 
 __all__ = ["backward", "forward", "trig"]
 
@@ -87,9 +87,9 @@ def forward(
     """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
     ``trig`` ``(4, B, N)`` float64: ``cos(angles), cos(dihedrals), sin(angles),
-    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.trig`). ``index``
+    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.build.trig`). ``index``
     ``(11, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
-    (:class:`batched_nerf.engines.fused.FusedPlan`); every array C-contiguous,
+    (:class:`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
     ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
     """
     n_samples, n_atoms = bonds.shape

@@ -7,7 +7,7 @@ that consecutive lanes read consecutive memory. Row by row it follows the frame
 convention of ``docs/conventions.md`` (:mod:`.frame_tree`): a placement frame
 ``M_j`` from the parent's out-frame, a seed's anchor or the reference positions,
 the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
-``O_j = M_j L(theta_j, phi_j)`` (``L`` of :func:`.scan_path.local_rotations`).
+``O_j = M_j L(theta_j, phi_j)`` (``L`` of :func:`...scan.path.local_rotations`).
 
 ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors (the tests do).
 """
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._geometry import EPS
-from .._topology import FULL, ROOT, SECOND, THIRD, Topology
-from .base import Movable
-from .frame_tree import ANCHOR, PARENT, frame_tree
+from ...._geometry import EPS
+from ...._topology import FULL, ROOT, SECOND, THIRD, Topology
+from ...base import Movable
+from ...frame_tree import ANCHOR, PARENT, frame_tree
 
 try:  # optional: the CUDA builds of torch ship Triton
     import triton

@@ -1,15 +1,15 @@
 """Blocked vjp and second-order kernels of the fused inverse map (numba): samples innermost, SIMD.
 
-The formulas and singular-geometry rules of :mod:`.fused_inverse_numba`, laid out
+The formulas and singular-geometry rules of :mod:`.inverse`, laid out
 for a block of ``LANES`` samples in the scratch layout of the builder's blocked
-kernels (:mod:`.fused_numba_blocks`): one scratch row per atom, each field
+kernels (:mod:`.blocks`): one scratch row per atom, each field
 ``LANES`` long at a constant offset (positions, tangents, adjoints: 3 fields;
 the cotangents of bond, angle, dihedral and ``J V``: 3), so that every loop is
 a constant-trip loop over a few row views that LLVM vectorises without
 run-time alias checks. Adjoints accumulate per atom with no race (a thread
 owns whole blocks); a short last block computes on finite leftovers in its
 spare lanes, never written out. The vjp calls the shared per-row formulas of
-:mod:`.fused_inverse_rows`; the second-order loops state the dual-number
+:mod:`.inverse_rows`; the second-order loops state the dual-number
 formulas of that module's ``_dangle_grad`` / ``_ddihedral_grad`` again, in
 select form (those helpers branch on singular geometry, which keeps a loop
 scalar). Scalar helpers are inlined by numba (``inline="always"``) and every
@@ -25,8 +25,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .fused_inverse_rows import _angle_grad, _bond_grad, _datan2_grad, _dihedral_grad
-from .fused_numba_blocks import LANES, TILE, lanes
+from .blocks import LANES, TILE, lanes
+from .inverse_rows import _angle_grad, _bond_grad, _datan2_grad, _dihedral_grad
 
 __all__ = ["second_items", "second_parallel", "vjp_items", "vjp_parallel"]
 
@@ -91,7 +91,7 @@ def _put_per_atom(R, b0, ob, oa, od):
 
 @_inline
 def _acc(GXr, C, k, sign):
-    """``GX[row] += sign * C[k:k+3]`` (a run-time trip count: see :func:`.fused_numba_blocks.lanes`)."""
+    """``GX[row] += sign * C[k:k+3]`` (a run-time trip count: see :func:`.blocks.lanes`)."""
     n = lanes(GXr, 3)
     for c in range(3):
         for s in range(n):
@@ -208,7 +208,7 @@ def vjp_parallel(xyz, refs, hb, ha, hd, gb, ga, gd, out, nt):
 # ------------------------------------------------------------ second order
 # The backward of the vjp: for a cotangent V of J^T g, sum_k g_k H_k V (into the
 # atoms, like the vjp) and J V (per row), the tangent of the adjoint code of
-# fused_inverse_numba (forward-over-reverse), one loop per row kind.
+# cpu.inverse (forward-over-reverse), one loop per row kind.
 
 
 @_jit
