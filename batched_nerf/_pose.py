@@ -62,6 +62,8 @@ class PoseInfo:
     has_third: np.ndarray  # (S,) bool
     slot: np.ndarray  # (N,) seeded-component index of each atom, S for anchored atoms
     third_from_second: np.ndarray  # (S,) bool: the third atom's bond reference is the second atom
+    anchored: np.ndarray  # (N,) bool: atom of an anchored component (slot S), never moved by a pose
+    any_anchored: bool
 
     @property
     def squeeze(self) -> bool:
@@ -82,6 +84,8 @@ def _pose_layout(topo: Topology) -> PoseInfo:
         has_third=has3,
         slot=topo.seed_slot,
         third_from_second=topo.third_from_second,
+        anchored=topo.seed_slot == root.size,
+        any_anchored=bool((topo.seed_slot == root.size).any()),
     )
 
 
@@ -206,19 +210,49 @@ def apply_pose(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
             "do not broadcast"
         ) from None
+    if info.squeeze:
+        out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
+    else:
+        out = _move_each(x, rot, tr, info, batch)
+    if proper is None:
+        return out
+    if info.squeeze:  # (..., 1): one flag for the component; anchored atoms stay as they are
+        ok = proper | torch.as_tensor(info.anchored, device=dev) if info.any_anchored else proper
+    else:
+        ok = torch.cat((proper, proper.new_ones(proper.shape[:-1] + (1,))), -1).index_select(
+            -1, _slot(info, dev)
+        )
+    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
+
+
+def _slot(info: PoseInfo, device: torch.device) -> Tensor:
+    return _long(info.slot, device)
+
+
+def _move_one(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo) -> Tensor:
+    """``R x + t`` for the one seeded component: ``x (..., N, 3)``, ``rot (..., 3, 3)``, ``tr (..., 3)``.
+
+    One batched ``3 x 3`` product (``x @ R^T``), no per-atom matrices; atoms of
+    anchored components (slot ``S``) are kept as they are.
+    """
+    out = torch.matmul(x, rot.transpose(-1, -2)) + tr.unsqueeze(-2)
+    if not info.any_anchored:
+        return out
+    return torch.where(torch.as_tensor(info.anchored, device=x.device).unsqueeze(-1), x, out)
+
+
+def _move_each(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:
+    """``R_c x + t_c`` per atom of seeded component ``c``: ``rot (..., S, 3, 3)``, ``tr (..., S, 3)``."""
+    s, dev = info.n_seeded, x.device
     # slot S (anchored atoms): identity and zero
     rot = torch.cat(
         (rot.expand(*batch, s, 3, 3), torch.eye(3, dtype=x.dtype, device=dev).expand(*batch, 1, 3, 3)), -3
     )
     tr = torch.cat((tr.expand(*batch, s, 3), x.new_zeros(()).expand(*batch, 1, 3)), -2)
-    slot = _long(info.slot, dev)
+    slot = _slot(info, dev)
     rot_atom = rot.index_select(-3, slot)  # (..., N, 3, 3)
     tr_atom = tr.index_select(-2, slot)  # (..., N, 3)
-    out = (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
-    if proper is None:
-        return out
-    ok = torch.cat((proper, proper.new_ones(proper.shape[:-1] + (1,))), -1).index_select(-1, slot)
-    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
+    return (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
 
 
 def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:
