@@ -58,25 +58,49 @@ import torch
 from torch import Tensor
 
 from ._checks import DEG, broadcast_internal, check_table
-from ._pose import pose_info
 from ._table import ConstructionTable
 from ._topology import FULL, SECOND, THIRD, Topology
 
 
 @dataclass(frozen=True)
 class _Masks:
+    """Which rows carry which coordinates, and the log-det as weighted sums over them.
+
+    ``log|det| = sum_k w_k log|b[i_k]| + sum_k v_k log|sin a[j_k]|`` over the
+    informative entries only: ``bond_rows``/``bond_weights`` (``i_k``, ``w_k``) and
+    ``sin_rows``/``sin_weights`` (``j_k``, ``v_k``); each a triple: ``pose=False``,
+    ``pose=True``, and the pose lift alone (:func:`pose_log_det`).
+    """
+
     full: np.ndarray  # (N,) bool: fully referenced atoms
     third: np.ndarray  # (N,) bool: third seed atoms
     second: np.ndarray  # (N,) bool: second seed atoms
     n_angular: int  # number of informative angle + dihedral entries
+    bond_rows: tuple[np.ndarray, ...]  # (pose=False, pose=True, lift): rows with a log|bond| term
+    bond_weights: tuple[np.ndarray, ...]  # their weights (float64)
+    sin_rows: tuple[np.ndarray, ...]  # rows with a log|sin angle| term
+    sin_weights: tuple[np.ndarray, ...]
 
 
 def _mask_layout(topo: Topology) -> _Masks:
+    full, third, second = topo.kind == FULL, topo.kind == THIRD, topo.kind == SECOND
+    seeded_second = second & (topo.seed_slot < topo.seed_root.size)
+    # pose=False: full atoms 2 log r + log|sin theta|, third seed atoms log r
+    wb = 2.0 * full + 1.0 * third
+    ws = 1.0 * full
+    # pose=True adds per seeded component 2 log r_s + log(r_t |sin theta_t|)
+    wb_lift, ws_lift = 2.0 * seeded_second + 1.0 * third, 1.0 * third
+    bond_w, sin_w = (wb, wb + wb_lift, wb_lift), (ws, ws + ws_lift, ws_lift)
+    bond_rows, sin_rows = tuple(np.flatnonzero(w) for w in bond_w), tuple(np.flatnonzero(w) for w in sin_w)
     return _Masks(
-        full=topo.kind == FULL,
-        third=topo.kind == THIRD,
-        second=topo.kind == SECOND,
+        full=full,
+        third=third,
+        second=second,
         n_angular=int((topo.refs[:, 1] >= 0).sum() + (topo.refs[:, 2] >= 0).sum()),
+        bond_rows=bond_rows,
+        bond_weights=tuple(w[r] for w, r in zip(bond_w, bond_rows)),
+        sin_rows=sin_rows,
+        sin_weights=tuple(w[r] for w, r in zip(sin_w, sin_rows)),
     )
 
 
@@ -85,8 +109,19 @@ def _masks(table: ConstructionTable) -> _Masks:
     return table.cached(_mask_layout, _mask_layout)
 
 
-def _log_abs(x: Tensor) -> Tensor:
-    return torch.log(torch.abs(x))
+def _weighted_log_sum(x: Tensor, rows: np.ndarray, weights: np.ndarray) -> Tensor:
+    """``sum_k w_k log|x[..., rows_k]|``: ``x (..., N)`` -> ``(...)`` (one gather, one product)."""
+    if rows.size == 0:
+        return x.new_zeros(x.shape[:-1])
+    picked = x.index_select(-1, torch.as_tensor(rows, device=x.device))
+    w = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
+    return torch.matmul(torch.log(torch.abs(picked)), w)
+
+
+def _log_det(b: Tensor, a: Tensor, m: _Masks, k: int) -> Tensor:
+    """Log-det ``k`` (0: ``pose=False``, 1: ``pose=True``, 2: the lift) of ``(..., N)`` bonds, angles."""
+    bonds = _weighted_log_sum(b, m.bond_rows[k], m.bond_weights[k])
+    return bonds + _weighted_log_sum(torch.sin(a), m.sin_rows[k], m.sin_weights[k])
 
 
 def log_det_jacobian(
@@ -144,35 +179,10 @@ def log_det_jacobian(
     table = check_table(table)
     b, a, _ = broadcast_internal(bonds, angles, dihedrals, table, degrees)
     m = _masks(table)
-    dev = b.device
-    full = torch.as_tensor(m.full, device=dev)
-    third = torch.as_tensor(m.third, device=dev)
-    one = b.new_ones(())
-    # substitute harmless values where an entry is unused, so no log(0) leaks into gradients
-    r_used = torch.where(full | third, b, one)
-    s_used = torch.where(full, torch.sin(a), one)
-    terms = torch.where(full, 2.0 * _log_abs(r_used) + _log_abs(s_used), b.new_zeros(()))
-    terms = terms + torch.where(third, _log_abs(r_used), b.new_zeros(()))
-    out = terms.sum(-1)
-    if pose:
-        out = out + _pose_terms(b, a, table)
+    out = _log_det(b, a, m, int(pose))
     if degrees:
         out = out + m.n_angular * math.log(DEG)
     return out
-
-
-def _pose_terms(b: Tensor, a: Tensor, table: ConstructionTable) -> Tensor:
-    info = pose_info(table)
-    m = _masks(table)
-    dev = b.device
-    second = torch.as_tensor(m.second & (info.slot < info.n_seeded), device=dev)
-    third = torch.as_tensor(m.third, device=dev)
-    one = b.new_ones(())
-    zero = b.new_zeros(())
-    r2 = torch.where(second, b, one)
-    rt = torch.where(third, b * torch.sin(a), one)
-    terms = torch.where(second, 2.0 * _log_abs(r2), zero) + torch.where(third, _log_abs(rt), zero)
-    return terms.sum(-1)
 
 
 def pose_log_det(
@@ -213,4 +223,5 @@ def pose_log_det(
     """
     table = check_table(table)
     b, a, _ = broadcast_internal(bonds, angles, dihedrals, table, degrees)
-    return _pose_terms(b, a, table)
+    m = _masks(table)
+    return _log_det(b, a, m, 2)

@@ -64,6 +64,8 @@ class PoseInfo:
     third_from_second: np.ndarray  # (S,) bool: the third atom's bond reference is the second atom
     anchored: np.ndarray  # (N,) bool: atom of an anchored component (slot S), never moved by a pose
     any_anchored: bool
+    seeds: np.ndarray  # (3 S,) root, second and third seed atoms of every component, in that order
+    complete: bool  # every seeded component has three seed atoms (no lab-axis helpers needed)
 
     @property
     def squeeze(self) -> bool:
@@ -75,17 +77,22 @@ def _pose_layout(topo: Topology) -> PoseInfo:
     root = topo.seed_root
     has2 = topo.seed_second >= 0
     has3 = topo.seed_third >= 0
+    second = np.where(has2, topo.seed_second, root)
+    third = np.where(has3, topo.seed_third, root)
+    anchored = topo.seed_slot == root.size
     return PoseInfo(
         n_seeded=int(root.size),
         root=root,
-        second=np.where(has2, topo.seed_second, root),
-        third=np.where(has3, topo.seed_third, root),
+        second=second,
+        third=third,
         has_second=has2,
         has_third=has3,
         slot=topo.seed_slot,
         third_from_second=topo.third_from_second,
-        anchored=topo.seed_slot == root.size,
-        any_anchored=bool((topo.seed_slot == root.size).any()),
+        anchored=anchored,
+        any_anchored=bool(anchored.any()),
+        seeds=np.concatenate((root, second, third)),
+        complete=bool(has2.all() and has3.all()),
     )
 
 
@@ -323,13 +330,17 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
         raise ValueError(
             "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
         )
-    dev = x.device
-    x0 = x.index_select(-2, _long(info.root, dev))
-    x1 = x.index_select(-2, _long(info.second, dev))
-    x2 = x.index_select(-2, _long(info.third, dev))
-    has2 = torch.as_tensor(info.has_second, device=dev)
-    has3 = torch.as_tensor(info.has_third, device=dev)
-    rot = _frame(x0, x1, x2, has2, has3)
+    s = info.n_seeded
+    x0, x1, x2 = x.index_select(-2, _long(info.seeds, x.device)).split(s, dim=-2)  # (..., S, 3) each
+    if info.complete:  # the Gram-Schmidt frame alone: no component needs a lab-axis helper
+        e1 = safe_normalize(x1 - x0, EPS)
+        v = x2 - x0
+        e2 = safe_normalize(v - dot(v, e1).unsqueeze(-1) * e1, EPS)
+        rot = torch.stack((e1, e2, cross(e1, e2)), dim=-1)
+    else:
+        has2 = torch.as_tensor(info.has_second, device=x.device)
+        has3 = torch.as_tensor(info.has_third, device=x.device)
+        rot = _frame(x0, x1, x2, has2, has3)
     if info.squeeze:
         return Pose(rot.squeeze(-3), x0.squeeze(-2))
     return Pose(rot, x0)
