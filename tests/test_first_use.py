@@ -196,3 +196,42 @@ def test_cold_cache_announced_once_per_process_and_second_order_stays_lazy(tmp_p
     assert first.count("batched_nerf: compiling the fused CPU kernels") == 1, first
     assert str(tmp_path / "cache") in first
     assert "compiling" not in second  # a warm cache: nothing to say
+
+
+def _save_many(path: str, tag: str, n: int) -> None:
+    from numba.core.caching import IndexDataCacheFile
+
+    locked = type("Locked", (IndexDataCacheFile,), {"save": fused_compile._locked_save})
+    cache_file = locked(path, "kernel", "stamp")
+    for k in range(n):
+        cache_file.save(f"{tag}{k}", f"code of {tag}{k}")
+
+
+def test_concurrent_cache_writes_keep_every_entry_with_its_own_code(tmp_path: Path) -> None:
+    """Processes compiling different signatures of one kernel into one folder at once (numba's own
+    save picks the same data file in both and can name one signature's code for the other)."""
+    import multiprocessing
+
+    from numba.core.caching import IndexDataCacheFile
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_save_many, args=(str(tmp_path), tag, 25)) for tag in "abc"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    reader = IndexDataCacheFile(str(tmp_path), "kernel", "stamp")
+    index = reader._load_index()
+    assert sorted(index) == sorted(f"{t}{k}" for t in "abc" for k in range(25))
+    assert len(set(index.values())) == 75
+    for key in index:
+        assert reader.load(key) == f"code of {key}"
+
+
+def test_kernels_use_the_locked_cache_write() -> None:
+    from batched_nerf.engines import backends, fused_inverse_numba_blocks, fused_numba_samples
+
+    assert backends.available("cpu")
+    for kernel in (fused_numba_samples._forward_items, fused_inverse_numba_blocks.second_items):
+        assert type(kernel._cache._cache_file).save is fused_compile._locked_save

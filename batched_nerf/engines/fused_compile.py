@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["COMPILES", "cache_dir", "describe", "watch"]
+__all__ = ["COMPILES", "cache_dir", "describe", "lock_cache_writes", "watch"]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Compiles seen in this process (top-level kernels of this package): (what, seconds); tests read it.
@@ -130,13 +130,82 @@ class _Announcer:
         LOGGER.info("batched_nerf: compiled %s in %.1f s", what, seconds)
 
 
+def _locked_save(self: Any, key: Any, data: Any) -> None:
+    """numba's ``IndexDataCacheFile.save``, made safe for processes compiling into one folder at once.
+
+    numba's own ``save`` reads the index, picks the first data-file number not in it, writes the
+    index, then the data, with no lock between processes: two processes that compile two
+    signatures (say float32 and float64) of one kernel together both pick ``<kernel>.1.nbc``,
+    and the index can end up naming, for one signature, the machine code of the other (loaded
+    by every later process), or lose an entry. Here the whole read-pick-write runs under an
+    exclusive ``flock`` on ``<index>.lock``, the data is written before the index names it, and
+    both writes stay atomic (numba's temporary file + ``os.replace``).
+    """
+    import fcntl
+
+    with open(self._index_path + ".lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            overloads = self._load_index()
+            data_name = overloads.get(key)
+            if data_name is None:
+                taken = set(overloads.values())
+                number = 1
+                while self._data_name(number) in taken:
+                    number += 1
+                data_name = self._data_name(number)
+            self._save_data(data_name, data)
+            if overloads.get(key) != data_name:
+                overloads[key] = data_name
+                self._save_index(overloads)
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def lock_cache_writes(module: Any) -> int:
+    """Give every cached numba kernel of ``module`` the process-safe cache write (:func:`_locked_save`).
+
+    Returns how many kernels it changed (0 where numba's cache internals differ from those
+    known here, or without ``fcntl``: numba's own writes then).
+    """
+    try:
+        import fcntl  # noqa: F401  (POSIX only)
+
+        from numba.core.caching import IndexDataCacheFile
+    except ImportError:  # pragma: no cover - Windows, or another numba
+        return 0
+    locked = type("LockedIndexDataCacheFile", (IndexDataCacheFile,), {"save": _locked_save})
+    changed = 0
+    for value in vars(module).values():
+        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+        if type(cache_file) is IndexDataCacheFile:
+            cache_file.__class__ = locked
+            changed += 1
+    return changed
+
+
+_KERNEL_MODULES = (
+    "fused_numba_trig",
+    "fused_numba_samples",
+    "fused_numba_blocks",
+    "fused_inverse_numba",
+    "fused_inverse_numba_blocks",
+    "fused_inverse_rows",
+)
+
+
 def watch() -> None:
-    """Register the listener with numba (once per process; called when the CPU kernels load)."""
+    """Register the compile listener with numba and make the kernels' cache writes process-safe
+    (once per process; called when the CPU kernels load)."""
     global _installed
     with _lock:
         if _installed:
             return
         _installed = True
+    import importlib
+
+    for name in _KERNEL_MODULES:
+        lock_cache_writes(importlib.import_module(f"{__package__}.{name}"))
     from numba.core import event
 
     class Listener(_Announcer, event.Listener):  # numba checks the base class
