@@ -23,6 +23,7 @@ from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_ang
 from ._table import ConstructionTable
 from ._topology import Topology
 from ._version import __version__
+from ._warmup import warmup
 from ._zmatrix import ZMatrix
 from .engines.backends import backends
 
@@ -70,4 +71,5 @@ __all__ = [
     "to_cartesian",
     "to_chemcoord",
     "to_internal",
+    "warmup",
 ]

@@ -73,6 +73,10 @@ TILE = 16
 #: walk hands back its gradients this many rows at a time: fewer passes over the scratch
 #: (which falls out of the caches on wide units).
 CHUNK = 64
+#: The index mask of a scratch holding every row of a unit (the backward's): a typed int64, so
+#: that calls with it share the forward's compiled specialisations (a literal ``-1`` is a type
+#: of its own to numba, and compiled again: 3 kernels, seconds on a cold cache).
+_WHOLE = np.int64(-1)
 
 
 @njit(cache=True)
@@ -367,7 +371,7 @@ def _block_row_adjoint(p, k, s0, b0, ns, Z, M, Y, N, gf):
                     gf[b0 + s, p[SLOT, k], c] = Yi[c * L + s]
         return
     Zi = Z[i]
-    _block_frame(p, k, s0, Z, M, -1)
+    _block_frame(p, k, s0, Z, M, _WHOLE)
     _block_place_adjoint(Yi, Zi, M)
     third = p[THIRD, k]
     for s in range(L):  # the turn's gradient: its own plus what siblings built on it gave back
@@ -428,11 +432,13 @@ def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, g
     total = -(-n_samples // L) * n_units
     Z, M = np.zeros((width, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
     Y, N = np.empty((width, BACKWARD_FIELDS * L)), np.empty(9 * L)
+    whole = _WHOLE  # every row its own scratch row (no ring); an int64, not the literal -1, so
+    # that _block_rows and what it calls are the forward's specialisations (not compiled again)
     for item in range(total * t // nt, total * (t + 1) // nt):
         b0, u = (item // n_units) * L, item % n_units
         s0, s1 = starts[u], starts[u + 1]
         for c0 in range(s0, s1, CHUNK):
-            _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M, -1)
+            _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M, whole)
         _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N)
 
 

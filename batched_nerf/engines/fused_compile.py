@@ -1,0 +1,214 @@
+"""Say when the fused engine's numba kernels compile (a cache miss), and where their cache lives.
+
+numba compiles a kernel on its first call with new argument types and keeps the
+machine code in an on-disk cache (``cache=True``); a later process loads it in
+milliseconds. A cache miss costs seconds per kernel (tens of seconds for a first
+training step), so it is announced, before it starts:
+
+* once per process, a ``logging`` WARNING on the logger ``batched_nerf`` (shown by
+  default: with no logging configured, Python's last-resort handler prints it to
+  stderr), naming what compiles, that it happens once, where the cache lives and
+  how to compile ahead (:func:`batched_nerf.warmup`);
+* every compile, an INFO record when it starts and when it ends (with its time).
+
+A logging record rather than ``warnings.warn``: the message is raised from inside
+numba's compiler (its ``numba:compile`` event), where a warnings filter set to
+``error`` (``python -W error``, pytest's ``filterwarnings = error``) would turn it
+into an exception that aborts the compile; and a compile is not a misuse to fix.
+Silence it with ``logging.getLogger("batched_nerf").setLevel(logging.ERROR)``.
+
+numba fires ``numba:compile`` only after its cache lookup failed, so the
+announcement is exact: a cache hit says nothing. Only kernels of this package
+count; a kernel compiled from inside another (its helpers) is part of its
+caller's message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+__all__ = ["COMPILES", "cache_dir", "describe", "lock_cache_writes", "watch"]
+
+LOGGER = logging.getLogger("batched_nerf")
+#: Compiles seen in this process (top-level kernels of this package): (what, seconds); tests read it.
+COMPILES: list[tuple[str, float]] = []
+
+_PACKAGE = __package__.split(".")[0]  # "batched_nerf"
+_state = threading.local()
+_lock = threading.Lock()
+_announced = False
+_installed = False
+
+#: kernel-module suffix -> the pass it serves
+_PASSES = (
+    ("fused_inverse_numba_blocks", "to_internal"),
+    ("fused_inverse_numba", "to_internal"),
+    ("fused_numba_trig", "to_cartesian / to_internal"),
+    ("fused_numba_blocks", "to_cartesian"),
+    ("fused_numba_samples", "to_cartesian"),
+    ("fused_numba", "to_cartesian"),
+)
+
+
+def cache_dir(dispatcher: Any = None) -> str:
+    """Where numba keeps the compiled kernels of this package (``dispatcher``: of that kernel).
+
+    numba's own choice, made when the kernel module is imported: ``NUMBA_CACHE_DIR``
+    when set; else the ``__pycache__`` folder next to the kernel modules; where
+    that is not writable (a read-only site-packages), a per-user folder
+    (``~/.cache/numba/<folder>_<hash>``, from ``numba.misc.appdirs``).
+
+    Raises:
+        ImportError: numba is not installed.
+    """
+    if dispatcher is None:
+        from .fused_numba_trig import _sincos as dispatcher
+    return str(dispatcher._cache._cache_path)
+
+
+def describe(dispatcher: Any, args: Any) -> str:
+    """``"to_internal second order, blocked, float32 (fused_inverse_numba_blocks.second_items)"``."""
+    func = dispatcher.py_func
+    module, name = func.__module__.rsplit(".", 1)[-1], func.__name__
+    what = next((p for suffix, p in _PASSES if module == suffix), module)
+    low = name.lower()
+    if "second" in low:
+        part = "second order"
+    elif "vjp" in low or "backward" in low:
+        part = "backward"
+    elif "trig" in low or "sincos" in low:
+        part = "cos/sin"
+    elif "atan2" in low or "angles" in low:
+        part = "atan2"
+    else:
+        part = "forward"
+    layout = "blocked, " if module.endswith("_blocks") else "" if module.endswith("_trig") else "per sample, "
+    if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
+        layout += "threaded, "
+    text = " ".join(str(a) for a in args)
+    dtype = "float32" if "float32" in text else "float64"
+    return f"{what} {part}, {layout}{dtype} ({module}.{name})"
+
+
+class _Announcer:
+    """The ``numba:compile`` listener's work: announce the outermost compile of a kernel of this package."""
+
+    def on_start(self, event: Any) -> None:
+        depth = getattr(_state, "depth", 0)
+        _state.depth = depth + 1
+        dispatcher = event.data["dispatcher"]
+        if depth or not dispatcher.py_func.__module__.startswith(_PACKAGE + "."):
+            return
+        what = describe(dispatcher, event.data["args"])
+        _state.started = (what, time.perf_counter())
+        global _announced
+        with _lock:
+            first, _announced = not _announced, True
+        if first:
+            LOGGER.warning(
+                "batched_nerf: compiling the fused CPU kernels (numba) for %s: a one-time cost of "
+                "seconds per kernel, then cached on disk in %s (choose with NUMBA_CACHE_DIR); later "
+                "processes load them in milliseconds. Compile everything ahead with "
+                "`batched-nerf warmup` or batched_nerf.warmup().",
+                what,
+                cache_dir(dispatcher),
+            )
+        LOGGER.info("batched_nerf: compiling %s (numba cache miss)", what)
+
+    def on_end(self, event: Any) -> None:
+        _state.depth = depth = max(getattr(_state, "depth", 1) - 1, 0)
+        started = getattr(_state, "started", None)
+        if depth or started is None:
+            return
+        _state.started = None
+        what, t0 = started
+        seconds = time.perf_counter() - t0
+        COMPILES.append((what, seconds))
+        LOGGER.info("batched_nerf: compiled %s in %.1f s", what, seconds)
+
+
+def _locked_save(self: Any, key: Any, data: Any) -> None:
+    """numba's ``IndexDataCacheFile.save``, made safe for processes compiling into one folder at once.
+
+    numba's own ``save`` reads the index, picks the first data-file number not in it, writes the
+    index, then the data, with no lock between processes: two processes that compile two
+    signatures (say float32 and float64) of one kernel together both pick ``<kernel>.1.nbc``,
+    and the index can end up naming, for one signature, the machine code of the other (loaded
+    by every later process), or lose an entry. Here the whole read-pick-write runs under an
+    exclusive ``flock`` on ``<index>.lock``, the data is written before the index names it, and
+    both writes stay atomic (numba's temporary file + ``os.replace``).
+    """
+    import fcntl
+
+    with open(self._index_path + ".lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            overloads = self._load_index()
+            data_name = overloads.get(key)
+            if data_name is None:
+                taken = set(overloads.values())
+                number = 1
+                while self._data_name(number) in taken:
+                    number += 1
+                data_name = self._data_name(number)
+            self._save_data(data_name, data)
+            if overloads.get(key) != data_name:
+                overloads[key] = data_name
+                self._save_index(overloads)
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def lock_cache_writes(module: Any) -> int:
+    """Give every cached numba kernel of ``module`` the process-safe cache write (:func:`_locked_save`).
+
+    Returns how many kernels it changed (0 where numba's cache internals differ from those
+    known here, or without ``fcntl``: numba's own writes then).
+    """
+    try:
+        import fcntl  # noqa: F401  (POSIX only)
+
+        from numba.core.caching import IndexDataCacheFile
+    except ImportError:  # pragma: no cover - Windows, or another numba
+        return 0
+    locked = type("LockedIndexDataCacheFile", (IndexDataCacheFile,), {"save": _locked_save})
+    changed = 0
+    for value in vars(module).values():
+        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
+        if type(cache_file) is IndexDataCacheFile:
+            cache_file.__class__ = locked
+            changed += 1
+    return changed
+
+
+_KERNEL_MODULES = (
+    "fused_numba_trig",
+    "fused_numba_samples",
+    "fused_numba_blocks",
+    "fused_inverse_numba",
+    "fused_inverse_numba_blocks",
+    "fused_inverse_rows",
+)
+
+
+def watch() -> None:
+    """Register the compile listener with numba and make the kernels' cache writes process-safe
+    (once per process; called when the CPU kernels load)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+    import importlib
+
+    for name in _KERNEL_MODULES:
+        lock_cache_writes(importlib.import_module(f"{__package__}.{name}"))
+    from numba.core import event
+
+    class Listener(_Announcer, event.Listener):  # numba checks the base class
+        pass
+
+    event.register("numba:compile", Listener())
