@@ -25,7 +25,9 @@ _ATOMS = 12  # a chain: small inputs, every row kind of a chain (seeds, NeRF fra
 def _thresholds(threaded: bool) -> Iterator[None]:
     """With ``threaded``, the kernels' serial-below-this-size thresholds set to 0 (tiny calls take the
     threaded kernels), restored afterwards."""
-    from .engines import fused_inverse_numba, fused_numba, fused_numba_trig
+    from .engines.fused.cpu import build as fused_numba
+    from .engines.fused.cpu import inverse as fused_inverse_numba
+    from .engines.fused.cpu import trig as fused_numba_trig
 
     names = (
         (fused_numba, "SERIAL_WORK"),
@@ -202,7 +204,7 @@ def warmup(
     backends.require("cpu")
     import numba
 
-    from .engines import fused_compile
+    from .engines.fused.cpu import cache as fused_compile
 
     threads = numba.get_num_threads() if threaded else 1
     steps = _steps(dtypes, passes, threads)

@@ -17,7 +17,7 @@ import batched_nerf as bn
 from batched_nerf.cli import main
 
 numba = pytest.importorskip("numba", reason="the fused CPU kernels need numba")
-fused_compile = pytest.importorskip("batched_nerf.engines.fused_compile")
+fused_compile = pytest.importorskip("batched_nerf.engines.fused.cpu.cache")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,20 +32,20 @@ def _event(module: str, name: str, args: tuple[Any, ...], cache_path: str = "/ca
     ("module", "name", "args", "expected"),
     [
         (
-            "batched_nerf.engines.fused_inverse_numba_blocks",
+            "batched_nerf.engines.fused.cpu.inverse_blocks",
             "second_items",
             ("int64", "array(float32, 3d, C)"),
             "to_internal second order, blocked, float32",
         ),
         (
-            "batched_nerf.engines.fused_numba_samples",
+            "batched_nerf.engines.fused.cpu.samples",
             "_backward_parallel",
             ("array(float64, 2d, C)",),
             "to_cartesian backward, per sample, threaded, float64",
         ),
-        ("batched_nerf.engines.fused_numba_trig", "_trig_items", ("float32",), "cos/sin, float32"),
+        ("batched_nerf.engines.fused.cpu.trig", "_trig_items", ("float32",), "cos/sin, float32"),
         (
-            "batched_nerf.engines.fused_inverse_numba",
+            "batched_nerf.engines.fused.cpu.inverse",
             "_vjp_rows",
             ("float64",),
             "backward, per sample, threaded",
@@ -67,9 +67,9 @@ def test_cache_miss_announced_once_then_logged(
     announcer = fused_compile._Announcer()
     caplog.set_level(logging.INFO, logger="batched_nerf")
     for name in ("_forward_items", "_backward_items"):
-        ev = _event("batched_nerf.engines.fused_numba_samples", name, ("float32",))
+        ev = _event("batched_nerf.engines.fused.cpu.samples", name, ("float32",))
         announcer.on_start(ev)
-        inner = _event("batched_nerf.engines.fused_numba_samples", "_frame", ("float32",))
+        inner = _event("batched_nerf.engines.fused.cpu.samples", "_frame", ("float32",))
         announcer.on_start(inner)  # a helper compiled from inside: part of its caller's message
         announcer.on_end(inner)
         announcer.on_end(ev)
@@ -99,7 +99,7 @@ def test_other_packages_compiles_are_not_announced(
 
 
 def test_cache_dir_is_numbas_choice() -> None:
-    from batched_nerf.engines.fused_numba_trig import _sincos
+    from batched_nerf.engines.fused.cpu.trig import _sincos
 
     path = fused_compile.cache_dir()
     assert path == str(_sincos._cache._cache_path) and os.path.isdir(path)
@@ -169,7 +169,8 @@ def test_cli_sample_does_not_time_the_first_call(tmp_path: Path, capsys: pytest.
 _COLD = textwrap.dedent(
     """
     import torch, batched_nerf as bn
-    from batched_nerf.engines import fused_inverse_numba as inv, fused_inverse_numba_blocks as blk
+    from batched_nerf.engines.fused.cpu import inverse as inv
+    from batched_nerf.engines.fused.cpu import inverse_blocks as blk
     table = bn.ConstructionTable.chain(10)
     for n in (1, 32):
         x = torch.randn(n, 10, 3, dtype=torch.float64, requires_grad=True)
@@ -230,7 +231,9 @@ def test_concurrent_cache_writes_keep_every_entry_with_its_own_code(tmp_path: Pa
 
 
 def test_kernels_use_the_locked_cache_write() -> None:
-    from batched_nerf.engines import backends, fused_inverse_numba_blocks, fused_numba_samples
+    from batched_nerf.engines import backends
+    from batched_nerf.engines.fused.cpu import inverse_blocks as fused_inverse_numba_blocks
+    from batched_nerf.engines.fused.cpu import samples as fused_numba_samples
 
     assert backends.available("cpu")
     for kernel in (fused_numba_samples._forward_items, fused_inverse_numba_blocks.second_items):

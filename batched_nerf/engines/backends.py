@@ -37,7 +37,7 @@ def _load(device_type: str) -> ModuleType | None:
             importlib.import_module(package)
             module = importlib.import_module(f"{__package__}.{kernels}")
             if package == "numba":  # say when a kernel compiles (a cache miss)
-                importlib.import_module(f"{__package__}.fused_compile").watch()
+                importlib.import_module(f"{__package__}.fused.cpu.cache").watch()
         except ImportError as exc:  # absent package, or no kernels for it yet
             _errors[device_type] = f"{type(exc).__name__}: {exc}"
     _kernels[device_type] = module

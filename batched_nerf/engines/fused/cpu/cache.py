@@ -1,4 +1,4 @@
-"""Say when the fused engine's numba kernels compile (a cache miss), and where their cache lives.
+"""The numba cache of the CPU kernels: say when they compile (a cache miss), and where their cache lives.
 
 numba compiles a kernel on its first call with new argument types and keeps the
 machine code in an on-disk cache (``cache=True``); a later process loads it in
@@ -44,12 +44,12 @@ _installed = False
 
 #: kernel-module suffix -> the pass it serves
 _PASSES = (
-    ("fused_inverse_numba_blocks", "to_internal"),
-    ("fused_inverse_numba", "to_internal"),
-    ("fused_numba_trig", "to_cartesian / to_internal"),
-    ("fused_numba_blocks", "to_cartesian"),
-    ("fused_numba_samples", "to_cartesian"),
-    ("fused_numba", "to_cartesian"),
+    ("inverse_blocks", "to_internal"),
+    ("inverse", "to_internal"),
+    ("trig", "to_cartesian / to_internal"),
+    ("blocks", "to_cartesian"),
+    ("samples", "to_cartesian"),
+    ("build", "to_cartesian"),
 )
 
 
@@ -65,12 +65,12 @@ def cache_dir(dispatcher: Any = None) -> str:
         ImportError: numba is not installed.
     """
     if dispatcher is None:
-        from .fused_numba_trig import _sincos as dispatcher
+        from .trig import _sincos as dispatcher
     return str(dispatcher._cache._cache_path)
 
 
 def describe(dispatcher: Any, args: Any) -> str:
-    """``"to_internal second order, blocked, float32 (fused_inverse_numba_blocks.second_items)"``."""
+    """``"to_internal second order, blocked, float32 (inverse_blocks.second_items)"``."""
     func = dispatcher.py_func
     module, name = func.__module__.rsplit(".", 1)[-1], func.__name__
     what = next((p for suffix, p in _PASSES if module == suffix), module)
@@ -85,7 +85,7 @@ def describe(dispatcher: Any, args: Any) -> str:
         part = "atan2"
     else:
         part = "forward"
-    layout = "blocked, " if module.endswith("_blocks") else "" if module.endswith("_trig") else "per sample, "
+    layout = "blocked, " if module.endswith("blocks") else "" if module == "trig" else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
     text = " ".join(str(a) for a in args)
@@ -184,14 +184,7 @@ def lock_cache_writes(module: Any) -> int:
     return changed
 
 
-_KERNEL_MODULES = (
-    "fused_numba_trig",
-    "fused_numba_samples",
-    "fused_numba_blocks",
-    "fused_inverse_numba",
-    "fused_inverse_numba_blocks",
-    "fused_inverse_rows",
-)
+_KERNEL_MODULES = ("trig", "samples", "blocks", "inverse", "inverse_blocks", "inverse_rows")
 
 
 def watch() -> None:
