@@ -8,16 +8,19 @@ engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
 
 Layout: :mod:`.base` (plan mixin, engine record), :mod:`.seeds` (block 0,
 shared by every engine), :mod:`.levels`, :mod:`.scan`, :mod:`.fused` (compiled
-kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`. Nothing here imports
+kernels, :mod:`.backends`), :mod:`.inverse`, :mod:`.dispatch`; :mod:`.compose` (plans of
+packed tables from their parts' plans). Nothing here imports
 the table or the public API.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .._topology import Topology
 from .base import Engine
+from .compose import compose_fused, compose_inverse
 from .fused import FUSED
 from .inverse import INVERSE
 from .levels import LEVELS
@@ -26,7 +29,9 @@ from .scan import SCAN
 __all__ = ["ENGINES", "METHODS", "Engine", "get", "make_plan"]
 
 #: Every engine by name.
-ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, FUSED, INVERSE)}
+#: Engines whose plans a packed table composes from its parts' (:mod:`.compose`).
+_COMPOSED = (replace(FUSED, compose=compose_fused), replace(INVERSE, compose=compose_inverse))
+ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, *_COMPOSED)}
 #: Engines that ``to_cartesian(method=...)`` accepts (besides ``"auto"``).
 METHODS: tuple[str, ...] = (SCAN.name, LEVELS.name, FUSED.name)
 
