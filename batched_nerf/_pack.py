@@ -19,7 +19,12 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     table, with ``offset_m = sum(len(t) for t in tables[:m])``; fixed atoms keep
     their order, table by table. The packed table's analysis is composed from
     the parts' (offsets added, components and seeds renumbered, build orders
-    concatenated), not redone; its plans are made on first use. Build the packed molecules in one call by
+    concatenated), not redone; its plans are made on first use, and those of
+    the fused engine and of :func:`to_internal` are composed from the parts'
+    plans (offsets added; parts without one are planned first, when that costs
+    no more than planning the packed table), so a new combination of tables
+    that were planned before costs a few array concatenations. The packed table
+    keeps its parts for this (not when pickled). Build the packed molecules in one call by
     concatenating their values along the atom dimension (``torch.cat(...,
     dim=-1)`` for internal coordinates, ``dim=-2`` for ``fixed_xyz``), then
     :func:`split_atoms` the result.
@@ -50,8 +55,9 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     if not tables:
         raise ValueError("pack_tables needs at least one table")
     parts = [check_table(table, f"tables[{k}]").topology for k, table in enumerate(tables)]
-    # the parts are checked and analysed: compose their analyses (no re-analysis); plans on first use
-    return ConstructionTable._from_topology(concatenate(parts))
+    # the parts are checked and analysed: compose their analyses (no re-analysis); plans on first use,
+    # composed from the parts' plans where the engine can (the packed table keeps its parts for that)
+    return ConstructionTable._from_topology(concatenate(parts), tables)
 
 
 def _n_atoms(table: ConstructionTable | int, k: int) -> int:

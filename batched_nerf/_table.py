@@ -33,6 +33,7 @@ from torch import Tensor
 from . import engines
 from ._autotable import refs_from_connectivity, refs_from_xyz
 from ._topology import Topology, analyse
+from .engines.compose import worth_composing
 from .engines.dispatch import single_path
 
 __all__ = ["ConstructionTable"]
@@ -131,10 +132,18 @@ class ConstructionTable:
         self._init(analyse(refs, fixed))
 
     @classmethod
-    def _from_topology(cls, topology: Topology) -> ConstructionTable:
-        """A table of an already analysed (checked) topology, e.g. one composed by ``pack_tables``."""
+    def _from_topology(
+        cls, topology: Topology, parts: Sequence[ConstructionTable] | None = None
+    ) -> ConstructionTable:
+        """A table of an already analysed (checked) topology, e.g. one composed by ``pack_tables``.
+
+        ``parts``: the tables ``topology`` concatenates (``pack_tables``), whose
+        plans this table's plans are composed from where the engine can
+        (:mod:`.engines.compose`); kept for that (not pickled).
+        """
         table = cls.__new__(cls)
         table._init(topology)
+        table._parts = tuple(parts) if parts is not None else None
         return table
 
     def _init(self, topology: Topology) -> None:
@@ -142,6 +151,7 @@ class ConstructionTable:
         self._single_path = single_path(topology)
         self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
         self._memo: dict[Any, Any] = {}
+        self._parts: tuple[ConstructionTable, ...] | None = None
         for engine in engines.ENGINES.values():  # plans that cost next to nothing, if any
             if engine.eager:
                 self.plan(engine.name, None, engine.variants[0])
@@ -383,11 +393,28 @@ class ConstructionTable:
             cpu_key = (kind, variant, torch.device("cpu"))
             base = self._plans.get(cpu_key)
             if base is None:
-                base = engines.make_plan(kind, self._topology, variant)
+                base = self._composed(kind, variant)
+                if base is None:
+                    base = engines.make_plan(kind, self._topology, variant)
                 self._store(cpu_key, base)
             cached = base if device.type == "cpu" else base.to(device)
         self._store(key, cached)
         return cached
+
+    def _composed(self, kind: str, variant: int) -> Any:
+        """The CPU plan composed from the parts' plans (a packed table), or None to plan from scratch.
+
+        Parts without the plan yet are planned first (once: later packs of them
+        reuse it) when that is worth it (:func:`.engines.compose.worth_composing`).
+        """
+        compose = engines.get(kind).compose
+        if not self._parts or compose is None:
+            return None
+        cpu_key = (kind, variant, torch.device("cpu"))
+        missing = len({id(p) for p in self._parts if cpu_key not in p._plans})
+        if not worth_composing(self._topology.n_atoms, missing):
+            return None
+        return compose([p.plan(kind, None, variant) for p in self._parts], self._topology)
 
     def _store(self, key: tuple[str, int, torch.device], plan: Any) -> None:
         self._plans[key] = plan

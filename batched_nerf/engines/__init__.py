@@ -14,16 +14,19 @@ classification; :mod:`.layout`; :mod:`.compiled`; :mod:`.dispatch`:
 found lazily), then one room per engine: :mod:`.levels`, :mod:`.inverse` (one
 module each), :mod:`.scan` (plan, path, build) and :mod:`.fused` (plan, build
 and inverse with their autograd; its backends below it in
-:mod:`.fused.cpu` (numba) and :mod:`.fused.cuda` (Triton)). Nothing here
-imports the table or the public API.
+:mod:`.fused.cpu` (numba) and :mod:`.fused.cuda` (Triton)); :mod:`.compose`
+makes plans of packed tables from their parts' plans. Nothing here imports the
+table or the public API.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .._topology import Topology
 from .base import Engine
+from .compose import compose_fused, compose_inverse
 from .fused.build import FUSED
 from .inverse import INVERSE
 from .levels import LEVELS
@@ -32,7 +35,9 @@ from .scan.build import SCAN
 __all__ = ["ENGINES", "METHODS", "Engine", "get", "make_plan"]
 
 #: Every engine by name.
-ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, FUSED, INVERSE)}
+#: Engines whose plans a packed table composes from its parts' (:mod:`.compose`).
+_COMPOSED = (replace(FUSED, compose=compose_fused), replace(INVERSE, compose=compose_inverse))
+ENGINES: dict[str, Engine] = {e.name: e for e in (LEVELS, SCAN, *_COMPOSED)}
 #: Engines that ``to_cartesian(method=...)`` accepts (besides ``"auto"``).
 METHODS: tuple[str, ...] = (SCAN.name, LEVELS.name, FUSED.name)
 

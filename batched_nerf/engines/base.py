@@ -8,7 +8,7 @@ them to another device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -86,6 +86,9 @@ class Engine:
         nan_bonds: the build itself makes atoms with negative bonds NaN (the
             domain rule of :func:`~batched_nerf.to_cartesian`, one ``torch.where``
             the caller applies otherwise); the fused kernels do it per atom.
+        compose: ``(part plans, packed topology) -> plan``: the plan of a table
+            packed by :func:`~batched_nerf.pack_tables` from its parts' plans
+            (:mod:`.compose`), or None (planned from scratch).
     """
 
     name: str
@@ -96,3 +99,4 @@ class Engine:
     eager: bool = False
     gathers: Callable[[Any], bool] = _always_gathers
     nan_bonds: bool = False
+    compose: Callable[[Sequence[Any], Topology], Any] | None = None

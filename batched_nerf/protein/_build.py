@@ -278,6 +278,55 @@ def build(
     return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
 
 
+class _Layout(NamedTuple):
+    """A :class:`ProteinTable`'s arrays that :class:`PackedProteins` concatenates (numpy, made once)."""
+
+    n: int
+    n_residues: int
+    base: np.ndarray  # (N,) and weights (4, N): the packed source, see PackedProteins
+    weights: np.ndarray
+    arange: np.ndarray  # (N,)
+    values: np.ndarray  # (3, N) template bonds, angles, dihedrals (radians)
+    chi: np.ndarray  # (L, 4) default chi (radians)
+    residue_index: np.ndarray  # (N,)
+
+
+def _layout(t: Any) -> _Layout:
+    """The :class:`_Layout` of a :class:`ProteinTable` (kept on it).
+
+    The table's own ``source`` is ``src < n`` (its template), ``n + c L + r`` (phi,
+    psi, omega of residue ``r``, ``c < 3``) or ``n + 3 L + 4 r + c'`` (chi). Packed as
+    sequence ``k`` of ``B`` (first atom ``f``, ``P = B L_max`` positions), these
+    become ``src + f``, ``N + c P + (k L_max + r)`` and ``N + 3 P + 4 (k L_max + r) + c'``:
+    ``base + weights . (N, P, k L_max, f)``.
+    """
+    layout = t.__dict__.get("_layout")
+    if layout is None:
+        src = t.source.numpy()
+        n, n_res = t.n_atoms, t.n_residues
+        own = src < n
+        rel = src - n
+        backbone = ~own & (rel < 3 * n_res)
+        chi = ~own & ~backbone
+        col, res = np.divmod(np.where(backbone, rel, 0), max(n_res, 1))
+        chi_res, chi_col = np.divmod(np.where(chi, rel - 3 * n_res, 0), 4)
+        base = np.where(own, src, np.where(backbone, res, 4 * chi_res + chi_col))
+        weights = np.stack([~own, np.where(backbone, col, 0) + 3 * chi, backbone + 4 * chi, own]).astype(
+            np.int64
+        )
+        layout = t.__dict__["_layout"] = _Layout(
+            n=n,
+            n_residues=n_res,
+            base=base.astype(np.int64),
+            weights=weights.astype(np.int64),
+            arange=np.arange(n),
+            values=torch.stack([t.bonds, t.angles, t.dihedrals]).numpy(),
+            chi=t.default_chi.numpy(),
+            residue_index=t.residue_index.numpy(),
+        )
+    return layout
+
+
 class PackedProteins:
     """Several sequences in one packed table, with the index maps of a padded layout (cached per tuple).
 
@@ -296,43 +345,38 @@ class PackedProteins:
         self.hydrogens = hydrogens
         self.tables = [protein_table(s, hydrogens=hydrogens) for s in sequences]
         self.table = pack_tables([t.table for t in self.tables])
+        # from each sequence's cached numpy layout, part by part (small arrays), then one concatenation
+        # per field: fresh arrays as large as the packed table cost page faults, more than the arithmetic
+        parts = [_layout(t) for t in self.tables]
         b = len(sequences)
-        self.n_max = max(t.n_atoms for t in self.tables)
-        self.l_max = max(t.n_residues for t in self.tables)
+        self.n_max = max(p.n for p in parts)
+        self.l_max = max(p.n_residues for p in parts)
         n_total = self.table.n_atoms
         positions = b * self.l_max
-        sources, unpad, offset = [], [], 0
-        for k, t in enumerate(self.tables):
-            # single-table source: n + kind*L + res (chi: n + 3L + 4 res + c); re-index to the packed layout
-            src = t.source.clone()
-            own = src < t.n_atoms
-            rel = src - t.n_atoms
-            n_res = t.n_residues
-            kind = torch.where(rel < 3 * n_res, rel // n_res, 3 + (rel - 3 * n_res) % 4)
-            res = torch.where(rel < 3 * n_res, rel % n_res, (rel - 3 * n_res) // 4)
-            pos = k * self.l_max + res
-            packed = torch.where(
-                kind < 3, n_total + kind * positions + pos, n_total + 3 * positions + 4 * pos + kind - 3
+        # packed dihedrals = cat([template (N_total), phi (B*L_max), psi, omega, chi])[source]: each
+        # part's source is base + weights . (n_total, positions, k * l_max, first atom), see _layout
+        sources, unpad, first = [], [], 0
+        chi = np.zeros((b, self.l_max, 4))
+        residue_index = np.full((b, self.n_max), -1, dtype=np.int64)
+        for k, p in enumerate(parts):
+            w = p.weights
+            sources.append(
+                p.base + w[0] * n_total + w[1] * positions + w[2] * (k * self.l_max) + w[3] * first
             )
-            sources.append(torch.where(own, src + offset, packed))
-            unpad.append(k * self.n_max + torch.arange(t.n_atoms))
-            offset += t.n_atoms
-        self.source = torch.cat(sources)
-        self.unpad = torch.cat(unpad)
-        self.pad = torch.full((b * self.n_max,), n_total, dtype=torch.long).index_put(
-            (self.unpad,), torch.arange(n_total)
+            unpad.append(p.arange + k * self.n_max)
+            chi[k, : p.n_residues] = p.chi
+            residue_index[k, : p.n] = p.residue_index
+            first += p.n
+        source, unpad_ = np.concatenate(sources), np.concatenate(unpad)
+        pad = np.full(b * self.n_max, n_total, dtype=np.int64)
+        pad[unpad_] = np.arange(n_total)
+        self.source, self.unpad, self.pad = (torch.from_numpy(x) for x in (source, unpad_, pad))
+        self.bonds, self.angles, self.dihedrals = (
+            torch.from_numpy(np.concatenate([p.values[k] for p in parts])) for k in range(3)
         )
-        self.bonds = torch.cat([t.bonds for t in self.tables])
-        self.angles = torch.cat([t.angles for t in self.tables])
-        self.dihedrals = torch.cat([t.dihedrals for t in self.tables])
-        chi = torch.zeros(b, self.l_max, 4, dtype=torch.float64)
-        residue_index = torch.full((b, self.n_max), -1, dtype=torch.long)
-        for k, t in enumerate(self.tables):
-            chi[k, : t.n_residues] = t.default_chi
-            residue_index[k, : t.n_atoms] = t.residue_index
-        self.default_chi = chi
-        self.residue_index = residue_index
-        self.mask = residue_index >= 0
+        self.default_chi = torch.from_numpy(chi)
+        self.residue_index = torch.from_numpy(residue_index)
+        self.mask = self.residue_index >= 0
 
     def padded(self, packed: Tensor) -> Tensor:
         """``(..., N_total, 3)`` packed coordinates -> ``(..., B, N_max, 3)``, zeros in padding."""

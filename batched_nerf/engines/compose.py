@@ -1,0 +1,159 @@
+"""Plans of a packed table composed from its parts' plans: concatenation with offsets, no re-planning.
+
+:func:`batched_nerf.pack_tables` puts tables one after another (atom ``k`` of
+part ``m`` becomes atom ``offset_m + k``; its topology is
+:func:`batched_nerf._topology.concatenate`). Every reference stays inside its
+part, so a plan whose entries are per-atom (or per-row) values and indices is
+the parts' plans laid end to end, with the atom, row and fixed-slot offsets
+added to the index entries (``-1`` kept). That is a handful of whole-array numpy
+passes over the packed atoms, against a planner's tens of passes (and the
+frame tree) for a table planned from scratch.
+
+* :func:`compose_fused` (:class:`~.fused.build.FusedPlan`): the ``(11, N)`` index
+  arrays concatenated (atom, reference rows, parent and sibling rows and flip
+  atom shifted by the part's atom offset, fixed slots by its fixed-atom
+  offset); work units regrouped *on the parts' unit boundaries*: a part's unit
+  ``[s, e)`` starts a new unit of the packed plan where ``s // target`` changes,
+  ``target = max(UNIT_MIN_ATOMS, ceil(N / UNITS_MAX))``, the rule
+  :func:`~.fused.build.fused_plan` applies to component boundaries. Where every part
+  is a single component (or a single unit of its own) the composed plan equals
+  ``fused_plan`` of the packed topology array for array; otherwise its units
+  are coarser (a part's unit is never split) and its rows may be ordered
+  differently within a part, with the same values bit for bit (each atom is
+  placed from its references only; units hold whole components).
+* :func:`compose_inverse` (:class:`~.inverse.InversePlan`): the safe reference
+  gathers shifted by the atom offsets, the masks concatenated; equal to
+  :func:`~.inverse.inverse_plan` of the packed topology.
+
+The table (:meth:`batched_nerf.ConstructionTable.plan`) composes a packed
+table's plan when its parts have theirs (:func:`worth_composing`), else plans
+from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .._topology import Topology
+from .fused.build import UNIT_MIN_ATOMS, UNITS_MAX, FusedPlan
+from .inverse import InversePlan
+
+__all__ = ["PLAN_ATOMS", "compose_fused", "compose_inverse", "worth_composing"]
+
+#: Planning a table costs about one fixed overhead (tens of numpy passes) plus a per-atom part; the
+#: fixed part is worth about this many atoms (fused plan, 2-core CPU). Used by :func:`worth_composing`.
+PLAN_ATOMS = 512
+
+
+def worth_composing(n_atoms: int, n_missing: int) -> bool:
+    """Whether to plan the ``n_missing`` parts that lack a plan and compose, rather than plan anew.
+
+    Planning ``m`` parts of ``n`` atoms in all costs about ``m`` fixed overheads
+    plus ``n`` atoms, planning the packed table of ``N`` atoms one overhead plus
+    ``N`` atoms; composing afterwards costs a few whole-array passes. So parts
+    are planned (each once: later packs reuse their plans) while
+    ``m <= 1 + N // PLAN_ATOMS``.
+
+    Example:
+        >>> worth_composing(26_000, 32), worth_composing(2_500, 64), worth_composing(100, 0)
+        (True, False, True)
+    """
+    return n_missing <= 1 + n_atoms // PLAN_ATOMS
+
+
+def _offsets(sizes: Sequence[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))]).astype(np.int64)
+
+
+def _shift_kept(view: np.ndarray, offset: np.ndarray) -> None:
+    """``view += offset`` in place where ``view >= 0`` (``-1``: none, kept)."""
+    none = view < 0
+    view += offset
+    np.putmask(view, none, -1)
+
+
+def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
+    """The fused plan of the packed ``topo`` from its parts' plans (see the module docstring).
+
+    Args:
+        parts: the fused plans of the packed tables, in packing order.
+        topo: the packed topology (``concatenate`` of the parts' topologies).
+
+    Raises:
+        ValueError: the parts' atom counts do not add up to ``topo.n_atoms``.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf.engines.fused.build import fused_plan
+        >>> water = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
+        >>> chain = bn.ConstructionTable.chain(5)
+        >>> packed = bn.pack_tables([water, chain])
+        >>> plan = compose_fused([fused_plan(water.topology), fused_plan(chain.topology)], packed.topology)
+        >>> bool((plan.index == fused_plan(packed.topology).index).all()), plan.starts.tolist()
+        (True, [0, 8])
+    """
+    sizes = [p.index.shape[1] for p in parts]
+    atom_off = _offsets(sizes)
+    if int(atom_off[-1]) != topo.n_atoms:
+        raise ValueError(
+            f"the parts' plans hold {int(atom_off[-1])} atoms, the packed topology {topo.n_atoms}"
+        )
+    n = topo.n_atoms
+    fixed_off = _offsets([p.topology.n_fixed for p in parts])
+    index = np.concatenate([p.index for p in parts], axis=1) if parts else np.zeros((11, 0), np.int64)
+    # whole-array passes in place: the concatenation is the one array as large as the plan (fresh
+    # large arrays cost page faults, more than the arithmetic); per-part slices cost more in Python
+    shift = np.repeat(atom_off[:-1], sizes)
+    index[0] += shift  # atoms: never -1
+    _shift_kept(index[2:8], shift)  # reference rows, parent row, sibling row, flip atom
+    if int(fixed_off[-1]):
+        _shift_kept(index[8], np.repeat(fixed_off[:-1], sizes))  # fixed slots
+    # every part's unit starts, in packed rows; a new packed unit where start // target changes
+    begins = np.concatenate([p.starts[:-1] + o for p, o in zip(parts, atom_off[:-1])])
+    target = max(UNIT_MIN_ATOMS, -(-n // UNITS_MAX))
+    key = begins // target
+    keep = np.ones(begins.size, dtype=bool)
+    keep[1:] = key[1:] != key[:-1]
+    starts = np.append(begins[keep], n).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
+    counts = np.diff(starts)
+    return FusedPlan(
+        index=np.ascontiguousarray(index),
+        starts=starts,
+        topology=topo,
+        width=int(counts.max(initial=1)),
+        reach=max((p.reach for p in parts), default=0),
+    )
+
+
+def compose_inverse(parts: Sequence[InversePlan], topo: Topology) -> InversePlan:
+    """The inverse-map plan of the packed ``topo`` from its parts' plans (equal to planning it).
+
+    Raises:
+        ValueError: the parts' atom counts do not add up to ``topo.n_atoms``.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf.engines.inverse import inverse_plan
+        >>> a, b = bn.ConstructionTable.chain(3), bn.ConstructionTable.chain(4)
+        >>> packed = bn.pack_tables([a, b])
+        >>> plan = compose_inverse([inverse_plan(a.topology), inverse_plan(b.topology)], packed.topology)
+        >>> plan.refs[3:].tolist() == inverse_plan(packed.topology).refs[3:].tolist()
+        True
+    """
+    sizes = [int(p.refs.shape[0]) for p in parts]
+    atom_off = _offsets(sizes)
+    if int(atom_off[-1]) != topo.n_atoms:
+        raise ValueError(
+            f"the parts' plans hold {int(atom_off[-1])} atoms, the packed topology {topo.n_atoms}"
+        )
+    shift = torch.from_numpy(np.repeat(atom_off[:-1], sizes))
+    refs = torch.cat([p.refs for p in parts]) + shift[:, None]  # safe refs (never -1): all shifted
+    return InversePlan(
+        refs=refs,
+        has_bond=torch.cat([p.has_bond for p in parts]),
+        has_angle=torch.cat([p.has_angle for p in parts]),
+        has_dihedral=torch.cat([p.has_dihedral for p in parts]),
+    )
