@@ -55,11 +55,7 @@ _CENTERS = ("atom", "first", "centroid")
 
 #: The 27 neighbour offsets of the minimum-image search, ``(0, 0, 0)`` first (it wins ties).
 _OFFSETS = np.array(
-    sorted(
-        ((i, j, k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)),
-        key=lambda o: (o != (0, 0, 0), o),
-    ),
-    dtype=np.float64,
+    [(p // 9 - 1, p // 3 % 3 - 1, p % 3 - 1) for p in ((j + 13) % 27 for j in range(27))], dtype=np.float64
 )
 
 
@@ -162,13 +158,16 @@ def _image_shift(v: Tensor, h: Tensor, hinv: Tensor) -> Tensor:
     """Integer-valued ``n`` ``(..., M, 3)`` with ``v + n H`` the minimum image (detached inputs)."""
     s = v @ hinv
     n = -torch.round(s)
-    reduced = (s + n) @ h
     offsets = torch.as_tensor(_OFFSETS, dtype=v.dtype, device=v.device)
-    # |reduced + o H|^2 - |reduced|^2 = 2 (reduced H^T) . o + o (H H^T) o^T, for the 27 offsets o
+    # with r = (s + n) H and G = H H^T: |r + o H|^2 - |r|^2 = 2 ((s + n) G) . o + o G o^T
     gram = h @ h.transpose(-1, -2)
     const = ((offsets @ gram) * offsets).sum(-1)  # (..., 27)
-    score = 2.0 * (reduced @ h.transpose(-1, -2)) @ offsets.T + const.unsqueeze(-2)
-    return n + offsets[score.argmin(-1)]
+    score = (
+        torch.addmm(const, ((s + n) @ gram).reshape(-1, 3), offsets.T, alpha=2.0)
+        if gram.ndim == 2
+        else (2.0 * ((s + n) @ gram) @ offsets.T + const.unsqueeze(-2))
+    )
+    return n + offsets.index_select(0, score.argmin(-1).reshape(-1)).reshape(n.shape)
 
 
 def minimum_image(vectors: Any, box: Any) -> Tensor:
@@ -315,9 +314,9 @@ def _whole(x: Tensor, h: Tensor, table: ConstructionTable) -> Tensor:
     parent, jumps = _tree_tensors(table, x.device)
     xd, hd = x.detach(), h.detach()
     hinv, _ = _reciprocal(hd)
-    shift = _image_shift(xd - xd[..., parent, :], hd, hinv)
+    shift = _image_shift(xd - xd.index_select(-2, parent), hd, hinv)
     for p in jumps:
-        shift = shift + shift[..., p, :]
+        shift = shift + shift.index_select(-2, p)
     return x + shift @ h
 
 
