@@ -331,7 +331,7 @@ def unwrap(xyz: Any, table: ConstructionTable, box: Any) -> Tensor:
     computed as ``x'_i = x_i + N_i H`` with integer image shifts ``N_i``
     accumulated by pointer jumping, so differentiable in ``xyz`` (derivative
     ``1``) and in the box, under ``torch.func`` too. Each component's root atom
-    (its first fixed atom, for anchored components) stays where it is. Correct
+    (its lowest-numbered fixed atom, for anchored components) stays where it is. Correct
     when every tree edge of the whole molecule is shorter than half the smallest
     perpendicular box width (:func:`check_box`).
 
