@@ -13,6 +13,7 @@ private.
 
 from . import losses
 from ._autotable import nonbonded_references, perceive_connectivity
+from ._box import box_vectors, check_box, minimum_image, unwrap, wrap
 from ._compile import compile_builder
 from ._convert import InternalCoordinates, to_cartesian, to_internal
 from ._flow import FlowCoordinates, InternalCoordinateTransform
@@ -55,11 +56,14 @@ __all__ = [
     "__version__",
     "apply_pose",
     "backends",
+    "box_vectors",
+    "check_box",
     "compile_builder",
     "extract_pose",
     "from_chemcoord",
     "log_det_jacobian",
     "losses",
+    "minimum_image",
     "nonbonded_references",
     "pack_tables",
     "perceive_connectivity",
@@ -71,5 +75,7 @@ __all__ = [
     "to_cartesian",
     "to_chemcoord",
     "to_internal",
+    "unwrap",
     "warmup",
+    "wrap",
 ]

@@ -6,6 +6,7 @@
 * :func:`broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
 * :func:`broadcast_fixed`: ``fixed_xyz`` ``(..., F, 3)`` for a table's fixed atoms;
 * :func:`check_xyz`: ``xyz`` ``(..., N, 3)``;
+* :func:`as_box`: a periodic box ``(..., 6)`` or ``(..., 3, 3)`` for coordinates;
 * :func:`check_device`: tensors that must share a device do.
 """
 
@@ -22,6 +23,7 @@ from ._table import ConstructionTable
 
 __all__ = [
     "DEG",
+    "as_box",
     "as_float",
     "broadcast_fixed",
     "broadcast_internal",
@@ -195,6 +197,39 @@ def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> T
             f"coordinates of shape {tuple(like.shape)}"
         ) from None
     return fixed
+
+
+def as_box(box: Any, like: Tensor, name: str = "box") -> Tensor:
+    """``box`` checked against coordinates ``like`` ``(..., M, 3)``, in their dtype and device.
+
+    A box is ``(..., 6)`` ``[a, b, c, alpha, beta, gamma]`` (MDAnalysis: lengths
+    in the unit of ``like``, angles in degrees) or ``(..., 3, 3)`` box vectors in
+    rows (mdtraj / OpenMM); its leading dimensions broadcast against those of
+    ``like`` (per frame) or are absent (one box for every frame). Values are not
+    read here (an impossible box gives NaN downstream; ``bn.check_box`` names it).
+
+    Raises:
+        TypeError: a complex or boolean box, or a floating tensor of a higher
+            precision than ``like`` (naming both dtypes).
+        ValueError: another shape, leading dimensions that do not broadcast, or
+            another device than ``like``.
+    """
+    check_device({name: box}, like.device)
+    b = cast_like(box, name, like, "xyz")
+    if not ((b.ndim >= 1 and b.shape[-1] == 6) or (b.ndim >= 2 and tuple(b.shape[-2:]) == (3, 3))):
+        raise ValueError(
+            f"{name} must have shape (..., 6) ([a, b, c, alpha, beta, gamma]: lengths in the unit of the "
+            f"coordinates, angles in degrees) or (..., 3, 3) (box vectors in rows), got {tuple(b.shape)}"
+        )
+    batch = b.shape[:-1] if b.shape[-1] == 6 else b.shape[:-2]
+    try:
+        torch.broadcast_shapes(batch, like.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {tuple(b.shape)} (one box per leading index {tuple(batch)}) does not "
+            f"broadcast with coordinates of shape {tuple(like.shape)} (frames {tuple(like.shape[:-2])})"
+        ) from None
+    return b
 
 
 def check_xyz(xyz: Any, table: ConstructionTable, name: str = "xyz") -> Tensor:

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from . import engines
-from ._checks import DEG, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
+from ._box import _matrix, _whole
+from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._geometry import nan_negative_bonds
 from ._pose import Pose, apply_pose, extract_pose
 from ._table import ConstructionTable
@@ -153,6 +154,7 @@ def to_internal(
     degrees: bool = False,
     return_pose: bool = False,
     method: InverseMethod = "auto",
+    box: Any = None,
 ) -> InternalCoordinates | tuple[InternalCoordinates, Pose]:
     r"""Internal coordinates of every atom from Cartesian coordinates.
 
@@ -182,16 +184,38 @@ def to_internal(
             (``jacfwd(jacfwd(f))``) ``"auto"`` takes the torch operations. The first
             fused call in a new environment compiles the kernels (seconds; cached
             on disk afterwards).
+        box: a periodic box, for coordinates wrapped into it (MD trajectories):
+            ``(..., 6)`` ``[a, b, c, alpha, beta, gamma]`` (MDAnalysis's
+            ``dimensions``: lengths in the unit of ``xyz``, angles in degrees) or
+            ``(..., 3, 3)`` box vectors ``H`` in rows (mdtraj / OpenMM), per frame
+            (leading dimensions broadcasting against those of ``xyz``) or shared.
+            The molecules are made whole first (:func:`unwrap`: each atom moved by
+            whole box vectors to the minimum image of its bond reference, along the
+            table's bond-reference tree), then converted as above; every method
+            takes the whole coordinates, and derivatives in ``xyz`` and ``box`` are
+            exact (the image shifts are piecewise constant). Limitation: a
+            reference vector is recovered only when it is shorter than half the
+            smallest perpendicular box width ``min_k |det H| / |h_l x h_m|``
+            (half the shortest edge of a rectangular box); a longer one is
+            indistinguishable from its shorter image. :func:`check_box` names the
+            rows where the coordinates show it. An impossible box (a length
+            ``<= 0``, MDAnalysis's all-zero "no box", a singular matrix) gives
+            NaN for its frames.
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
-        ``(..., N)``; with ``return_pose=True`` the pair ``(ic, pose)``.
+        ``(..., N)`` (the broadcast leading shape of ``xyz`` and ``box``); with
+        ``return_pose=True`` the pair ``(ic, pose)`` (the pose of the whole
+        molecules: root atoms where they are in ``xyz``).
 
     Raises:
-        TypeError: ``table`` is not a ConstructionTable, or a non-real dtype.
-        ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``, or
+        TypeError: ``table`` is not a ConstructionTable, a non-real dtype, or a
+            ``box`` tensor of a higher precision than ``xyz``.
+        ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``,
             ``method="fused"`` off the CPU, for another dtype, without numba or
-            under nested forward mode.
+            under nested forward mode, or a ``box`` whose shape is neither
+            ``(..., 6)`` nor ``(..., 3, 3)``, whose leading dimensions do not
+            broadcast with those of ``xyz``, or on another device.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -199,8 +223,13 @@ def to_internal(
         >>> ic = bn.to_internal(xyz, bn.ConstructionTable.chain(4), degrees=True)
         >>> ic.angles.tolist(), ic.dihedrals[3].item()
         ([0.0, 0.0, 90.0, 90.0], 90.0)
+        >>> wrapped = xyz - torch.tensor([[0.0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 5]])  # atom 3 wrapped
+        >>> bn.to_internal(wrapped, bn.ConstructionTable.chain(4), box=[5.0, 5, 5, 90, 90, 90]).bonds.tolist()
+        [0.0, 1.0, 1.0, 1.0]
     """
     x = check_xyz(xyz, check_table(table))
+    if box is not None:
+        x = _whole(x, _matrix(as_box(box, x)), table)
     fused = fused_inverse.use_fused(method, x)
     build = fused_inverse.internal_from_xyz if fused else engines.get("inverse").build
     ic = build(table.plan("inverse", x.device), x)
