@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .._convert import to_cartesian
 from .._pack import pack_tables
+from .._table import outside_inference_mode
 from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -64,17 +65,23 @@ def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Ten
     """Template ``(bonds, angles, dihedrals, omega, chi)`` (radians) of a table, cast once per dtype/device.
 
     ``owner`` is a :class:`ProteinTable` or :class:`PackedProteins`; ``omega`` is
-    trans everywhere, ``chi`` the default rotamers.
+    trans everywhere, ``chi`` the default rotamers. The casts are made outside
+    ``torch.inference_mode`` (a first call in a validation pass must not cache
+    inference tensors that a later backward would have to save).
     """
     cache = owner.__dict__.setdefault("_cast", {})
     key = (dtype, device)
     if key not in cache:
-        chi = owner.default_chi
-        omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
-        cache[key] = tuple(
-            t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
-        )
+        cache[key] = outside_inference_mode(_cast)(owner, dtype, device)
     return cache[key]
+
+
+def _cast(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+    chi = owner.default_chi
+    omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
+    return tuple(
+        t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
+    )
 
 
 def _torsion_values(
@@ -289,8 +296,12 @@ class PackedProteins:
             ``cat([template (N_total), phi (B*L_max), psi, omega, chi (4*B*L_max)])``.
         unpad: ``(N_total,)`` index of each packed atom in the flattened ``(B*N_max)`` layout.
         pad: ``(B*N_max,)`` index of each padded slot in the packed atoms, ``N_total`` for padding.
+
+    Its tensors are made outside ``torch.inference_mode`` (a tuple first packed in
+    a validation pass still serves training).
     """
 
+    @outside_inference_mode
     def __init__(self, sequences: tuple[str, ...], hydrogens: bool = False) -> None:
         self.sequences = sequences
         self.hydrogens = hydrogens

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._table import ConstructionTable
+from .._table import ConstructionTable, outside_inference_mode
 from ._hydrogens import SIDE_CHAIN_H, backbone_h, hydrogen_rows
 from ._templates import (
     BACKBONE,
@@ -320,8 +320,12 @@ class ProteinTable:
         rotor_rows: ``(K,)`` ``torch.long`` rows whose dihedral turns a methyl,
             ammonium, amine, hydroxyl or thiol group (empty without hydrogens).
         rotor_names: ``K`` ``(residue, atom name)`` of the rotor rows.
+
+    Its tensors are made outside ``torch.inference_mode``: a table first made in
+    a validation pass (and cached) still serves training afterwards.
     """
 
+    @outside_inference_mode
     def __init__(self, sequence: str, hydrogens: bool = False) -> None:
         self.sequence = sequence
         self.hydrogens = bool(hydrogens)
