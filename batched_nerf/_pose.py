@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import cast_like, check_device, check_table, check_xyz
+from ._checks import as_float, cast_like, check_device, check_table, check_xyz
 from ._geometry import EPS, cross, dot, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
@@ -339,7 +339,7 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
         >>> rotation_from_angles(torch.tensor([0.0, 1.5, 0.0])).isnan().all().item()
         True
     """
-    a = torch.as_tensor(angles)
+    a = as_float(angles, "angles")
     if a.ndim < 1 or a.shape[-1] != 3:
         raise ValueError(f"angles must have shape (..., 3), got {tuple(a.shape)}")
     yaw, s, roll = a.unbind(-1)
@@ -370,7 +370,7 @@ def rotation_angles(rotation: Tensor) -> Tensor:
         >>> rotation_angles(torch.eye(3))
         tensor([0., -0., 0.])
     """
-    r = torch.as_tensor(rotation)
+    r = as_float(rotation, "rotation")
     if r.ndim < 2 or tuple(r.shape[-2:]) != (3, 3):
         raise ValueError(f"rotation must have shape (..., 3, 3), got {tuple(r.shape)}")
     yaw = torch.atan2(r[..., 1, 0], r[..., 0, 0])

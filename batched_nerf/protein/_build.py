@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import to_tensor
 from .._convert import to_cartesian
 from .._pack import pack_tables
 from .._table import outside_inference_mode
@@ -49,10 +50,11 @@ def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
             np.asarray(value).dtype, np.floating
         )
         if like is None and keep:  # numpy floats keep their dtype (float64 stays float64)
-            value = torch.as_tensor(np.asarray(value))
+            value = to_tensor(np.asarray(value), name)
         else:
-            value = torch.as_tensor(
+            value = to_tensor(
                 value,
+                name,
                 dtype=like.dtype if like is not None else torch.get_default_dtype(),
                 device=like.device if like is not None else None,
             )
