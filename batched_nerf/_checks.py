@@ -68,7 +68,7 @@ def check_tensor(value: Any, name: str) -> Tensor:
 def to_tensor(
     value: Any, name: str, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> Tensor:
-    """``value`` as a tensor: tensors as they are, array-likes (numpy, nested lists, numbers) converted.
+    """``value`` as a tensor (in ``dtype`` on ``device`` where given), as ``torch.as_tensor`` makes it.
 
     The one conversion of the public functions' array-like arguments, so that
     every wrong type gets one message. Read-only numpy arrays are copied.
@@ -78,8 +78,8 @@ def to_tensor(
             another object, a list holding such), naming the argument and the type.
         ValueError: a ragged nested list, naming the argument.
     """
-    if isinstance(value, Tensor):
-        return value
+    if isinstance(value, Tensor):  # as torch.as_tensor: cast (and moved) only where asked
+        return value if dtype is None and device is None else value.to(dtype=dtype, device=device)
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         value = value.copy()
     what = f"{name} must be a tensor or an array-like of numbers, got {type(value).__name__}"
