@@ -1,6 +1,9 @@
 """Input checks shared by every public entry point: each check and its message exists once.
 
 * :func:`check_table`: the ``table`` argument is a :class:`ConstructionTable`;
+* :func:`check_tensor`: an argument that must be a tensor is one (a ``TypeError`` naming the type);
+* :func:`to_tensor`: an array-like as a tensor (a ``TypeError`` naming the argument and the
+  type for what is none: ``None``, strings, dicts, other objects);
 * :func:`as_float`: a real floating tensor from array-likes;
 * :func:`cast_like`: a value in the dtype of the coordinates it goes with, never losing precision;
 * :func:`broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
@@ -30,7 +33,9 @@ __all__ = [
     "cast_like",
     "check_device",
     "check_table",
+    "check_tensor",
     "check_xyz",
+    "to_tensor",
 ]
 
 #: Radians per degree.
@@ -48,6 +53,55 @@ def check_table(table: Any, name: str = "table") -> ConstructionTable:
     return table
 
 
+def check_tensor(value: Any, name: str) -> Tensor:
+    """``value`` itself, after checking that it is a ``torch.Tensor`` (arguments that take no array-likes).
+
+    Raises:
+        TypeError: naming the argument and the type it got (for numpy arrays,
+            how to convert them).
+    """
+    if not isinstance(value, Tensor):
+        convertible = isinstance(value, (np.ndarray, list, tuple))
+        hint = f"; convert it with torch.as_tensor({name})" if convertible else ""
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}{hint}")
+    return value
+
+
+def to_tensor(
+    value: Any, name: str, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> Tensor:
+    """``value`` as a tensor (in ``dtype`` on ``device`` where given), as ``torch.as_tensor`` makes it.
+
+    The one conversion of the public functions' array-like arguments, so that
+    every wrong type gets one message. Read-only numpy arrays are copied.
+
+    Raises:
+        TypeError: ``value`` is no array of numbers (``None``, a string, a dict,
+            another object, a list holding such), naming the argument and the type.
+        ValueError: a ragged nested list, naming the argument.
+    """
+    if isinstance(value, Tensor):  # as torch.as_tensor: cast (and moved) only where asked
+        return value if dtype is None and device is None else value.to(dtype=dtype, device=device)
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = value.copy()
+    what = f"{name} must be a tensor or an array-like of numbers, got {type(value).__name__}"
+    if value is None or isinstance(value, (str, bytes, dict)):
+        raise TypeError(what)
+    try:
+        return torch.as_tensor(value, dtype=dtype, device=device)
+    except (TypeError, RuntimeError) as exc:  # "Could not infer dtype of ...", "new(): invalid data type ..."
+        raise TypeError(f"{what} ({exc})") from None
+    except ValueError as exc:  # ragged nested lists, or lists of strings ("too many dimensions 'str'")
+        try:
+            kind = np.asarray(value).dtype
+        except ValueError:  # ragged: numpy refuses it too
+            kind = None
+        if kind is not None and kind.kind not in "biufc":
+            held = {"U": "strings", "S": "bytes", "O": "objects"}.get(kind.kind, str(kind))
+            raise TypeError(f"{what} of {held}") from None
+        raise ValueError(f"{name} could not be read as an array: {exc}") from None
+
+
 def as_float(
     value: Any, name: str, like: Tensor | None = None, default_dtype: torch.dtype | None = None
 ) -> Tensor:
@@ -56,13 +110,14 @@ def as_float(
     Integer tensors become the default floating dtype.
 
     Raises:
-        TypeError: a complex or boolean value.
+        TypeError: a complex or boolean value, or no tensor or array-like at all
+            (:func:`to_tensor`), naming the argument.
+        ValueError: a ragged nested list.
     """
     if not isinstance(value, Tensor):
-        if isinstance(value, np.ndarray) and not value.flags.writeable:
-            value = value.copy()
-        value = torch.as_tensor(
+        value = to_tensor(
             value,
+            name,
             dtype=like.dtype if like is not None else default_dtype,
             device=like.device if like is not None else None,
         )

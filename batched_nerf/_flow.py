@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_table
+from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
 from ._logdet import _masks, log_det_jacobian
 from ._pose import apply_pose, extract_pose, pose_info
@@ -197,6 +197,8 @@ class InternalCoordinateTransform(nn.Module):
         ``log_det = log|det dx/dz|``, the negative of the forward one.
 
         Raises:
+            TypeError: ``bonds``, ``angles`` or ``dihedrals`` is not a tensor
+                (a numpy array: convert it with ``torch.as_tensor``).
             ValueError: an input is not ``(..., n_bonds)``, ``(..., n_angles)``
                 or ``(..., n_dihedrals)``; the pose is missing although
                 ``pose=True`` (or given although ``pose=False``); the shapes
@@ -207,9 +209,8 @@ class InternalCoordinateTransform(nn.Module):
             (angles, "angles", self.n_angles),
             (dihedrals, "dihedrals", self.n_dihedrals),
         ):
-            if not isinstance(t, Tensor) or t.ndim < 1 or t.shape[-1] != k:
-                shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"{name} must have shape (..., {k}), got {shape}")
+            if check_tensor(t, name).ndim < 1 or t.shape[-1] != k:
+                raise ValueError(f"{name} must have shape (..., {k}), got {tuple(t.shape)}")
         if self.pose and (rotation is None or translation is None):
             raise ValueError("pose=True: inverse needs rotation and translation")
         if not self.pose and (rotation is not None or translation is not None):

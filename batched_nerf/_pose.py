@@ -30,6 +30,7 @@ chart need no extra Jacobian factor.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import cast_like, check_device, check_table, check_xyz
+from ._checks import as_float, cast_like, check_device, check_table, check_xyz
 from ._geometry import EPS, cross, dot, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
@@ -354,12 +355,22 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
     volume ``2 pi * 2 * 2 pi = 8 pi^2``), which is the measure the pose
     log-determinants of :func:`~batched_nerf._logdet.pose_log_det` refer to.
 
+    Outside the chart, ``|s| > 1`` (``asin(s)`` undefined), the whole matrix is
+    ``NaN``: never a matrix that is no rotation (the formula would give one
+    with ``det != 1``); likewise ``NaN`` in any angle gives a ``NaN`` matrix.
+    The check is elementwise (``torch.where``, no Python ``if`` on values), so
+    it holds under ``vmap`` and ``torch.compile``, and inside the chart values
+    and gradients are those of the formula. Squash an unconstrained ``s``
+    first (e.g. ``torch.tanh``); ``s = -R[2, 0]`` of
+    :func:`rotation_angles` may leave ``[-1, 1]`` by rounding at gimbal lock
+    (``|s| = 1``), so clamp it there.
+
     Args:
         angles: ``(..., 3)``: yaw in ``(-pi, pi]``, ``s = sin(pitch)`` in
             ``[-1, 1]``, roll in ``(-pi, pi]`` (radians).
 
     Returns:
-        ``(..., 3, 3)`` proper rotation matrices.
+        ``(..., 3, 3)`` proper rotation matrices (``NaN`` where ``|s| > 1``).
 
     Raises:
         ValueError: ``angles`` is not ``(..., 3)``.
@@ -370,11 +381,15 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
         >>> u = torch.tensor([0.3, -0.4, 2.0], dtype=torch.float64)
         >>> torch.allclose(rotation_angles(rotation_from_angles(u)), u)
         True
+        >>> rotation_from_angles(torch.tensor([0.0, 1.5, 0.0])).isnan().all().item()
+        True
     """
-    a = torch.as_tensor(angles)
+    a = as_float(angles, "angles")
     if a.ndim < 1 or a.shape[-1] != 3:
         raise ValueError(f"angles must have shape (..., 3), got {tuple(a.shape)}")
     yaw, s, roll = a.unbind(-1)
+    # outside the chart every entry is NaN (each one reads s or c); inside, s itself (gradient 1)
+    s = torch.where(s.abs() <= 1.0, s, math.nan)
     c = torch.sqrt((1.0 - s * s).clamp_min(0.0))
     cy, sy, cr, sr = torch.cos(yaw), torch.sin(yaw), torch.cos(roll), torch.sin(roll)
     rows = (
@@ -400,7 +415,7 @@ def rotation_angles(rotation: Tensor) -> Tensor:
         >>> rotation_angles(torch.eye(3))
         tensor([0., -0., 0.])
     """
-    r = torch.as_tensor(rotation)
+    r = as_float(rotation, "rotation")
     if r.ndim < 2 or tuple(r.shape[-2:]) != (3, 3):
         raise ValueError(f"rotation must have shape (..., 3, 3), got {tuple(r.shape)}")
     yaw = torch.atan2(r[..., 1, 0], r[..., 0, 0])

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ._autotable import link_components
-from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table
+from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table, to_tensor
 from ._convert import Method, to_cartesian, to_internal
 from ._table import ConstructionTable
 from ._topology import as_index_array
@@ -107,7 +107,7 @@ class ZMatrix:
         if real is None:
             mask = torch.ones(n, dtype=torch.bool)
         else:
-            mask = torch.as_tensor(real).detach().cpu()
+            mask = to_tensor(real, "real").detach().cpu()
             if mask.dtype != torch.bool or mask.shape != (n,):
                 raise ValueError(
                     f"real must be a boolean mask of shape ({n},), got {mask.dtype} {tuple(mask.shape)}"
@@ -401,7 +401,7 @@ class ZMatrix:
         if isinstance(xyz, Tensor) and (xyz.is_complex() or xyz.dtype == torch.bool):
             raise TypeError(f"xyz must hold real coordinates, got dtype {xyz.dtype}")
         floating = isinstance(xyz, Tensor) and xyz.is_floating_point()
-        x = xyz if floating else torch.as_tensor(xyz, dtype=torch.float64)  # integers: float64
+        x = xyz if floating else to_tensor(xyz, "xyz", dtype=torch.float64)  # integers: float64
         if x.ndim < 2 or x.shape[-1] != 3:
             raise ValueError(f"xyz must have shape (..., N, 3), got {tuple(x.shape)}")
         first = x.detach().reshape(-1, *x.shape[-2:])[0].cpu().double().numpy()

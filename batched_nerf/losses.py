@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import as_float, check_device, check_xyz
+from ._checks import as_float, check_device, check_tensor, check_xyz, to_tensor
 from ._geometry import safe_norm
 from ._table import ConstructionTable
 from ._topology import Topology
@@ -36,7 +36,7 @@ Reduction = Literal["mean", "sum", "none"]
 def _as_mask(value: Any, name: str, n: int, like: Tensor) -> Tensor | None:
     if value is None:
         return None
-    t = torch.as_tensor(value, device=like.device)
+    t = to_tensor(value, name, device=like.device)
     if t.shape != (n,):
         raise ValueError(f"{name} must have shape (B,) = ({n},) like q, got {tuple(t.shape)}")
     return t.to(like.dtype)
@@ -90,6 +90,7 @@ def committor_loss(
         ``B = 0``.
 
     Raises:
+        TypeError: ``q`` or ``x`` is not a tensor (naming its type).
         ValueError: ``q`` is not ``(B,)`` / ``(B, 1)``, ``x`` has a different
             leading size, ``masses``/``weights``/``in_a``/``in_b`` are misshapen,
             ``x`` does not require grad, or ``q`` does not depend on ``x`` (no
@@ -104,8 +105,8 @@ def committor_loss(
         >>> committor_loss(q, x, masses=torch.tensor([1.0, 2.0]), in_b=torch.tensor([True]))
         tensor(0.3750, grad_fn=<AddBackward0>)
     """
-    if not isinstance(q, Tensor) or not isinstance(x, Tensor):
-        raise ValueError("q and x must be tensors")
+    check_tensor(q, "q")
+    check_tensor(x, "x")
     if q.ndim == 2 and q.shape[1] == 1:
         q = q[:, 0]
     if q.ndim != 1:
@@ -130,7 +131,7 @@ def committor_loss(
         )
     sq = g * g
     if masses is not None:
-        m = torch.as_tensor(masses, dtype=x.dtype, device=x.device)
+        m = to_tensor(masses, "masses", dtype=x.dtype, device=x.device)
         per_atom = x.shape[1:-1] if x.ndim > 2 else x.shape[1:]
         if tuple(m.shape) != tuple(per_atom):
             raise ValueError(
@@ -444,7 +445,7 @@ def clash_loss(
     batch = xyz.shape[:-2]
     rad: Tensor | None = None
     if radii is not None:
-        rad = torch.as_tensor(radii, dtype=dtype, device=dev)
+        rad = to_tensor(radii, "radii", dtype=dtype, device=dev)
         if tuple(rad.shape) != (n,):
             raise ValueError(f"radii must have shape (N,) = ({n},), got {tuple(rad.shape)}")
         rad = rad * scale

@@ -286,3 +286,92 @@ def test_non_real_dtypes(dtype: torch.dtype, method: str) -> None:
 def test_unknown_plan_kind() -> None:
     with pytest.raises(ValueError, match=r"unknown plan kind 'bogus'"):
         TABLE.plan("bogus")
+
+
+# ------------------------------------------------------------ wrong types
+def _xyz4() -> torch.Tensor:
+    b, a, d = torch.ones(4), torch.full((4,), 2.0), torch.ones(4)
+    return bn.to_cartesian(b, a, d, TABLE)
+
+
+def _entry_points() -> dict:  # type: ignore[type-arg]
+    """Public functions that take array-likes, each as ``bad -> call`` with ``bad`` in one argument."""
+    from batched_nerf.losses import clash_loss, committor_loss
+
+    xyz = _xyz4()
+    ic = bn.to_internal(xyz, TABLE)
+    q_x = torch.zeros(2, 4, 3, requires_grad=True)
+    return {
+        "to_cartesian:bonds": lambda v: bn.to_cartesian(v, ic.angles, ic.dihedrals, TABLE),
+        "to_cartesian:dihedrals": lambda v: bn.to_cartesian(ic.bonds, ic.angles, v, TABLE),
+        "to_cartesian:fixed_xyz": lambda v: bn.to_cartesian(ones(4), ones(4), ones(4), FIXED, fixed_xyz=v),
+        "to_internal:xyz": lambda v: bn.to_internal(v, TABLE),
+        "log_det_jacobian:angles": lambda v: bn.log_det_jacobian(ic.bonds, v, ic.dihedrals, TABLE),
+        "pose_log_det:bonds": lambda v: bn.pose_log_det(v, ic.angles, ic.dihedrals, TABLE),
+        "extract_pose:xyz": lambda v: bn.extract_pose(v, TABLE),
+        "apply_pose:rotation": lambda v: bn.apply_pose(xyz, TABLE, rotation=v),
+        "rotation_from_angles:angles": bn.rotation_from_angles,
+        "rotation_angles:rotation": bn.rotation_angles,
+        "ZMatrix:bonds": lambda v: bn.ZMatrix(TABLE, v, ic.angles, ic.dihedrals),
+        "ZMatrix.from_cartesian:xyz": lambda v: bn.ZMatrix.from_cartesian(v, TABLE),
+        "clash_loss:xyz": lambda v: clash_loss(v, TABLE, min_distance=1.0),
+        "committor_loss:masses": lambda v: committor_loss(q_x.sum((1, 2)), q_x, masses=v),
+        "committor_loss:weights": lambda v: committor_loss(q_x.sum((1, 2)), q_x, weights=v),
+        "protein.build:phi": lambda v: bn.protein.build("GA", v, torch.zeros(2)),
+        "protein.torsions:xyz": lambda v: bn.protein.torsions(v, "GA"),
+    }
+
+
+@pytest.mark.parametrize("entry", list(_entry_points()))
+@pytest.mark.parametrize(
+    ("bad", "type_name"),
+    [(None, "NoneType"), ("1.0", "str"), ({"x": 1.0}, "dict"), (object(), "object"), (["a", "b"], "list")],
+    ids=["None", "str", "dict", "object", "list-of-str"],
+)
+def test_a_wrong_type_is_a_type_error_naming_the_argument(entry: str, bad: object, type_name: str) -> None:
+    """Not a tensor or array of numbers: a TypeError naming the argument and the type (not torch's
+    RuntimeError "Could not infer dtype of NoneType", which names neither)."""
+    name = entry.split(":")[1]
+    defaults = ("apply_pose:rotation", "to_cartesian:fixed_xyz", "committor_loss:masses")
+    defaults += ("committor_loss:weights",)
+    if bad is None and entry in defaults:
+        pytest.skip(f"{name}=None is the default (none given)")
+    with pytest.raises(
+        TypeError, match=rf"^{name} must be a tensor or an array-like of numbers, got {type_name}"
+    ):
+        _entry_points()[entry](bad)
+
+
+@pytest.mark.parametrize("entry", ["to_cartesian:bonds", "to_internal:xyz", "rotation_from_angles:angles"])
+def test_a_ragged_list_is_a_value_error_naming_the_argument(entry: str) -> None:
+    name = entry.split(":")[1]
+    with pytest.raises(
+        ValueError, match=rf"^{name} could not be read as an array: expected sequence of length"
+    ):
+        _entry_points()[entry]([[1.0, 2.0, 3.0], [1.0]])
+
+
+def test_numpy_arrays_are_still_taken_where_array_likes_are() -> None:
+    xyz = _xyz4()
+    ic = bn.to_internal(xyz.numpy(), TABLE)
+    torch.testing.assert_close(bn.to_cartesian(*(t.numpy() for t in ic), TABLE), xyz)
+    np.testing.assert_allclose(bn.rotation_from_angles(np.zeros(3)).numpy(), np.eye(3))
+
+
+@pytest.mark.parametrize("pose", [False, True])
+def test_flow_inverse_of_numpy_arrays_is_a_type_error_naming_the_type(pose: bool) -> None:
+    """Issue 23: numpy ICs once gave "bonds must have shape (..., 4), got ndarray"."""
+    flow = bn.InternalCoordinateTransform(bn.ConstructionTable.chain(5), pose=pose)
+    z = flow(torch.randn(3, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    pose_args = (z.rotation, z.translation) if pose else ()
+    values = [z.bonds, z.angles, z.dihedrals]
+    for k, name in enumerate(("bonds", "angles", "dihedrals")):
+        args = list(values)
+        args[k] = args[k].numpy()
+        with pytest.raises(
+            TypeError,
+            match=rf"^{name} must be a torch.Tensor, got ndarray; convert it with torch.as_tensor\({name}\)$",
+        ):
+            flow.inverse(*args, *pose_args)
+    back, _ = flow.inverse(*(torch.as_tensor(v.numpy()) for v in values), *pose_args)  # converted: fine
+    assert back.shape == (3, 5, 3)

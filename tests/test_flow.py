@@ -129,7 +129,9 @@ def test_errors() -> None:
         flow.inverse(z.bonds[:, :3], z.angles, z.dihedrals)
     with pytest.raises(ValueError, match=r"angles must have shape \(\.\.\., 3\)"):
         flow.inverse(z.bonds, z.bonds, z.dihedrals)
-    with pytest.raises(ValueError, match=r"dihedrals must have shape \(\.\.\., 2\)"):
+    with pytest.raises(ValueError, match=r"dihedrals must have shape \(\.\.\., 2\), got \(6, 1\)"):
+        flow.inverse(z.bonds, z.angles, z.dihedrals[:, :1])
+    with pytest.raises(TypeError, match=r"^dihedrals must be a torch.Tensor, got list"):
         flow.inverse(z.bonds, z.angles, [0.0, 1.0])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pose=False: inverse takes no rotation"):
         flow.inverse(z.bonds, z.angles, z.dihedrals, torch.eye(3), torch.zeros(3))

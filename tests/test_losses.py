@@ -130,7 +130,7 @@ def test_committor_errors() -> None:
         committor_loss(q, x, in_a=torch.ones(2))
     with pytest.raises(ValueError, match=r"in_b must have shape \(B,\) = \(3,\)"):
         committor_loss(q, x, in_b=torch.ones(4))
-    with pytest.raises(ValueError, match="q and x must be tensors"):
+    with pytest.raises(TypeError, match=r"^q must be a torch.Tensor, got list; convert it with torch"):
         committor_loss([0.0], x)  # type: ignore[arg-type]
 
 

@@ -259,3 +259,60 @@ def test_one_component_pose_equals_per_atom_formula() -> None:
     gg_want = torch.autograd.grad(g_want[0].square().sum(), rot)
     for a, b in zip(gg_got, gg_want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------- the chart's domain
+def _formula(u: torch.Tensor) -> torch.Tensor:
+    """The chart's matrix written out (float64 oracle), without any domain check."""
+    yaw, s, roll = u.unbind(-1)
+    c = torch.sqrt(1.0 - s * s)
+    cy, sy, cr, sr = yaw.cos(), yaw.sin(), roll.cos(), roll.sin()
+    rows = (
+        (cy * c, cy * s * sr - sy * cr, cy * s * cr + sy * sr),
+        (sy * c, sy * s * sr + cy * cr, sy * s * cr - cy * sr),
+        (-s, c * sr, c * cr),
+    )
+    return torch.stack([torch.stack(r, dim=-1) for r in rows], dim=-2)
+
+
+@pytest.mark.parametrize("s", [1.5, -1.0000001, 7.0, -math.inf, math.inf, math.nan])
+def test_rotation_from_angles_outside_the_chart_is_nan(s: float) -> None:
+    """``|s| > 1`` once gave a matrix with det 2.25 (s = 1.5): now every entry is NaN, not a non-rotation."""
+    for dtype in (torch.float32, F64):
+        r = rotation_from_angles(torch.tensor([0.4, s, -1.2], dtype=dtype))
+        assert r.shape == (3, 3) and r.isnan().all(), r
+
+
+def test_rotation_from_angles_edges_of_the_chart_are_rotations() -> None:
+    for s in (1.0, -1.0, 0.0):
+        r = rotation_from_angles(torch.tensor([0.4, s, -1.2], dtype=F64))
+        torch.testing.assert_close(r @ r.T, torch.eye(3, dtype=F64), rtol=0, atol=1e-15)
+        assert torch.linalg.det(r).item() == pytest.approx(1.0, abs=1e-15)
+
+
+def test_rotation_from_angles_outside_the_chart_under_vmap_and_in_a_batch() -> None:
+    """Elementwise: only the samples outside the chart are NaN, in a batch and under vmap alike."""
+    u = torch.tensor([[0.3, 0.2, 1.0], [0.3, 1.5, 1.0], [-2.0, -0.9, 0.1], [1.0, -3.0, 2.0]], dtype=F64)
+    outside = torch.tensor([False, True, False, True])
+    batched = rotation_from_angles(u)
+    vmapped = torch.func.vmap(rotation_from_angles)(u)
+    for r in (batched, vmapped):
+        assert r[outside].isnan().all() and not r[~outside].isnan().any()
+        torch.testing.assert_close(r[~outside], _formula(u[~outside]), rtol=0, atol=1e-15)
+    torch.testing.assert_close(vmapped, batched, equal_nan=True)
+    compiled = torch.compile(rotation_from_angles, backend="eager", fullgraph=True)(u)
+    torch.testing.assert_close(compiled, batched, equal_nan=True)
+
+
+def test_rotation_from_angles_gradients_inside_the_chart_are_the_formulas() -> None:
+    gen = torch.Generator().manual_seed(12)
+    u = (torch.rand(6, 3, dtype=F64, generator=gen) * 2 - 1) * torch.tensor([3.0, 0.95, 3.0], dtype=F64)
+    u.requires_grad_(True)
+    assert torch.autograd.gradcheck(rotation_from_angles, (u,))
+    assert torch.autograd.gradgradcheck(rotation_from_angles, (u,))
+    w = torch.randn(6, 3, 3, dtype=F64, generator=gen)
+    (g,) = torch.autograd.grad((rotation_from_angles(u) * w).sum(), u)
+    (g_ref,) = torch.autograd.grad((_formula(u) * w).sum(), u)
+    torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-14)
+    jac = torch.func.vmap(torch.func.jacrev(rotation_from_angles))(u.detach())
+    torch.testing.assert_close(jac, torch.func.vmap(torch.func.jacrev(_formula))(u.detach()))

@@ -283,3 +283,79 @@ def test_thousand_mixed_chains_in_one_call():
     # float32 with the scan engine stays within 1e-3 A of float64 for every chain
     f32 = bn.protein.build_batch(seqs, *(x.float() for x in (phi, psi, omega, chi)), method="scan").xyz
     assert (f32.double() - p.xyz).norm(dim=-1).max() < 1e-3
+
+
+# ------------------------------------------------------------- caches made under inference mode
+def _fresh_caches() -> None:
+    """Empty the protein layer's caches, so that the next use of a sequence is its first."""
+    from batched_nerf.protein import _build, _sequence
+
+    _sequence._cached.cache_clear()
+    _build._packed.cache_clear()
+
+
+def _cached_tensors(owner: object) -> list[torch.Tensor]:
+    out = [v for v in vars(owner).values() if isinstance(v, torch.Tensor)]
+    for casts in vars(owner).get("_cast", {}).values():
+        out += list(casts)
+    return out
+
+
+@pytest.mark.parametrize("hydrogens", [False, True])
+def test_build_trains_after_a_first_use_under_inference_mode(hydrogens):
+    """A validation pass (inference_mode) makes and caches the table; training then saves its tensors."""
+    _fresh_caches()
+    seq = "MKVW"
+    with torch.inference_mode():
+        bn.protein.build(seq, torch.zeros(4), torch.zeros(4), hydrogens=hydrogens)  # float32 casts
+        bn.protein.build(seq, *random_torsions(seq), hydrogens=hydrogens)  # float64 casts
+    t = bn.protein.protein_table(seq, hydrogens=hydrogens)
+    assert not any(x.is_inference() for x in _cached_tensors(t))
+    for dtype in (torch.float32, torch.float64):
+        phi, psi, omega, chi = (x.requires_grad_(True) for x in random_torsions(seq, (2,), dtype=dtype))
+        p = bn.protein.build(seq, phi, psi, omega, chi, hydrogens=hydrogens)
+        p.xyz.square().sum().backward()
+        assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (phi, psi, omega, chi))
+        assert phi.grad[..., 1:].abs().sum() > 0
+
+
+def test_build_batch_trains_after_a_first_use_under_inference_mode():
+    _fresh_caches()
+    seqs = ["GAV", "WY"]
+    with torch.inference_mode():
+        bn.protein.build_batch(seqs, torch.zeros(2, 3), torch.zeros(2, 3))
+    packed = bn.protein.packed_proteins(seqs)
+    assert not any(x.is_inference() for x in _cached_tensors(packed))
+    assert not any(x.is_inference() for t in packed.tables for x in _cached_tensors(t))
+    phi = torch.zeros(2, 3, requires_grad=True)
+    psi = torch.full((2, 3), 2.0, requires_grad=True)
+    p = bn.protein.build_batch(seqs, phi, psi)
+    p.xyz.square().sum().backward()  # index_select on the cached pad / source indices
+    assert torch.isfinite(phi.grad).all() and psi.grad.abs().sum() > 0
+
+
+def test_torsions_train_after_a_first_use_under_inference_mode():
+    _fresh_caches()
+    xyz = bn.protein.build("ACDK", *random_torsions("ACDK")).xyz
+    batch = bn.protein.build_batch(["ACDK", "GW"], *random_torsions("ACDK", (2,))[:2]).xyz
+    with torch.inference_mode():
+        bn.protein.torsions(xyz, "ACDK")
+        bn.protein.internal_coordinates(xyz, "ACDK")
+        bn.protein.torsions_batch(batch, ["ACDK", "GW"])
+    x = xyz.clone().requires_grad_(True)
+    y = batch.clone().requires_grad_(True)
+    loss = (
+        bn.protein.torsions(x, "ACDK").chi.sum()
+        + bn.protein.internal_coordinates(x, "ACDK").dihedrals.sum()
+        + bn.protein.torsions_batch(y, ["ACDK", "GW"]).psi.sum()
+    )
+    loss.backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all() and y.grad.abs().sum() > 0
+
+
+def test_a_table_made_outside_inference_mode_casts_its_templates_outside_it():
+    """The per-dtype template casts are cached on first use: under inference_mode too."""
+    t = bn.protein.ProteinTable("GSG")  # a table of its own, no casts yet
+    with torch.inference_mode():
+        bn.protein._build.templates(t, torch.float32, torch.device("cpu"))
+    assert not any(x.is_inference() for x in _cached_tensors(t))

@@ -219,8 +219,8 @@ def test_hydrogen_chirality_and_planarity():
 
     # HA sits opposite CB (L): (N - CA) . ((C - CA) x (X - CA)) is positive for CB, negative for HA
     assert (volume(1, "CA", "N", "C", "CB") > 0).all() and (volume(1, "CA", "N", "C", "HA") < 0).all()
-    # glycine's HA3 takes HA's place, HA2 CB's
-    assert (volume(0, "CA", "N", "C", "HA3") < 0).all() and (volume(0, "CA", "N", "C", "HA2") > 0).all()
+    # glycine's HA2 takes HA's place, HA3 CB's (as in wwPDB entries: tests/test_protein_names.py)
+    assert (volume(0, "CA", "N", "C", "HA2") < 0).all() and (volume(0, "CA", "N", "C", "HA3") > 0).all()
     # aromatic hydrogens lie in their ring's plane
     for i, ring in ((2, ("CG", "CD1", "CE1", "HD1", "HE1", "HZ")), (3, ("CD2", "CE3", "CZ3", "HE3", "HZ3"))):
         pts = p.xyz[..., [t.atom(i, n) for n in ring], :]

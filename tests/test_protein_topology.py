@@ -148,3 +148,16 @@ def test_peptidebuilder_system_round_trips(peptidebuilder_system, link):
         for quad, value in zip(idx, values[0]):
             row = int(top.torsion_rows[traj.topology.atom(int(quad[1])).residue.index, column])
             assert abs((dihedrals[row] - value + math.pi) % (2 * math.pi) - math.pi) < 1e-5, (name, row)
+
+
+def test_table_made_under_inference_mode_serves_training(system):
+    """A TopologyTable made in a validation pass holds no inference tensors: its rows index a backward."""
+    with torch.inference_mode():
+        top = bn.protein.table_from_topology(system)
+    assert not top.residue_index.is_inference() and not top.torsion_rows.is_inference()
+    xyz = torch.tensor(md.load(str(system)).xyz[0] * 10.0, dtype=torch.float64, requires_grad=True)
+    rows = top.torsion_rows[:, 0]
+    phi = bn.to_internal(xyz, top.table).dihedrals.index_select(-1, rows[rows >= 0])
+    weights = torch.ones(len(top.torsion_rows), dtype=torch.float64).index_select(0, top.residue_index)
+    (phi.sin().sum() + (weights * xyz[:, 0]).sum()).backward()
+    assert torch.isfinite(xyz.grad).all() and xyz.grad.abs().sum() > 0

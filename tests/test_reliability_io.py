@@ -147,6 +147,59 @@ def test_zmatrix_seed_line_after_cartesian_lines_is_named() -> None:
         read_zmat(io.StringIO("C 0 0 0\nH 1 1.09\n"))
 
 
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (
+            "O\nH 1 1e400\n",
+            r"^line 2: could not parse bond '1e400' as a finite number \(it overflows float64\)$",
+        ),
+        ("O\nH 1 0.96\nH 1 0.96 2 1D400\n", r"^line 3: could not parse angle '1D400' as a finite number"),
+        (
+            "O\nH 1 0.96\nH 1 0.96 2 104.5\nH 1 1.0 2 100.0 3 -9.9e999\n",
+            r"^line 4: could not parse dihedral '-9.9e999' as a finite number \(it overflows float64\)$",
+        ),
+        (
+            "O\nH 1 R\n\nR 1.0d+309\n",
+            r"^line 4: could not parse the value of variable 'R' '1.0d\+309' as a finite number \(it over",
+        ),
+        ("O 0 0 0\nH 0.96 1e400 0\n", r"^line 2: could not parse coordinate '1e400' as a finite number"),
+    ],
+    ids=["bond", "angle", "dihedral", "variable", "cartesian"],
+)
+def test_read_zmat_refuses_numbers_that_overflow_float64(text: str, match: str) -> None:
+    """``float("1e400")`` is ``inf``: every number of a Z-matrix file goes through one finiteness check."""
+    with pytest.raises(ValueError, match=match):
+        read_zmat(io.StringIO(text))
+    with pytest.raises(ValueError, match=match):
+        read_gaussian(io.StringIO(text))
+
+
+def test_read_zmat_reads_large_finite_and_fortran_numbers() -> None:
+    z = read_zmat(io.StringIO("O\nH 1 R\nH 1 1.7976931348623157e308 2 104.5D0\n\nR 0.96D0\n"))
+    assert z.bonds.tolist() == [0.0, 0.96, 1.7976931348623157e308]
+    assert z.angles[2].item() == pytest.approx(math.radians(104.5))
+
+
+def test_finite_float_is_the_one_number_check() -> None:
+    from batched_nerf.formats._common import finite_float
+
+    assert finite_float("-1.5e3", "line 1", "x") == -1500.0
+    assert finite_float("2.5D-1", "line 1", "x", fortran=True) == 0.25
+    cases = {
+        "1e400": "a finite number (it overflows float64)",
+        "inf": "a finite number",
+        "NaN": "a finite number",
+        "1_0": "a number (no '_' digit separators)",
+        "x1": "a number",
+        "2.5D-1": "a number",  # not without fortran=True
+    }
+    for token, kind in cases.items():
+        with pytest.raises(ValueError) as info:
+            finite_float(token, "line 7", "bond")
+        assert str(info.value) == f"line 7: could not parse bond {token!r} as {kind}"
+
+
 # ------------------------------------------------------------------ BOM
 def test_byte_order_mark_is_accepted_everywhere(tmp_path: Path) -> None:
     xyz_text = "3\nwater\nO 0 0 0\nH 0.96 0 0\nH -0.24 0.93 0\n"
@@ -184,10 +237,12 @@ def test_bytes_streams_are_decoded() -> None:
 @pytest.mark.parametrize(
     ("token", "match"),
     [
-        ("0_96", r"line 4: could not parse coordinate '0_96' as a number \(no '_' digit separators in XYZ"),
+        ("0_96", r"line 4: could not parse coordinate '0_96' as a number \(no '_' digit separators\)$"),
         ("nan", r"line 4: could not parse coordinate 'nan' as a finite number"),
         ("-inf", r"line 4: could not parse coordinate '-inf' as a finite number"),
-        ("1e999", r"line 4: could not parse coordinate '1e999' as a finite number"),
+        ("1e999", r"line 4: could not parse coordinate '1e999' as a finite number \(it overflows float64\)$"),
+        ("-1E+400", r"line 4: could not parse coordinate '-1E\+400' as a finite number \(it overflows"),
+        ("1d0", r"line 4: could not parse coordinate '1d0' as a number$"),
     ],
 )
 def test_read_xyz_refuses_underscores_and_non_finite_coordinates(token: str, match: str) -> None:
@@ -230,6 +285,16 @@ def test_bohr_warning_names_real_atoms_only() -> None:
 
 
 # ------------------------------------------------------------- chemcoord files
+@pytest.mark.parametrize("token", ["1e400", "-inf", "nan"])
+def test_read_chemcoord_refuses_numbers_that_are_not_finite(token: str) -> None:
+    """The check runs before chemcoord is imported: no chemcoord needed."""
+    text = f"O origin 0.0 e_z 0.0 e_x 0.0\nH 1 0.96 e_z {token} e_x 0.0\n"
+    with pytest.raises(
+        ValueError, match=rf"^the input: line 2 \(atom 2\): could not parse value '{token}' as a finite"
+    ):
+        read_chemcoord(io.StringIO(text))
+
+
 def test_read_chemcoord_names_the_empty_file(tmp_path: Path) -> None:
     pytest.importorskip("chemcoord", reason="needs chemcoord")
     path = tmp_path / "empty.zmat"
@@ -268,7 +333,7 @@ def test_read_chemcoord_reads_what_to_chemcoord_writes_with_a_bom(tmp_path: Path
         ),
         (
             "O origin 0.0 e_z 0.0 e_x 0.0\nH 1 abc e_z 90.0 e_x 0.0\n",
-            r"^the input: line 2 \(atom 2\): value 'abc' is not a finite number$",
+            r"^the input: line 2 \(atom 2\): could not parse value 'abc' as a number$",
         ),
         ("O\nH 1 0.96 2\n", r"^the input: line 2 \(atom 2\): expected 3 fields 'atom b bond', got 4$"),
     ],

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 from collections.abc import Iterator
 from typing import IO, Any, Union
 
 import numpy as np
+
+#: A decimal number (digits, point, exponent), finite or not once read.
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 #: A file name, a path, or an open text file.
 PathOrFile = Union[str, "os.PathLike[str]", IO[str]]
@@ -44,6 +49,48 @@ def read_text(path_or_file: PathOrFile | IO[bytes]) -> str:
         except UnicodeDecodeError as exc:
             raise ValueError(f"{where} is not UTF-8 text: byte {exc.start} cannot be decoded") from None
     return str(data).removeprefix("\ufeff")
+
+
+def finite_float(
+    token: str, where: str, what: str, *, pattern: re.Pattern[str] | None = None, fortran: bool = False
+) -> float:
+    """``token`` of a text file as a finite ``float``: the one number check of every reader.
+
+    Refused, naming ``where`` (e.g. ``"line 4"``): a token that is not a number
+    (or does not match the format's ``pattern``), digit separators (``1_0``,
+    which Python's ``float`` would take), ``nan``/``inf`` and decimals beyond
+    float64 (``1e400``, which ``float`` reads as ``inf``). ``fortran``: the
+    exponent may be written ``d``/``D`` (``1.0D-3``, Gaussian files).
+
+    Raises:
+        ValueError: ``"{where}: could not parse {what} {token!r} as a finite number ..."``
+            (``"... as a number"`` for what is no number at all).
+
+    Example:
+        >>> finite_float("1.0D-3", "line 2", "value", fortran=True)
+        0.001
+        >>> finite_float("1e400", "line 2", "bond")
+        Traceback (most recent call last):
+        ...
+        ValueError: line 2: could not parse bond '1e400' as a finite number (it overflows float64)
+    """
+    text = token.replace("d", "e").replace("D", "e") if fortran else token
+    try:
+        value: float | None = float(text)
+    except ValueError:
+        value = None
+    if value is None:
+        kind = "a number"
+    elif "_" in token:
+        kind = "a number (no '_' digit separators)"
+    elif not math.isfinite(value):
+        overflow = _DECIMAL.fullmatch(text) is not None
+        kind = "a finite number (it overflows float64)" if overflow else "a finite number"
+    elif pattern is not None and not pattern.fullmatch(token):
+        kind = "a number"  # e.g. digits of other scripts, which float() reads
+    else:
+        return value
+    raise ValueError(f"{where}: could not parse {what} {token!r} as {kind}")
 
 
 def check_precision(precision: Any, name: str = "precision") -> int:

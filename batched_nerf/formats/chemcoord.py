@@ -49,7 +49,7 @@ import torch
 from .._table import ConstructionTable
 from .._topology import build_order
 from .._zmatrix import ZMatrix
-from ._common import PathOrFile, optional_import, read_text, require_one_conformation
+from ._common import PathOrFile, finite_float, optional_import, read_text, require_one_conformation
 
 __all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "read_chemcoord", "to_chemcoord"]
 
@@ -219,14 +219,7 @@ def read_chemcoord(path_or_file: PathOrFile | IO[bytes]) -> ZMatrix:
                     f"{where}: line {lineno} (atom {k + 1}): reference {ref!r} is neither another atom's "
                     f"number (1..{n}) nor an absolute reference {tuple(ABSOLUTE_REFERENCES)}"
                 )
-            try:
-                ok = bool(np.isfinite(float(value))) and "_" not in value
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(
-                    f"{where}: line {lineno} (atom {k + 1}): value {value!r} is not a finite number"
-                )
+            finite_float(value, f"{where}: line {lineno} (atom {k + 1})", "value")
     cc = _import_chemcoord()
     clean = "\n".join(" ".join(fields) for _, fields in rows) + "\n"
     try:

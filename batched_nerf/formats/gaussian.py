@@ -59,6 +59,7 @@ from ._common import (
     PathOrFile,
     as_numpy,
     check_precision,
+    finite_float,
     open_text,
     read_text,
     refs_of,
@@ -194,8 +195,10 @@ def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
             title or charge/multiplicity line, no atoms, a wrong number of
             fields for the row, a reference that is not an earlier atom or is
             repeated, a value that is neither a number nor a defined variable,
-            a malformed or repeated variable line, a non-positive bond length,
-            an angle outside [0, 180] degrees, or an unsupported form.
+            a number that is not finite in float64 (``1e400`` overflows; in an
+            atom line or a variable line), a malformed or repeated variable
+            line, a non-positive bond length, an angle outside [0, 180]
+            degrees, or an unsupported form.
 
     Example:
         >>> import io
@@ -236,7 +239,8 @@ def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
         fields = text.replace("=", " ").split()
         if fields[0] in variables:
             raise ValueError(f"line {lineno}: variable {fields[0]!r} defined twice")
-        variables[fields[0]] = float(fields[1].replace("d", "e").replace("D", "e"))
+        what = f"the value of variable {fields[0]!r}"
+        variables[fields[0]] = finite_float(fields[1], f"line {lineno}", what, fortran=True)
     return GaussianInput(_molecule(atoms, variables), **header)
 
 
@@ -298,7 +302,7 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
                     f"fields ({what})"
                 )
             cartesian_line = cartesian_line or lineno
-            cartesian[row] = [_value(t, variables, lineno) for t in fields[-3:]]
+            cartesian[row] = [_value(t, variables, lineno, "coordinate") for t in fields[-3:]]
             continue
         if n_refs < 3 and not seed_line:
             seed_line = lineno
@@ -332,7 +336,7 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
             if ref in refs[row, :j]:
                 raise ValueError(f"line {lineno}: atom {ref + 1} referenced twice")
             refs[row, j] = ref
-            values[row, j] = _value(fields[2 + 2 * j], variables, lineno)
+            values[row, j] = _value(fields[2 + 2 * j], variables, lineno, ("bond", "angle", "dihedral")[j])
         bond, ang = values[row, 0], values[row, 1]
         if n_refs >= 1 and not bond > 0:
             raise ValueError(f"line {lineno}: bond length must be positive, got {bond}")
@@ -351,9 +355,9 @@ def _molecule(atoms: list[tuple[int, list[str]]], variables: dict[str, float]) -
     )
 
 
-def _value(token: str, variables: dict[str, float], lineno: int) -> float:
+def _value(token: str, variables: dict[str, float], lineno: int, what: str) -> float:
     if _NUMBER.match(token):
-        return float(token.replace("d", "e").replace("D", "e"))
+        return finite_float(token, f"line {lineno}", what, fortran=True)
     sign, name = (-1.0, token[1:]) if token.startswith("-") else (1.0, token.lstrip("+"))
     if _NAME.match(name) and name in variables:
         return sign * variables[name]

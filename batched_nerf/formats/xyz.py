@@ -14,7 +14,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._common import PathOrFile, as_numpy, check_precision, open_text, read_text
+from ._common import PathOrFile, as_numpy, check_precision, finite_float, open_text, read_text
 
 __all__ = ["read_xyz", "write_xyz"]
 
@@ -38,9 +38,10 @@ def read_xyz(path_or_file: PathOrFile | IO[bytes]) -> tuple[list[str], np.ndarra
         ValueError: naming the 1-based line and the reason, for an empty file, a
             bad atom count, a missing comment or atom line, an atom line with
             fewer than 4 fields, a coordinate that is not a finite decimal number
-            (``nan``, ``inf`` and ``1_0`` are refused), a file that is not UTF-8, or a frame
-            whose atom count or elements differ from the first frame, or two
-            atoms of a frame at the same coordinates (naming both lines).
+            (``nan``, ``inf``, ``1e400``, which overflows float64, and ``1_0`` are
+            refused), a file that is not UTF-8, or a frame whose atom count or
+            elements differ from the first frame, or two atoms of a frame at the
+            same coordinates (naming both lines).
 
     Example:
         >>> import io
@@ -87,11 +88,7 @@ def read_xyz(path_or_file: PathOrFile | IO[bytes]) -> tuple[list[str], np.ndarra
                 raise ValueError(f"line {lineno}: expected 4 fields 'element x y z', got {len(fields)}")
             names.append(fields[0])
             for c in range(3):
-                token = fields[1 + c]
-                value = float(token) if _NUMBER.fullmatch(token) else None
-                if value is None or not np.isfinite(value):
-                    raise ValueError(f"line {lineno}: could not parse coordinate {token!r} as {_kind(token)}")
-                coords[a, c] = value
+                coords[a, c] = finite_float(fields[1 + c], f"line {lineno}", "coordinate", pattern=_NUMBER)
         if elements is None:
             elements = names
         elif len(names) != len(elements):
@@ -112,17 +109,6 @@ def read_xyz(path_or_file: PathOrFile | IO[bytes]) -> tuple[list[str], np.ndarra
     xyz = np.stack(frames)
     _check_distinct(xyz, starts)
     return elements, xyz, comments
-
-
-def _kind(token: str) -> str:
-    """What a refused coordinate should have been."""
-    try:
-        float(token)
-    except ValueError:
-        return "a number"
-    if "_" in token:
-        return "a number (no '_' digit separators in XYZ files)"
-    return "a finite number"
 
 
 def _check_distinct(xyz: np.ndarray, starts: list[int]) -> None:

@@ -6,7 +6,8 @@ A layer above the core (which never imports it), built on the public API
 
 - :func:`protein_table`: the Z-matrix of a sequence from residue templates
   (Engh & Huber 1991 bond lengths and angles; hydrogens with Amber ff14SB
-  values, PDB/Amber names, variants HID HIE HIP CYX ASH GLH LYN, caps ACE NME),
+  values, PDB/Amber names, variants HID HIE HIP CYX ASH GLH LYN, caps ACE NME;
+  CHARMM and GROMACS residue and atom names read too),
   cached per sequence, with phi/psi/omega/chi1-chi4 and the hydrogen rotors as
   single named rows;
 - :func:`build` / :func:`build_batch`: coordinates from torsions, for one
@@ -27,7 +28,17 @@ from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
 from ._pdb import write_pdb
 from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
-from ._templates import CAPS, CHI_NAMES, DEFAULT_CHI, ONE_TO_THREE, RESIDUE_NAMES, THREE_TO_ONE, VARIANTS
+from ._templates import (
+    CAPS,
+    CHI_NAMES,
+    DEFAULT_CHI,
+    ONE_TO_THREE,
+    RESIDUE_ALIASES,
+    RESIDUE_NAMES,
+    THREE_TO_ONE,
+    UNSUPPORTED_RESIDUES,
+    VARIANTS,
+)
 from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
@@ -36,9 +47,11 @@ __all__ = [
     "DEFAULT_CHI",
     "NAME_ALIASES",
     "ONE_TO_THREE",
+    "RESIDUE_ALIASES",
     "RESIDUE_NAMES",
     "THREE_TO_ONE",
     "TORSION_NAMES",
+    "UNSUPPORTED_RESIDUES",
     "VARIANTS",
     "PackedProteins",
     "Protein",

@@ -11,8 +11,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._checks import to_tensor
 from .._convert import to_cartesian
 from .._pack import pack_tables
+from .._table import outside_inference_mode
 from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -48,10 +50,11 @@ def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
             np.asarray(value).dtype, np.floating
         )
         if like is None and keep:  # numpy floats keep their dtype (float64 stays float64)
-            value = torch.as_tensor(np.asarray(value))
+            value = to_tensor(np.asarray(value), name)
         else:
-            value = torch.as_tensor(
+            value = to_tensor(
                 value,
+                name,
                 dtype=like.dtype if like is not None else torch.get_default_dtype(),
                 device=like.device if like is not None else None,
             )
@@ -64,17 +67,23 @@ def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Ten
     """Template ``(bonds, angles, dihedrals, omega, chi)`` (radians) of a table, cast once per dtype/device.
 
     ``owner`` is a :class:`ProteinTable` or :class:`PackedProteins`; ``omega`` is
-    trans everywhere, ``chi`` the default rotamers.
+    trans everywhere, ``chi`` the default rotamers. The casts are made outside
+    ``torch.inference_mode`` (a first call in a validation pass must not cache
+    inference tensors that a later backward would have to save).
     """
     cache = owner.__dict__.setdefault("_cast", {})
     key = (dtype, device)
     if key not in cache:
-        chi = owner.default_chi
-        omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
-        cache[key] = tuple(
-            t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
-        )
+        cache[key] = outside_inference_mode(_cast)(owner, dtype, device)
     return cache[key]
+
+
+def _cast(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+    chi = owner.default_chi
+    omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
+    return tuple(
+        t.to(dtype=dtype, device=device) for t in (owner.bonds, owner.angles, owner.dihedrals, omega, chi)
+    )
 
 
 def _torsion_values(
@@ -338,8 +347,12 @@ class PackedProteins:
             ``cat([template (N_total), phi (B*L_max), psi, omega, chi (4*B*L_max)])``.
         unpad: ``(N_total,)`` index of each packed atom in the flattened ``(B*N_max)`` layout.
         pad: ``(B*N_max,)`` index of each padded slot in the packed atoms, ``N_total`` for padding.
+
+    Its tensors are made outside ``torch.inference_mode`` (a tuple first packed in
+    a validation pass still serves training).
     """
 
+    @outside_inference_mode
     def __init__(self, sequences: tuple[str, ...], hydrogens: bool = False) -> None:
         self.sequences = sequences
         self.hydrogens = hydrogens

@@ -19,15 +19,20 @@ Four kinds of groups, each one or a few rows of the construction table:
   opposite the sum of its neighbours' bond directions);
 - :class:`Planar` (aromatic and amide H on an atom with two heavy neighbours): in
   their plane, the two angles as close to their targets as the ring angle allows;
-- :class:`Amide` (``NH2`` of Asn, Gln, Arg): in the plane, cis and trans to a reference.
+- :class:`Amide` (``NH2`` of Asn, Gln, Arg): in the plane, cis and trans to a reference
+  (the first name cis to ``d``).
 
 The fixed (non-rotor) rows' angles and dihedrals are measured once per residue
 type on an ideal heavy-atom build (:func:`hydrogen_rows`), so hydrogens move
 rigidly with the torsions of their heavy atoms. Methylene hydrogens are named
 ``2``/``3`` by one geometric rule: seen from the neighbour of lower locant
-(``a``), the neighbour of higher locant (``b``), H2 and H3 run counterclockwise,
-so that ``Gly HA3`` takes the place of the L-residues' HA. (Amber treats the
-two alike; the rule is not checked against a reference structure.)
+(``a``), the neighbour of higher locant (``b``), H2 and H3 run clockwise, so
+that ``Gly HA2`` takes the place of the L-residues' HA; the amide hydrogens
+``HD21`` (Asn) and ``HE21`` (Gln) are trans to the carbonyl oxygen, Arg
+``HH11``/``HH21`` cis to ``NE``. These are the names of wwPDB entries (checked
+on every methylene, amide and methyl group of PDB 2JUY and 5A7U, as shipped
+with MDAnalysisTests: ``tests/test_protein_names.py``; Amber treats the two
+methylene hydrogens alike).
 Atom names prefixed ``-`` are the previous residue's (``-C``).
 """
 
@@ -158,10 +163,10 @@ SIDE_CHAIN_H: dict[str, tuple[Group, ...]] = {
     "PRO": (_HA, _HB, _ch2("CG", "CB", "CD", "HG"), _ch2("CD", "CG", "N", "HD")),
     "ASP": _ASP,
     "ASH": (*_ASP, Rotor("OD2", "CG", "OD1", ("HD2",), 113.0, 0.0)),
-    "ASN": (_HA, _HB, Amide("ND2", "CG", "OD1", ("HD21", "HD22"))),
+    "ASN": (_HA, _HB, Amide("ND2", "CG", "CB", ("HD21", "HD22"))),
     "GLU": _GLU,
     "GLH": (*_GLU, Rotor("OE2", "CD", "OE1", ("HE2",), 113.0, 0.0)),
-    "GLN": (_HA, _HB, _ch2("CG", "CB", "CD", "HG"), Amide("NE2", "CD", "OE1", ("HE21", "HE22"))),
+    "GLN": (_HA, _HB, _ch2("CG", "CB", "CD", "HG"), Amide("NE2", "CD", "CG", ("HE21", "HE22"))),
     "LYS": (*_LYS, Rotor("NZ", "CE", "CD", ("HZ1", "HZ2", "HZ3"))),
     "LYN": (*_LYS, Rotor("NZ", "CE", "CD", ("HZ2", "HZ3"))),
     "ARG": (
@@ -298,7 +303,7 @@ def hydrogen_rows(groups: tuple[Group, ...], xyz: Callable[[str], np.ndarray]) -
             out, normal = -_unit(ua + ub), _unit(np.cross(ua, ub))
             half = math.radians(TETRAHEDRAL) / 2
             bond = BOND[_element(g.parent)]
-            start = [math.cos(half) * out + sign * math.sin(half) * normal for sign in (1.0, -1.0)]
+            start = [math.cos(half) * out + sign * math.sin(half) * normal for sign in (-1.0, 1.0)]
             for name, u in zip(g.names, _fit_tetrahedral(x, [a, b], start)):
                 h = x + bond * u
                 rows.append(

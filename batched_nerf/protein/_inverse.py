@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .._checks import to_tensor
 from .._convert import InternalCoordinates, to_internal
 from ._build import packed_proteins
 from ._sequence import protein_table
@@ -28,7 +29,7 @@ class Torsions(NamedTuple):
 
 
 def _check_xyz(xyz: Any, trailing: tuple[int, ...], what: str) -> Tensor:
-    x = torch.as_tensor(xyz) if not isinstance(xyz, Tensor) else xyz
+    x = to_tensor(xyz, "xyz")
     k = len(trailing)
     if x.ndim < k or tuple(x.shape[x.ndim - k :]) != trailing:
         raise ValueError(

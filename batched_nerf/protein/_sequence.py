@@ -12,8 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._table import ConstructionTable
+from .._table import ConstructionTable, outside_inference_mode
 from ._hydrogens import SIDE_CHAIN_H, backbone_h, hydrogen_rows
+from ._names import CONVENTIONS, detect_convention, to_pdb_names
 from ._templates import (
     BACKBONE,
     CHI_NAMES,
@@ -22,6 +23,7 @@ from ._templates import (
     DEFAULT_CHI,
     L_CB_SIGN,
     ONE_TO_THREE,
+    RESIDUE_ALIASES,
     RESIDUE_NAMES,
     RING_BONDS,
     SIDE_CHAINS,
@@ -29,6 +31,7 @@ from ._templates import (
     Branch,
     base_residue,
     branch_dihedral,
+    residue_name,
 )
 
 #: Backbone torsion names; with :data:`CHI_NAMES` the names :meth:`ProteinTable.row` accepts.
@@ -52,17 +55,27 @@ def parse_sequence(sequence: Any) -> str:
     string with spaces (``"ACE ALA NME"``) or a list (``["ALA", "GLY"]``) holds
     three-letter names, which may also be the protonation variants ``HID HIE HIP
     CYX ASH GLH LYN`` and the caps ``ACE`` (first residue only) and ``NME`` (last
-    only). The result is one-letter when every residue is standard
-    (``HIS`` -> ``"H"``), else the names joined by spaces.
+    only). CHARMM and GROMACS names read as the variant they mean
+    (:data:`batched_nerf.protein.RESIDUE_ALIASES`: ``HSD``,
+    ``HISA``, ``HISD`` -> ``HID``; ``HSE``, ``HISB``, ``HISE`` -> ``HIE``;
+    ``HSP``, ``HISH`` -> ``HIP``; ``LYSH`` -> ``LYS``; ``LSN``, ``LYSN`` ->
+    ``LYN``; ``ASPP``, ``ASPH`` -> ``ASH``; ``GLUP``, ``GLUH`` -> ``GLH``;
+    ``CYSH`` -> ``CYS``; ``CYS2`` -> ``CYX``). The result is one-letter when
+    every residue is standard (``HIS`` -> ``"H"``), else the names joined by
+    spaces.
 
     Raises:
         TypeError: not a string or a sequence of strings.
         ValueError: an empty sequence, an unknown residue (naming its position),
-            or a cap that is not at its end of the chain.
+            a state no template has (``CYM``, ``HIS1``, ``ARN``, ``ARGN``,
+            ``TYM``: never replaced by another protonation state), or a cap
+            that is not at its end of the chain.
 
     Example:
         >>> parse_sequence(["ALA", "GLY"]), parse_sequence("ag"), parse_sequence("ace ala nme")
         ('AG', 'AG', 'ACE ALA NME')
+        >>> parse_sequence("MET HSD LYSH CYS2")
+        'MET HID LYS CYX'
     """
     if isinstance(sequence, str) and not any(c.isspace() for c in sequence.strip()):
         letters = sequence.strip().upper()
@@ -78,10 +91,15 @@ def parse_sequence(sequence: Any) -> str:
     ):
         names = [s.upper() for s in (sequence.split() if isinstance(sequence, str) else sequence)]
         for k, name in enumerate(names):
-            if name not in RESIDUE_NAMES:
+            try:
+                names[k] = residue_name(name)
+            except ValueError as exc:
+                raise ValueError(f"position {k} of the sequence: {exc}") from None
+            if names[k] not in RESIDUE_NAMES:
                 raise ValueError(
                     f"unknown residue name {name!r} at position {k} of the sequence; expected a "
-                    f"three-letter code of the 20 standard amino acids or one of {RESIDUE_NAMES[20:]}"
+                    f"three-letter code of the 20 standard amino acids, one of {RESIDUE_NAMES[20:]} "
+                    f"or a CHARMM/GROMACS/Amber spelling of them ({' '.join(RESIDUE_ALIASES)})"
                 )
     else:
         raise TypeError(
@@ -103,14 +121,18 @@ def residue_names(sequence: str) -> tuple[str, ...]:
     return tuple(ONE_TO_THREE[s] for s in sequence)
 
 
-#: Other spellings of atom names that :meth:`ProteinTable.order_from` accepts (OpenMM / Amber / CHARMM).
+#: Other spellings of atom names that :meth:`ProteinTable.order_from` accepts where a name is missing
+#: (OpenMM / Amber / CHARMM / GROMACS), after the translation of CHARMM and GROMACS names
+#: (:mod:`~batched_nerf.protein._names`).
 NAME_ALIASES: dict[str, tuple[str, ...]] = {
     "H1": ("HH31", "HN1", "HT1", "1H", "H"),
     "H2": ("HH32", "HN2", "HT2", "2H"),
     "H3": ("HH33", "HN3", "HT3", "3H"),
     "H": ("HN",),
     "C": ("CH3",),
+    "O": ("OT1", "O1", "OC1"),
     "OXT": ("OT2", "O2", "OC2"),
+    "CD1": ("CD",),
 }
 
 
@@ -320,8 +342,12 @@ class ProteinTable:
         rotor_rows: ``(K,)`` ``torch.long`` rows whose dihedral turns a methyl,
             ammonium, amine, hydroxyl or thiol group (empty without hydrogens).
         rotor_names: ``K`` ``(residue, atom name)`` of the rotor rows.
+
+    Its tensors are made outside ``torch.inference_mode``: a table first made in
+    a validation pass (and cached) still serves training afterwards.
     """
 
+    @outside_inference_mode
     def __init__(self, sequence: str, hydrogens: bool = False) -> None:
         self.sequence = sequence
         self.hydrogens = bool(hydrogens)
@@ -455,27 +481,66 @@ class ProteinTable:
             raise ValueError(f"residue {residue} ({self.residues[residue]}) has no {torsion} torsion")
         return r
 
-    def order_from(self, residues: Sequence[int], names: Sequence[str]) -> Tensor:
+    def order_from(
+        self, residues: Sequence[int], names: Sequence[str], *, convention: str = "auto"
+    ) -> Tensor:
         """Permutation taking atoms listed as ``(residue, name)`` (e.g. read from a PDB file) to this table.
 
         Returns ``perm`` ``(N,)`` with ``xyz_table = xyz_other[..., perm, :]``;
         atoms the table does not have (hydrogens of a heavy-atom table, waters)
-        are skipped. Hydrogens are matched by name; a name missing from the list
-        may also be found under the other spellings of :data:`NAME_ALIASES`
-        (``H`` for the N-terminal ``H1`` as OpenMM's ``Modeller.addHydrogens``
-        writes it, Amber's ``HH31``... for the caps' ``H1``...).
+        are skipped. ``residues`` are 0-based positions in the sequence.
+
+        Names are read in one of the conventions of
+        :mod:`~batched_nerf.protein._names` (``convention="pdb"``,
+        ``"charmm"``, ``"gromacs"``; ``"auto"``: CHARMM if a CHARMM-only name
+        such as ``HN`` or ``OT1`` occurs, GROMACS if a methylene is numbered
+        ``HB1 HB2``, else PDB), each translated to the PDB name of the atom in
+        the same place (CHARMM ``HB1`` is PDB ``HB3``, GROMACS ``HB1`` PDB
+        ``HB2``; Ile ``CD`` is ``CD1``; the table in ``docs/protein.md``).
+        A name still missing may be found under the other spellings of
+        :data:`NAME_ALIASES` (``H`` for the N-terminal ``H1`` as OpenMM's
+        ``Modeller.addHydrogens`` writes it, Amber's ``HH31``... for the caps'
+        ``H1``..., ``OT2``/``O2``/``OC2`` for ``OXT``).
 
         Raises:
-            ValueError: an atom of the table is missing from the list, or two
-                atoms of the table matched the same listed atom.
+            ValueError: an atom of the table is missing from the list, two
+                listed atoms of a residue have the same name (after
+                translation), two atoms of the table matched the same listed
+                atom, or an unknown ``convention``.
 
         Example:
             >>> import batched_nerf as bn
             >>> t = bn.protein.protein_table("G")
             >>> t.order_from([0, 0, 0, 0, 0, 0], ["CA", "N", "H", "C", "OXT", "O"]).tolist()
             [1, 0, 3, 5, 4]
+            >>> t.order_from([0] * 5, ["N", "CA", "C", "OT1", "OT2"]).tolist()  # CHARMM C-terminus
+            [0, 1, 2, 3, 4]
         """
-        where = {(int(r), str(n)): k for k, (r, n) in enumerate(zip(residues, names))}
+        if convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
+        listed = [(int(r), str(n)) for r, n in zip(residues, names)]
+        by_residue: dict[int, list[str]] = {}
+        for r, n in listed:
+            by_residue.setdefault(r, []).append(n)
+        if convention == "auto":
+            own: dict[int, set[str]] = {}
+            for r, n in zip(self.residue_index.tolist(), self.atom_names):
+                own.setdefault(r, set()).add(n)
+            convention = detect_convention(by_residue, own)
+        rename = {
+            r: to_pdb_names(self.residues[r], found, convention, first=r == 0)
+            for r, found in by_residue.items()
+            if 0 <= r < self.n_residues
+        }
+        where: dict[tuple[int, str], int] = {}
+        for k, (r, n) in enumerate(listed):
+            key = (r, rename.get(r, {}).get(n, n))
+            if key in where:
+                raise ValueError(
+                    f"listed atoms {where[key]} and {k} of residue {r} are both {key[1]} "
+                    f"(read as {convention} names); list each atom once"
+                )
+            where[key] = k
         perm = []
         for k, (r, n) in enumerate(zip(self.residue_index.tolist(), self.atom_names)):
             if (r, n) not in where:
@@ -484,7 +549,8 @@ class ProteinTable:
                     perm.append(where[(r, alias)])
                     continue
                 raise ValueError(
-                    f"atom {k} ({n} of residue {r}, {self.residues[r]}) is missing from the list"
+                    f"atom {k} ({n} of residue {r}, {self.residues[r]}) is missing from the list "
+                    f"(read as {convention} names)"
                 )
             perm.append(where[(r, n)])
         if len(set(perm)) != len(perm):

@@ -38,9 +38,50 @@ CAPS = ("ACE", "NME")
 #: Every residue name a sequence may hold.
 RESIDUE_NAMES = (*ONE_TO_THREE.values(), *VARIANTS, *CAPS)
 
+#: Other force fields' residue names -> the residue (or variant) they mean here. CHARMM: ``HSD``/``HSE``/
+#: ``HSP`` (H on ND1 / NE2 / both), ``ASPP``, ``GLUP`` (protonated on OD2 / OE2), ``LSN`` (neutral
+#: lysine). GROMACS (GROMOS, OPLS-AA; ``pdb2gmx``): ``HISA``/``HISD`` (H on ND1), ``HISB``/``HISE`` (NE2),
+#: ``HISH`` (both), ``LYSH`` (charged lysine), ``LYSN`` (neutral), ``ASPH``, ``GLUH`` (protonated),
+#: ``CYSH`` (cysteine with HG), ``CYS2`` (disulfide-bonded); the Amber ports (ffamber): ``LYP``
+#: (charged lysine), ``CYN`` (cysteine with HG).
+RESIDUE_ALIASES = {
+    "HSD": "HID", "HSE": "HIE", "HSP": "HIP", "ASPP": "ASH", "GLUP": "GLH", "LSN": "LYN",
+    "HISA": "HID", "HISD": "HID", "HISB": "HIE", "HISE": "HIE", "HISH": "HIP",
+    "LYSH": "LYS", "LYSN": "LYN", "ASPH": "ASH", "GLUH": "GLH", "CYSH": "CYS", "CYS2": "CYX",
+    "LYP": "LYS", "CYN": "CYS",
+}  # fmt: skip
+#: Residue names of protonation or bonding states no template here has: refused, naming the state.
+UNSUPPORTED_RESIDUES = {
+    "CYM": "deprotonated cysteine (thiolate, no HG; Amber, GROMACS)",
+    "HIS1": "histidine bound to a heme iron (GROMACS)",
+    "ARN": "neutral arginine (Amber)",
+    "ARGN": "neutral arginine (GROMACS)",
+    "TYM": "deprotonated tyrosine (tyrosinate; Amber)",
+}
+
+
+def residue_name(name: str) -> str:
+    """``name`` (upper case) in the spelling of :data:`RESIDUE_NAMES`: other force fields' names mapped.
+
+    Raises:
+        ValueError: a name of a state no template has (:data:`UNSUPPORTED_RESIDUES`), naming it.
+
+    Example:
+        >>> residue_name("hsd"), residue_name("HISB"), residue_name("LYSH"), residue_name("ALA")
+        ('HID', 'HIE', 'LYS', 'ALA')
+    """
+    name = name.upper()
+    if name in UNSUPPORTED_RESIDUES:
+        raise ValueError(
+            f"residue {name} is a {UNSUPPORTED_RESIDUES[name]}, a state the protein templates do not "
+            f"have (variants: {' '.join(VARIANTS)}); it is not replaced by another protonation state"
+        )
+    return RESIDUE_ALIASES.get(name, name)
+
 
 def base_residue(name: str) -> str:
-    """The standard residue whose heavy atoms a variant has (``"HID"`` -> ``"HIS"``), else ``name``."""
+    """The standard residue whose heavy atoms a variant has (``"HID"``, ``"HSD"``: ``"HIS"``), or ``name``."""
+    name = RESIDUE_ALIASES.get(name, name)
     return VARIANTS.get(name, name)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._table import ConstructionTable
+from .._table import ConstructionTable, outside_inference_mode
 from ..formats._common import as_numpy, optional_import
 from ._templates import CHI_NAMES, SIDE_CHAINS, base_residue
 
@@ -146,6 +146,7 @@ def _angstrom(xyz: Any, connectivity: list) -> Any:
     return x
 
 
+@outside_inference_mode  # its index tensors serve later backward passes
 def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool = True) -> TopologyTable:
     """Table of every atom of an mdtraj ``Topology``, an OpenMM ``Topology`` or a PDB file.
 
