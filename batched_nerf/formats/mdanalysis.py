@@ -239,7 +239,8 @@ def table_from_atomgroup(
     except mda.exceptions.NoDataError:
         raise ValueError(
             "the AtomGroup's universe has no bonds: read a topology with bonds (PSF, prmtop, TPR, mol2, "
-            'PDB with CONECT) or guess them first: u.guess_TopologyAttrs(to_guess=["bonds"])'
+            'PDB with CONECT) or guess them first: u.guess_TopologyAttrs(to_guess=["bonds"]) '
+            "(MDAnalysis >= 2.8; ag.guess_bonds() before)"
         ) from None
     position = np.full(atoms.universe.atoms.n_atoms, -1, dtype=np.int64)
     position[idx] = np.arange(n)
