@@ -156,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--stop", type=int, default=None, help="last frame (exclusive); default: all 98")
     parser.add_argument("--repeats", type=int, default=20, help="calls of ours (best is reported)")
     parser.add_argument("--bat-repeats", type=int, default=1, help="runs of BAT's loops (best is reported)")
-    parser.add_argument("--threads", type=int, default=None, help="torch and numba threads (default: torch's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch and numba threads")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
