@@ -446,3 +446,20 @@ def test_mdtraj_triclinic_box_and_errors(md):
         bad = md.load(data.DCD_TRICLINIC, top=data.PSF_TRICLINIC)  # mdtraj reads NaN cells here
     with pytest.raises(ValueError, match="are not finite"):
         from_mdtraj(bad)
+
+
+# ------------------------------------------------------------------------- benchmark
+
+
+def test_md_bat_benchmark_runs_on_a_tiny_selection(monkeypatch):
+    """benchmarks/md_bat.py end to end on AdK residues 1-3, 4 frames (no timing assertion)."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    from benchmarks.md_bat import report, run
+
+    result = run("resid 1-3", stop=4, repeats=1)
+    assert result["atoms"] == 62 and result["frames"] == 4
+    assert result["max_cartesian_deviation_A"] < 1e-5 and result["max_bat_deviation"] < 1e-6
+    text = report(result)
+    assert "results.bat -> Cartesian" in text and "target >= 300x" in text
