@@ -189,6 +189,8 @@ def test_from_bat_and_to_bat_are_inverse():
     ic1, pose1 = from_bat(values[0].float(), bt)
     assert ic1.bonds.shape == (n,) and ic1.bonds.dtype == torch.float32 and pose1.rotation.shape == (3, 3)
     assert from_bat(values.numpy(), bt)[0].bonds.dtype == torch.float64
+    # to_bat casts up to the widest input, never down
+    assert to_bat(ic1, pose, bt).dtype == torch.float64 and to_bat(ic1, pose1, bt).dtype == torch.float32
 
 
 def test_bat_converters_are_differentiable_and_vmap(ala):
@@ -298,6 +300,14 @@ def test_torsions_become_rows(adk_universe):
     # positions in the AtomGroup work too
     rows = table_from_atomgroup(ag, torsions=[[0, 4, 6, 7]]).torsion_rows
     assert rows.shape == (1,)
+
+
+def test_topology_without_coordinates():
+    u = _universe(data.PSF)  # no trajectory: the bond graph only, molecules not linked
+    agt = table_from_atomgroup(u.select_atoms("resid 1-3 or resid 7"))
+    assert agt.table.n_atoms == 69 and agt.table.n_components == 2
+    with pytest.raises(ValueError, match="needs xyz"):
+        table_from_atomgroup(u.select_atoms("resid 1-3"), link_fragments=True)
 
 
 def test_root_is_placed_at_the_origin(adk_universe):

@@ -71,7 +71,7 @@ def _atoms(obj: Any, name: str = "universe_or_atomgroup") -> Any:
     if isinstance(obj, mda.Universe):
         return obj.atoms
     if isinstance(obj, mda.AtomGroup):
-        return obj
+        return obj.atoms  # an UpdatingAtomGroup: the static group of its current selection
     raise TypeError(f"{name} must be an MDAnalysis Universe or AtomGroup, got {type(obj).__name__}")
 
 
@@ -285,7 +285,8 @@ def frames(
     Args:
         universe_or_atomgroup: an ``MDAnalysis.Universe`` or ``AtomGroup``;
             atoms in its order (the row order of :func:`table_from_atomgroup`
-            and of a ``BAT`` table).
+            and of a ``BAT`` table). An ``UpdatingAtomGroup`` is read as the
+            atoms it holds now, in every frame.
         start, stop, step: the slice of frames.
         indices: optional ``(N,)`` universe atom indices giving the atoms and
             their order instead (e.g. ``AtomGroupTable.indices`` or
@@ -578,7 +579,8 @@ def to_bat(internal: Any, pose: Any, bat_table: BATTable) -> Tensor:
         bat_table: the :class:`BATTable` of the BAT.
 
     Returns:
-        ``(..., 3 N)`` tensor, the batch shapes broadcast, dtype of the bonds.
+        ``(..., 3 N)`` tensor, the batch shapes broadcast, in the widest dtype
+        of the inputs (float32 bonds with a float64 pose give float64).
 
     Raises:
         TypeError: ``bat_table`` is not a :class:`BATTable`, or complex or
@@ -628,8 +630,11 @@ def to_bat(internal: Any, pose: Any, bat_table: BATTable) -> Tensor:
             f"{tuple(d.shape)}, rotation {tuple(rot.shape)}, translation {tuple(tr.shape)}"
         ) from None
     dev = b.device
-    b, a, d = (x.expand(*batch, n) for x in (b, a, d))
-    rot, tr = rot.to(b.dtype).expand(*batch, 3, 3), tr.to(b.dtype).expand(*batch, 3)
+    dtype = b.dtype
+    for x in (a, d, rot, tr):
+        dtype = torch.promote_types(dtype, x.dtype)  # cast up, never down
+    b, a, d = (x.to(dtype).expand(*batch, n) for x in (b, a, d))
+    rot, tr = rot.to(dtype).expand(*batch, 3, 3), tr.to(dtype).expand(*batch, 3)
     e, f = rot[..., :, 0], rot[..., :, 1]
     phi = torch.atan2(e[..., 1], e[..., 0])
     theta = torch.acos(e[..., 2].clamp(-1.0, 1.0))
