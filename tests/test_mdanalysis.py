@@ -468,8 +468,8 @@ def test_md_bat_benchmark_runs_on_a_tiny_selection(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from benchmarks.md_bat import report, run
 
-    result = run("resid 1-3", stop=4, repeats=1)
-    assert result["atoms"] == 62 and result["frames"] == 4
+    result = run("resid 1-3", stop=4, repeats=1, threads=[1, 2])
+    assert result["atoms"] == 62 and result["frames"] == 4 and list(result["ours"]) == [1, 2]
     assert result["max_cartesian_deviation_A"] < 1e-5 and result["max_bat_deviation"] < 1e-6
     text = report(result)
     assert "results.bat -> Cartesian" in text and "target >= 300x" in text
