@@ -62,6 +62,7 @@ class PoseInfo:
     has_third: np.ndarray  # (S,) bool
     slot: np.ndarray  # (N,) seeded-component index of each atom, S for anchored atoms
     third_from_second: np.ndarray  # (S,) bool: the third atom's bond reference is the second atom
+    whole: bool = False  # one seeded component holds every atom (apply_pose is then one matmul)
 
     @property
     def squeeze(self) -> bool:
@@ -82,6 +83,7 @@ def _pose_layout(topo: Topology) -> PoseInfo:
         has_third=has3,
         slot=topo.seed_slot,
         third_from_second=topo.third_from_second,
+        whole=bool(root.size == 1 and (topo.seed_slot == 0).all()),
     )
 
 
@@ -206,6 +208,11 @@ def apply_pose(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
             "do not broadcast"
         ) from None
+    if info.whole:  # every atom in the one seeded component: x R^T + t, one matmul
+        out = torch.matmul(x, rot[..., 0, :, :].transpose(-1, -2)) + tr[..., 0:1, :]  # batch broadcast
+        if proper is None:
+            return out
+        return torch.where(proper[..., 0, None, None], out, out.new_full((), float("nan")))
     # slot S (anchored atoms): identity and zero
     rot = torch.cat(
         (rot.expand(*batch, s, 3, 3), torch.eye(3, dtype=x.dtype, device=dev).expand(*batch, 1, 3, 3)), -3
