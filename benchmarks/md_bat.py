@@ -72,7 +72,7 @@ def set_threads(n: int) -> None:
 def run(
     selection: str = "resid 1-40",
     stop: int | None = None,
-    repeats: int = 20,
+    repeats: int = 50,
     bat_repeats: int = 1,
     threads: Sequence[int] | None = None,
 ) -> dict:
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--selection", default="resid 1-40", help="selection of AdK atoms (one molecule)")
     parser.add_argument("--stop", type=int, default=None, help="last frame (exclusive); default: all 98")
-    parser.add_argument("--repeats", type=int, default=20, help="calls of ours (best is reported)")
+    parser.add_argument("--repeats", type=int, default=50, help="calls of ours (best is reported)")
     parser.add_argument("--bat-repeats", type=int, default=1, help="runs of BAT's loops (best is reported)")
     parser.add_argument(
         "--threads", type=int, nargs="+", default=None, help="thread counts for ours (default: 1 and torch's)"
