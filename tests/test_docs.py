@@ -46,6 +46,8 @@ OPTIONAL = (
     "pandas",
     "ase",
     "mdtraj",
+    "MDAnalysis",
+    "MDAnalysisTests",
     "PeptideBuilder",
     "Bio",
     "matplotlib",

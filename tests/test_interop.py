@@ -22,7 +22,8 @@ def molecule_zmatrix(name: str) -> ZMatrix:
 def test_optional_packages_not_imported_eagerly() -> None:
     code = (
         "import sys, batched_nerf, batched_nerf.formats; "
-        "print(sorted(m for m in ('chemcoord', 'ase', 'rdkit', 'pandas') if m in sys.modules))"
+        "print(sorted(m for m in ('chemcoord', 'ase', 'rdkit', 'pandas', 'MDAnalysis', 'mdtraj') "
+        "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -316,3 +316,33 @@ def test_rotation_from_angles_gradients_inside_the_chart_are_the_formulas() -> N
     torch.testing.assert_close(g, g_ref, rtol=0, atol=1e-14)
     jac = torch.func.vmap(torch.func.jacrev(rotation_from_angles))(u.detach())
     torch.testing.assert_close(jac, torch.func.vmap(torch.func.jacrev(_formula))(u.detach()))
+
+
+def test_one_component_pose_broadcasts_like_the_general_path() -> None:
+    """A table whose one seeded component holds every atom takes one matmul; same values as R x + t."""
+    table = bn.ConstructionTable.chain(6)
+    anchored = bn.pack_tables([table, bn.ConstructionTable([[-1, -1, -1]], fixed=[0])])  # anchored atom kept
+    gen = torch.Generator().manual_seed(3)
+    rot = _random_rotation((4,), 3)
+    tr = torch.randn(4, 3, dtype=F64, generator=gen)
+    for x in (torch.randn(6, 3, dtype=F64, generator=gen), torch.randn(4, 6, 3, dtype=F64, generator=gen)):
+        out = apply_pose(x, table, rotation=rot, translation=tr)
+        expected = (
+            torch.einsum("fij,...nj->f...ni", rot, x).reshape(4, 6, 3) + tr[:, None]
+            if x.ndim == 2
+            else (torch.einsum("fij,fnj->fni", rot, x) + tr[:, None])
+        )
+        assert out.shape == (4, 6, 3)
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+        xa = torch.cat((x, x.new_zeros(x.shape[:-2] + (1, 3))), -2)
+        general = apply_pose(xa, anchored, rotation=rot, translation=tr)
+        torch.testing.assert_close(general[..., :6, :], out, rtol=0, atol=1e-12)
+    mirror = rot.clone()
+    mirror[1, :, 2] *= -1  # frame 1 improper: NaN there, frame 0 untouched
+    bad = apply_pose(x, table, rotation=mirror, translation=tr)
+    assert bad[1].isnan().all() and bad[0].isfinite().all()
+    xg = x[:1].clone().requires_grad_(True)
+    rg = rot[:1].clone().requires_grad_(True)
+    assert torch.autograd.gradgradcheck(
+        lambda a, r: apply_pose(a, table, rotation=r, translation=tr[:1]), (xg, rg)
+    )

@@ -117,17 +117,20 @@ def refs_of(table_or_refs: Any) -> tuple[np.ndarray, np.ndarray]:
     return refs, np.zeros(0, dtype=np.int64)
 
 
-def optional_import(module: str, package: str | None = None) -> Any:
-    """Import an optional dependency, or raise ImportError saying how to install it."""
+def optional_import(module: str, package: str | None = None, extra: str = "interop") -> Any:
+    """Import an optional dependency, or raise ImportError saying how to install it.
+
+    ``extra`` names the optional-dependency group of ``pyproject.toml`` that brings it.
+    """
     import importlib
 
     try:
         return importlib.import_module(module)
-    except ImportError as exc:  # pragma: no cover - depends on the environment
+    except ImportError as exc:
         name = package or module
         raise ImportError(
             f"this function needs {name}, an optional dependency: pip install {name} "
-            "(or pip install 'batched-nerf[interop]')"
+            f"(or pip install 'batched-nerf[{extra}]')"
         ) from exc
 
 
