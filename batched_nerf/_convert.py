@@ -134,13 +134,15 @@ def to_cartesian(
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
     samples = math.prod(b.shape[:-1])
-    if method == "auto":
+    auto = method == "auto"
+    if auto:
         method = auto_method(table, samples, b.device.type)
     engine = engines.get(method)
     if not engine.nan_bonds:
         b = nan_negative_bonds(b)
     variant = engine.choose_variant(table.n_atoms, samples)
-    xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)
+    plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
+    xyz = engine.build(plan, b, a, d, fixed)
     if rotation is not None or translation is not None:
         xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)
     return xyz.to(out_dtype)
@@ -201,9 +203,11 @@ def to_internal(
         ([0.0, 0.0, 90.0, 90.0], 90.0)
     """
     x = check_xyz(xyz, check_table(table))
-    fused = fused_inverse.use_fused(method, x)
-    build = fused_inverse.internal_from_xyz if fused else engines.get("inverse").build
-    ic = build(table.plan("inverse", x.device), x)
+    plan = table.plan("inverse", x.device)
+    if fused_inverse.use_fused(method, x):
+        ic = fused_inverse.internal_from_xyz(plan, x, fallback=method == "auto")
+    else:
+        ic = engines.get("inverse").build(plan, x)
     if degrees:
         ic = InternalCoordinates(ic.bonds, ic.angles / DEG, ic.dihedrals / DEG)
     if return_pose:

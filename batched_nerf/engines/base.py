@@ -56,6 +56,10 @@ def _always_gathers(plan: Any) -> bool:
     return True
 
 
+def _as_planned(plan: Any, accumulate_dtype: torch.dtype | None, auto: bool) -> Any:
+    return plan
+
+
 @dataclass(frozen=True)
 class Engine:
     """A named engine: its planner, its builder, and what the table and dispatch ask about it.
@@ -86,6 +90,11 @@ class Engine:
         nan_bonds: the build itself makes atoms with negative bonds NaN (the
             domain rule of :func:`~batched_nerf.to_cartesian`, one ``torch.where``
             the caller applies otherwise); the fused kernels do it per atom.
+        configure: ``(plan, accumulate_dtype, auto) -> plan`` for one call: the
+            plan with the call's options (``to_cartesian``'s ``accumulate_dtype``,
+            None when not given; ``auto``: ``method="auto"`` chose the engine);
+            engines without options return the plan itself. The fused engine's
+            GPU kernels read both (:func:`.fused.configure`).
     """
 
     name: str
@@ -96,3 +105,4 @@ class Engine:
     eager: bool = False
     gathers: Callable[[Any], bool] = _always_gathers
     nan_bonds: bool = False
+    configure: Callable[[Any, Any, bool], Any] = _as_planned
