@@ -42,7 +42,10 @@ so few lanes leave most of the device idle and a long walk is a long chain of
 dependent memory round trips, where the scan engine's ``log2(N)`` rounds of
 whole-batch kernels win; the thresholds are estimates until a device has
 measured them (``benchmarks/gpu.py`` times both sides). Elsewhere on CUDA the
-rule below the fused engine applies (scan; levels for ``depth <= 8``).
+rule below the fused engine applies (scan; levels for ``depth <= 8``). Unlike on
+the CPU the engine then changes with the batch size, so rows whose placement
+rounding decides (nearly collinear references) may differ across the threshold
+as they differ between engines (``docs/conventions.md``).
 """
 
 from __future__ import annotations
