@@ -134,3 +134,19 @@ def test_gpu_script_runs_on_cpu(tmp_path: Path) -> None:
     assert "fused" in picks and len(picks) > 1  # the grid spans both sides of the rule
     assert all(c[f"{m}/forward"]["median_s"] > 0 for c in cells for m in ("fused", "scan"))
     assert data["backends_after"]["disabled"] == {}
+
+
+@pytest.mark.slow
+def test_accumulate_script_runs_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/accumulate.py --quick: the Triton kernel in the interpreter, both accumulation dtypes."""
+    pytest.importorskip("triton", minversion="3.0", reason="the Triton kernels need triton >= 3")
+    from benchmarks import accumulate
+
+    out = tmp_path / "acc.json"
+    assert accumulate.main([str(out), "--quick", "--samples", "2"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["table"] for r in rows] == ["chain 100", "alanine dipeptide"]
+    for r in rows:
+        assert r["fused, float64 accumulation"]["max_A"] < 1e-5  # float32 rounding of the result only
+        assert r["fused, float32"]["max_A"] < 1e-3
+        assert r["scan, float32"]["max_A"] < 1e-3
