@@ -78,7 +78,13 @@ def to_cartesian(
             per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
             ``"auto"`` (chosen from the table's shape, batch size, device and
             the installed backends: the fused engine on the CPU when numba
-            imports, see :func:`backends`).
+            imports; on CUDA the Triton kernels when the call has at least
+            4,096 ``(component, sample)`` lanes and no component above 512
+            atoms, see :func:`backends` and
+            :mod:`batched_nerf.engines.gpu_policy`). Under ``"auto"`` a Triton
+            compile or launch error warns once and the call (and later ones on
+            that device type) takes the scan or level engine; under
+            ``"fused"`` it raises.
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
             about the component's root atom (see :func:`apply_pose`; an
@@ -90,7 +96,13 @@ def to_cartesian(
             float32 inputs) and cast the result back to the inputs' dtype;
             gradients flow through both casts. Improves float32 accuracy of very
             long chains (see ``docs/benchmarks.md``) at the price of float64
-            arithmetic.
+            arithmetic. The fused engine accumulates in float64 whatever the
+            inputs (None); ``torch.float32`` makes its GPU (Triton) kernels
+            accumulate in float32, for GPUs whose float64 is slow (consumer
+            cards: 1/32-1/64 of float32), at errors like the scan engine's in
+            float32 (max 7e-7 Angstrom for alanine dipeptide, 2e-4 for a
+            1,000-atom chain, 1.3e-3 for 10,000 atoms; ``docs/architecture.md``);
+            its CPU kernels accumulate in float64 always.
 
     Returns:
         ``(..., N, 3)`` with the broadcast leading shape of the inputs, atoms in
@@ -104,6 +116,9 @@ def to_cartesian(
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.
         RuntimeError: ``method="fused"`` without a backend for the device.
+        KernelError: ``method="fused"`` on CUDA and a Triton kernel failed to
+            compile or launch (a ``RuntimeError``;
+            :class:`batched_nerf.engines.gpu_policy.KernelError`).
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -183,7 +198,9 @@ def to_internal(
             to rounding; under ``torch.compile`` and nested forward mode
             (``jacfwd(jacfwd(f))``) ``"auto"`` takes the torch operations. The first
             fused call in a new environment compiles the kernels (seconds; cached
-            on disk afterwards).
+            on disk afterwards). On CUDA the forward and vjp are Triton kernels;
+            under ``"auto"`` a Triton compile or launch error warns once and the
+            torch operations take over (``"fused"`` raises it).
 
     Returns:
         :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
@@ -194,6 +211,8 @@ def to_internal(
         ValueError: ``xyz`` is not ``(..., N, 3)``, an unknown ``method``, or
             ``method="fused"`` off the CPU, for another dtype, without numba or
             under nested forward mode.
+        KernelError: ``method="fused"`` on CUDA and a Triton kernel failed to
+            compile or launch (a ``RuntimeError``).
 
     Example:
         >>> import torch, batched_nerf as bn
