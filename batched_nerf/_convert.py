@@ -79,7 +79,13 @@ def to_cartesian(
             per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
             ``"auto"`` (chosen from the table's shape, batch size, device and
             the installed backends: the fused engine on the CPU when numba
-            imports, see :func:`backends`).
+            imports; on CUDA the Triton kernels when the call has at least
+            4,096 ``(component, sample)`` lanes and no component above 512
+            atoms, see :func:`backends` and
+            :mod:`batched_nerf.engines.gpu_policy`). Under ``"auto"`` a Triton
+            compile or launch error warns once and the call (and later ones on
+            that device type) takes the scan or level engine; under
+            ``"fused"`` it raises.
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
             about the component's root atom (see :func:`apply_pose`; an
@@ -91,7 +97,13 @@ def to_cartesian(
             float32 inputs) and cast the result back to the inputs' dtype;
             gradients flow through both casts. Improves float32 accuracy of very
             long chains (see ``docs/benchmarks.md``) at the price of float64
-            arithmetic.
+            arithmetic. The fused engine accumulates in float64 whatever the
+            inputs (None); ``torch.float32`` makes its GPU (Triton) kernels
+            accumulate in float32, for GPUs whose float64 is slow (consumer
+            cards: 1/32-1/64 of float32), at errors like the scan engine's in
+            float32 (max 7e-7 Angstrom for alanine dipeptide, 2e-4 for a
+            1,000-atom chain, 1.3e-3 for 10,000 atoms; ``docs/architecture.md``);
+            its CPU kernels accumulate in float64 always.
 
     Returns:
         ``(..., N, 3)`` with the broadcast leading shape of the inputs, atoms in
@@ -105,6 +117,9 @@ def to_cartesian(
             broadcast, ``fixed_xyz`` is missing or not ``(..., F, 3)``, or an
             unknown ``method``.
         RuntimeError: ``method="fused"`` without a backend for the device.
+        KernelError: ``method="fused"`` on CUDA and a Triton kernel failed to
+            compile or launch (a ``RuntimeError``;
+            :class:`batched_nerf.engines.gpu_policy.KernelError`).
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -135,13 +150,15 @@ def to_cartesian(
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
     samples = math.prod(b.shape[:-1])
-    if method == "auto":
+    auto = method == "auto"
+    if auto:
         method = auto_method(table, samples, b.device.type)
     engine = engines.get(method)
     if not engine.nan_bonds:
         b = nan_negative_bonds(b)
     variant = engine.choose_variant(table.n_atoms, samples)
-    xyz = engine.build(table.plan(method, b.device, variant), b, a, d, fixed)
+    plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
+    xyz = engine.build(plan, b, a, d, fixed)
     if rotation is not None or translation is not None:
         xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)
     return xyz.to(out_dtype)
@@ -183,7 +200,9 @@ def to_internal(
             to rounding; under ``torch.compile`` and nested forward mode
             (``jacfwd(jacfwd(f))``) ``"auto"`` takes the torch operations. The first
             fused call in a new environment compiles the kernels (seconds; cached
-            on disk afterwards).
+            on disk afterwards). On CUDA the forward and vjp are Triton kernels;
+            under ``"auto"`` a Triton compile or launch error warns once and the
+            torch operations take over (``"fused"`` raises it).
         box: a periodic box, for coordinates wrapped into it (MD trajectories):
             ``(..., 6)`` ``[a, b, c, alpha, beta, gamma]`` (MDAnalysis's
             ``dimensions``: lengths in the unit of ``xyz``, angles in degrees) or
@@ -216,6 +235,8 @@ def to_internal(
             under nested forward mode, or a ``box`` whose shape is neither
             ``(..., 6)`` nor ``(..., 3, 3)``, whose leading dimensions do not
             broadcast with those of ``xyz``, or on another device.
+        KernelError: ``method="fused"`` on CUDA and a Triton kernel failed to
+            compile or launch (a ``RuntimeError``).
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -230,9 +251,11 @@ def to_internal(
     x = check_xyz(xyz, check_table(table))
     if box is not None:
         x = _whole(x, _matrix(as_box(box, x)), table)
-    fused = fused_inverse.use_fused(method, x)
-    build = fused_inverse.internal_from_xyz if fused else engines.get("inverse").build
-    ic = build(table.plan("inverse", x.device), x)
+    plan = table.plan("inverse", x.device)
+    if fused_inverse.use_fused(method, x):
+        ic = fused_inverse.internal_from_xyz(plan, x, fallback=method == "auto")
+    else:
+        ic = engines.get("inverse").build(plan, x)
     if degrees:
         ic = InternalCoordinates(ic.bonds, ic.angles / DEG, ic.dihedrals / DEG)
     if return_pose:

@@ -149,6 +149,8 @@ class ConstructionTable:
     def _init(self, topology: Topology) -> None:
         self._topology = topology
         self._single_path = single_path(topology)
+        sizes = np.bincount(topology.component, minlength=topology.n_components)
+        self._largest_component = int(sizes.max(initial=0))
         self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
         self._memo: dict[Any, Any] = {}
         self._parts: tuple[ConstructionTable, ...] | None = None
@@ -209,6 +211,21 @@ class ConstructionTable:
     def n_components(self) -> int:
         """Number of connected components (molecules) in the table."""
         return self._topology.n_components
+
+    @property
+    def largest_component(self) -> int:
+        """Atoms of the largest connected component (0 for an empty table); fixed when it is made.
+
+        Read by ``method="auto"`` on GPUs (:mod:`batched_nerf.engines.gpu_policy`): the
+        fused Triton kernel walks each component atom by atom.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> parts = [bn.ConstructionTable.chain(3), bn.ConstructionTable.chain(5)]
+            >>> bn.pack_tables(parts).largest_component
+            5
+        """
+        return self._largest_component
 
     @property
     def components(self) -> Tensor:

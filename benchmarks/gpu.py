@@ -13,7 +13,12 @@ Usage::
    (:func:`batched_nerf.protein.build_batch`: 10 sequences x a leading batch of
    100) forward and forward+backward; alanine dipeptide x 65,536 forward
    (``to_cartesian`` and ``to_internal``); chain 64 x 1024 forward and
-   forward+backward.
+   forward+backward. Each part records the engine ``auto`` picked.
+3. The GPU dispatch rule (``rule_grid``, :mod:`batched_nerf.engines.gpu_policy`):
+   chains of 32 to 2,048 atoms x 256 to 65,536 samples (at most 2**24
+   atom-samples), fused vs scan forward and forward+backward, next to the engine
+   the rule picks there, so that a device run shows whether ``FUSED_MIN_LANES``
+   and ``FUSED_MAX_COMPONENT`` sit where the engines cross.
 
 ``--device cpu --quick`` runs the same code on tiny sizes (a smoke test, see
 ``tests/test_bench.py``). Every part records its error instead of stopping the run.
@@ -40,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import batched_nerf as bn  # noqa: E402
+from batched_nerf.engines import dispatch, gpu_policy  # noqa: E402
 from benchmarks.workloads import alanine_refs, make_inputs, reference_xyz, tree_refs  # noqa: E402
 
 CARTESIAN_METHODS = ("levels", "scan", "fused", "auto")
@@ -140,6 +146,11 @@ def check_gradients(device: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
+def _auto(table: Any, n_samples: int, device: str) -> str:
+    """The engine ``method="auto"`` takes for ``n_samples`` builds of ``table`` on ``device``."""
+    return dispatch.auto_method(table, n_samples, torch.device(device).type)
+
+
 def _fwd_bwd(build: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> Callable[[], object]:
     leaves = [t.clone().requires_grad_() for t in inputs]
     w = None
@@ -174,6 +185,7 @@ def time_proteins(device: str, quick: bool, repeats: int) -> dict[str, Any]:
         "first_call_s": time.perf_counter() - t0,
     }
     out["atoms_per_protein_max"] = int(first.xyz.shape[-2])
+    out["auto_picks"] = _auto(bn.protein.packed_proteins(seqs).table, lead, device)
     for method in ("auto", "scan", "levels"):
 
         def build(phi: torch.Tensor, psi: torch.Tensor, method: str = method) -> torch.Tensor:
@@ -195,7 +207,7 @@ def time_alanine(device: str, quick: bool, repeats: int) -> dict[str, Any]:
     table = bn.ConstructionTable(alanine_refs()).prepare(device)
     b, a, d = (t.to(device) for t in make_inputs(table.n_atoms, batch, torch.float32, 0))
     x = bn.to_cartesian(b, a, d, table)
-    out: dict[str, Any] = {"batch": batch}
+    out: dict[str, Any] = {"batch": batch, "auto_picks": _auto(table, batch, device)}
     for method in ("auto", "levels", "scan"):
 
         def fwd(method: str = method) -> object:
@@ -217,7 +229,7 @@ def time_chain(device: str, quick: bool, repeats: int) -> dict[str, Any]:
     batch = 64 if quick else 1024
     table = bn.ConstructionTable.chain(64).prepare(device)
     ic = tuple(t.to(device) for t in make_inputs(64, batch, torch.float32, 0))
-    out: dict[str, Any] = {"batch": batch}
+    out: dict[str, Any] = {"batch": batch, "auto_picks": _auto(table, batch, device)}
     for method in ("auto", "levels", "scan"):
 
         def build(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor, method: str = method) -> torch.Tensor:
@@ -234,6 +246,43 @@ def time_chain(device: str, quick: bool, repeats: int) -> dict[str, Any]:
     return out
 
 
+def time_rule_grid(device: str, quick: bool, repeats: int) -> dict[str, Any]:
+    """Fused vs scan on chains x batch sizes around the GPU rule's thresholds (float32)."""
+    sizes, batches = ((8, 32), (4, 4096)) if quick else ((32, 128, 512, 2048), (256, 4096, 65_536))
+    cap = 2**15 if quick else 2**24
+    out: dict[str, Any] = {
+        "rule": gpu_policy.RULE["cuda"],
+        "fused_min_lanes": gpu_policy.FUSED_MIN_LANES,
+        "fused_max_component": gpu_policy.FUSED_MAX_COMPONENT,
+        "cells": [],
+    }
+    for n in sizes:
+        table = bn.ConstructionTable.chain(n).prepare(device)
+        for batch in batches:
+            if n * batch > cap:
+                continue
+            ic = tuple(t.to(device) for t in make_inputs(n, batch, torch.float32, 0))
+            cell: dict[str, Any] = {"atoms": n, "samples": batch, "lanes": batch}
+            cell["rule_picks"] = dispatch.choose_method(
+                table.depth, table.single_path, batch, "cuda", True, n_components=1, largest_component=n
+            )
+            for method in ("fused", "scan"):
+
+                def build(b: Any, a: Any, d: Any, method: str = method, table: Any = table) -> torch.Tensor:
+                    return bn.to_cartesian(b, a, d, table, method=method)  # type: ignore[arg-type]
+
+                def fwd(build: Callable[..., torch.Tensor] = build, ic: Any = ic) -> object:
+                    with torch.no_grad():
+                        return build(*ic)
+
+                cell[f"{method}/forward"] = _guard(lambda fwd=fwd: _time(fwd, device, repeats))
+                cell[f"{method}/forward_backward"] = _guard(
+                    lambda build=build, ic=ic: _time(_fwd_bwd(build, ic), device, repeats)
+                )
+            out["cells"].append(cell)
+    return out
+
+
 def _machine(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "torch": torch.__version__,
@@ -241,6 +290,7 @@ def _machine(device: str) -> dict[str, Any]:
         "batched_nerf": bn.__version__,
         "device": device,
         "cpu_threads": torch.get_num_threads(),
+        "backends": bn.backends(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -259,6 +309,7 @@ def run(out_path: str, device: str = "cuda", quick: bool = False) -> dict[str, A
         "proteins_163": lambda: time_proteins(device, quick, repeats),
         "alanine": lambda: time_alanine(device, quick, repeats),
         "chain_64": lambda: time_chain(device, quick, repeats),
+        "rule_grid": lambda: time_rule_grid(device, quick, 3 if quick else 5),
     }
     for name, part in parts.items():
         t0 = time.perf_counter()
@@ -268,6 +319,7 @@ def run(out_path: str, device: str = "cuda", quick: bool = False) -> dict[str, A
             result[name] = {"error": traceback.format_exc(limit=3)}
         result.setdefault("part_s", {})[name] = time.perf_counter() - t0
         Path(out_path).write_text(json.dumps(result, indent=1))  # partial results survive a timeout
+    result["backends_after"] = bn.backends()  # "disabled": a Triton kernel that failed under auto
     result["wall_s"] = time.perf_counter() - t_start
     Path(out_path).write_text(json.dumps(result, indent=1))
     return result

@@ -125,6 +125,28 @@ def test_gpu_script_runs_on_cpu(tmp_path: Path) -> None:
     assert all(isinstance(v, float) and v < 1e-10 for v in data["check_internal_f64"].values())
     assert data["check_cartesian_f64"]["alanine_dipeptide/levels"] < 1e-10
     assert data["gradcheck"]["to_internal/torch"] is True and data["gradcheck"]["to_cartesian/scan"] is True
-    for part in ("proteins_163", "alanine", "chain_64"):
+    for part in ("proteins_163", "alanine", "chain_64", "rule_grid"):
         assert "error" not in data[part]
+        assert part == "rule_grid" or data[part]["auto_picks"] in ("fused", "levels", "scan")
     assert data["alanine"]["to_internal/fused/forward"]["median_s"] > 0
+    cells = data["rule_grid"]["cells"]
+    picks = {c["rule_picks"] for c in cells}
+    assert "fused" in picks and len(picks) > 1  # the grid spans both sides of the rule
+    assert all(c[f"{m}/forward"]["median_s"] > 0 for c in cells for m in ("fused", "scan"))
+    assert data["backends_after"]["disabled"] == {}
+
+
+@pytest.mark.slow
+def test_accumulate_script_runs_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/accumulate.py --quick: the Triton kernel in the interpreter, both accumulation dtypes."""
+    pytest.importorskip("triton", minversion="3.0", reason="the Triton kernels need triton >= 3")
+    from benchmarks import accumulate
+
+    out = tmp_path / "acc.json"
+    assert accumulate.main([str(out), "--quick", "--samples", "2"]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["table"] for r in rows] == ["chain 100", "alanine dipeptide"]
+    for r in rows:
+        assert r["fused, float64 accumulation"]["max_A"] < 1e-5  # float32 rounding of the result only
+        assert r["fused, float32"]["max_A"] < 1e-3
+        assert r["scan, float32"]["max_A"] < 1e-3

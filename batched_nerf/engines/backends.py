@@ -16,7 +16,9 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["INSTALL", "available", "backends", "require"]
+from . import gpu_policy
+
+__all__ = ["INSTALL", "auto_may_use", "available", "backends", "require"]
 
 #: How to get the CPU backend.
 INSTALL = 'pip install "batched-nerf[fast]"'
@@ -81,21 +83,36 @@ def backends() -> dict[str, Any]:
         A dict with ``"numba"`` and ``"triton"`` (the installed version, or
         None), ``"fused"`` (device type -> whether fused kernels work there),
         ``"auto"`` (device type -> whether ``method="auto"`` may pick the fused
-        engine there; it still follows the dispatch rule) and ``"install"``.
+        engine there; it still follows the dispatch rule), ``"rule"`` (device
+        type -> when ``auto`` picks it, and why: see
+        :mod:`batched_nerf.engines.gpu_policy`), ``"disabled"`` (device type ->
+        the kernel error after which ``auto`` stopped picking the fused kernels
+        there in this process; empty while none failed) and ``"install"``.
 
     Example:
         >>> import batched_nerf as bn
         >>> info = bn.backends()
         >>> sorted(info)
-        ['auto', 'fused', 'install', 'numba', 'triton']
+        ['auto', 'disabled', 'fused', 'install', 'numba', 'rule', 'triton']
         >>> info["install"]
         'pip install "batched-nerf[fast]"'
+        >>> info["rule"]["cuda"].startswith("fused when n_components * n_samples >= 4096 lanes")
+        True
     """
     fused = {device: available(device) for device in _BACKENDS}
+    disabled = {device: gpu_policy.disabled(device) for device in _BACKENDS}
     return {
         "numba": _version("numba"),
         "triton": _version("triton"),
         "fused": fused,
-        "auto": dict(fused),
+        "auto": {device: ok and disabled[device] is None for device, ok in fused.items()},
+        "rule": dict(gpu_policy.RULE),
+        "disabled": {device: why for device, why in disabled.items() if why is not None},
         "install": INSTALL,
     }
+
+
+def auto_may_use(device_type: str) -> bool:
+    """Whether ``method="auto"`` may pick the fused kernels on ``device_type``: they import and
+    none of them failed there in this process (:func:`.gpu_policy.fall_back`)."""
+    return available(device_type) and gpu_policy.disabled(device_type) is None

@@ -56,6 +56,10 @@ def _always_gathers(plan: Any) -> bool:
     return True
 
 
+def _as_planned(plan: Any, accumulate_dtype: torch.dtype | None, auto: bool) -> Any:
+    return plan
+
+
 @dataclass(frozen=True)
 class Engine:
     """A named engine: its planner, its builder, and what the table and dispatch ask about it.
@@ -89,6 +93,11 @@ class Engine:
         compose: ``(part plans, packed topology) -> plan``: the plan of a table
             packed by :func:`~batched_nerf.pack_tables` from its parts' plans
             (:mod:`.compose`), or None (planned from scratch).
+        configure: ``(plan, accumulate_dtype, auto) -> plan`` for one call: the
+            plan with the call's options (``to_cartesian``'s ``accumulate_dtype``,
+            None when not given; ``auto``: ``method="auto"`` chose the engine);
+            engines without options return the plan itself. The fused engine's
+            GPU kernels read both (:func:`.fused.configure`).
     """
 
     name: str
@@ -100,3 +109,4 @@ class Engine:
     gathers: Callable[[Any], bool] = _always_gathers
     nan_bonds: bool = False
     compose: Callable[[Sequence[Any], Topology], Any] | None = None
+    configure: Callable[[Any, Any, bool], Any] = _as_planned

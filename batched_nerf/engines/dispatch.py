@@ -21,8 +21,8 @@ chains; ``B`` = 1 to 4,096; see ``docs/benchmarks.md``):
 On accelerators the price is mostly kernel launches, which favours the scan
 engine for all but the shallowest tables.
 
-The fused engine (one compiled kernel per pass) goes first wherever it has a
-backend (``fused=True``: the CPU with numba; see :mod:`.backends`) and
+The fused engine (one compiled kernel per pass) goes first on the CPU wherever it
+has a backend (``fused=True``: numba; see :mod:`.backends`) and
 ``torch.compile`` is not tracing: on the CPU it was fastest on every shape
 measured, forward and forward+backward (chains of 64 x 1,024, 512 x 256,
 4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1 and x 64, small
@@ -31,6 +31,21 @@ engine on shallow tables at ``B = 4096`` (alanine dipeptide: forward 2.4 vs
 2.7 ms, forward+backward 7.6 vs 7.0 ms). It is not switched off there: one
 engine at every batch size gives one answer at every batch size, also where
 rounding decides (rows placed from nearly collinear references).
+
+On CUDA (``fused=True``: triton imports and no Triton kernel has failed in this
+process) the fused kernels run only where their lanes fill the device
+(:func:`.gpu_policy.fused_fills_device`): at least
+``FUSED_MIN_LANES = 4096`` ``(component, sample)`` lanes
+(``n_components * n_samples``) and a largest component of at most
+``FUSED_MAX_COMPONENT = 512`` atoms. Each lane walks one component atom by atom,
+so few lanes leave most of the device idle and a long walk is a long chain of
+dependent memory round trips, where the scan engine's ``log2(N)`` rounds of
+whole-batch kernels win; the thresholds are estimates until a device has
+measured them (``benchmarks/gpu.py`` times both sides). Elsewhere on CUDA the
+rule below the fused engine applies (scan; levels for ``depth <= 8``). Unlike on
+the CPU the engine then changes with the batch size, so rows whose placement
+rounding decides (nearly collinear references) may differ across the threshold
+as they differ between engines (``docs/conventions.md``).
 """
 
 from __future__ import annotations
@@ -43,8 +58,9 @@ import torch
 from .._topology import FULL, THIRD, Topology
 from . import backends
 from .frame_tree import PARENT, frame_tree
+from .gpu_policy import fused_fills_device
 
-__all__ = ["auto_method", "choose_method", "scan_block", "single_path"]
+__all__ = ["auto_method", "choose_method", "fused_fills_device", "scan_block", "single_path"]
 
 #: Tables this shallow always take the level engine (CPU).
 SHALLOW_DEPTH = 8
@@ -65,7 +81,14 @@ def scan_block(n_atoms: int, n_samples: int) -> int:
 
 
 def choose_method(
-    depth: int, single_path: bool, n_samples: int, device_type: str, fused: bool = False
+    depth: int,
+    single_path: bool,
+    n_samples: int,
+    device_type: str,
+    fused: bool = False,
+    *,
+    n_components: int = 1,
+    largest_component: int = 0,
 ) -> str:
     """``"fused"``, ``"levels"`` or ``"scan"`` for one call (the rule in the module docstring).
 
@@ -77,6 +100,8 @@ def choose_method(
         device_type: ``"cpu"``, ``"cuda"``, ...
         fused: the fused engine has kernels for ``device_type`` and may run
             (not while ``torch.compile`` traces).
+        n_components: the table's connected components (one GPU lane each per sample).
+        largest_component: atoms of its largest component (the longest GPU walk).
 
     Example:
         >>> from batched_nerf.engines.dispatch import choose_method
@@ -84,8 +109,13 @@ def choose_method(
         ('scan', 'levels')
         >>> choose_method(509, True, 256, "cpu", fused=True)
         'fused'
+        >>> # CUDA: alanine dipeptide x 65,536 fills the device; one 1,392-atom protein does not
+        >>> choose_method(6, False, 65_536, "cuda", True, n_components=1, largest_component=22)
+        'fused'
+        >>> choose_method(700, False, 1, "cuda", True, n_components=1, largest_component=1_392)
+        'scan'
     """
-    if fused:
+    if fused and (device_type == "cpu" or fused_fills_device(n_components * n_samples, largest_component)):
         return "fused"
     if depth <= 2:
         return "levels"
@@ -137,9 +167,19 @@ def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = F
     """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable`.
 
     Reads only plain values fixed when the table is made (``table.depth``,
-    ``table.single_path``) and whether a fused backend imports: no plan is built
-    to dispatch. ``compiled``: the choice of a ``torch.compile``-d build (never
-    the fused engine; also implied while ``torch.compile`` traces).
+    ``table.single_path``, ``table.n_components``, ``table.largest_component``)
+    and whether a fused backend imports (and has not failed,
+    :func:`.backends.auto_may_use`): no plan is built to dispatch. ``compiled``:
+    the choice of a ``torch.compile``-d build (never the fused engine; also
+    implied while ``torch.compile`` traces).
     """
-    fused = not (compiled or torch.compiler.is_compiling()) and backends.available(device_type)
-    return choose_method(table.depth, table.single_path, n_samples, device_type, fused)
+    fused = not (compiled or torch.compiler.is_compiling()) and backends.auto_may_use(device_type)
+    return choose_method(
+        table.depth,
+        table.single_path,
+        n_samples,
+        device_type,
+        fused,
+        n_components=table.n_components,
+        largest_component=table.largest_component,
+    )

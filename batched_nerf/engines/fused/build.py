@@ -10,7 +10,10 @@ included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
 anchor frame, the parent's out-frame or the NeRF frame of the references'
 positions. Frames and positions are accumulated in float64 whatever the input
 dtype (float32 in, float32 out). On CUDA tensors the same walk runs as Triton
-kernels (:mod:`.cuda.build`: a lane per ``(component, sample)``).
+kernels (:mod:`.cuda.build`: a lane per ``(component, sample)``), accumulating
+in float64 too unless the call asks for float32 (``accumulate_dtype``, see
+:func:`configure`); under ``method="auto"`` a Triton compile or launch error
+falls back to the reference engine with one warning (:mod:`..gpu_policy`).
 
 Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
 integer array over the atoms in work order (see ``cpu.samples``' row names:
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -50,10 +53,13 @@ from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from ..function import Function
+from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
 
-__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "fused_plan", "trig"]
+__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
+
+__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
 
 #: Work units hold whole components, at least this many atoms (unless fewer exist) ...
 UNIT_MIN_ATOMS = 256
@@ -79,6 +85,11 @@ class FusedPlan(Movable):
         width: atoms of the widest unit (at least 1): the kernels' scratch rows.
         reach: the farthest any row's references lie back (rows; 0 for none): the
             blocked forward keeps a ring of scratch rows that long plus a chunk.
+        accumulate: the GPU kernels' scratch dtype (float64, or float32 when a call
+            asks; the CPU kernels always accumulate in float64). Set per call by
+            :func:`configure`.
+        fallback: a Triton kernel error falls back to the reference engine with a
+            warning (``method="auto"``) instead of raising (``method="fused"``).
     """
 
     index: np.ndarray
@@ -87,6 +98,9 @@ class FusedPlan(Movable):
     width: int
     reach: int
     _reference: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    accumulate: torch.dtype = torch.float64
+    fallback: bool = False
+    _configured: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def reference(self, n_samples: int, device: torch.device) -> Any:
         """The reference plan on ``device``: levels for shallow tables, else scan (band for ``n_samples``)."""
@@ -109,6 +123,23 @@ class FusedPlan(Movable):
                 plan = plan.to(device)
             self._reference[key] = plan
         return plan
+
+
+def configure(plan: FusedPlan, accumulate_dtype: torch.dtype | None, auto: bool) -> FusedPlan:
+    """``plan`` with one call's options (made once per option pair and kept on the plan).
+
+    ``accumulate_dtype`` (``to_cartesian``'s keyword; None: float64) sets the GPU
+    kernels' scratch dtype; other dtypes than float32 build with the reference
+    engine anyway. ``auto``: a Triton kernel error falls back instead of raising.
+    """
+    accumulate = torch.float32 if accumulate_dtype == torch.float32 else torch.float64
+    if (accumulate, auto) == (plan.accumulate, plan.fallback):
+        return plan
+    key = (accumulate, auto)
+    made = plan._configured.get(key)
+    if made is None:
+        made = plan._configured[key] = replace(plan, accumulate=accumulate, fallback=auto)
+    return made
 
 
 def _no_functorch() -> Any:
@@ -210,7 +241,12 @@ def _forward_kernel(
     """The forward kernel of the inputs' device: numba (numpy views) or triton (device tensors)."""
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
-        return kernels.forward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach())
+        return _guarded(
+            plan,
+            b,
+            lambda: kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
+            lambda: _reference_build(plan, b, a, d, f),
+        )
     out = kernels.forward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), plan.width, plan.reach)
     return torch.from_numpy(out)
 
@@ -222,9 +258,36 @@ def _backward_kernel(
     kernels = require(b.device.type)
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
-        return tuple(kernels.backward(plan.topology, b.detach(), a.detach(), d.detach(), f.detach(), g))
+        return tuple(
+            _guarded(
+                plan,
+                b,
+                lambda: kernels.backward(
+                    plan.topology, *_detached(b, a, d, f), g, accumulate=plan.accumulate
+                ),
+                lambda: _reference_vjp(plan, b, a, d, f, g),
+            )
+        )
     out = kernels.backward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), _np(g), plan.width)
     return tuple(torch.from_numpy(x) for x in out)
+
+
+def _detached(*tensors: Tensor) -> tuple[Tensor, ...]:
+    return tuple(t.detach() for t in tensors)
+
+
+def _guarded(plan: FusedPlan, b: Tensor, kernel: Any, reference: Any) -> Any:
+    """``kernel()`` (Triton); under ``auto`` (``plan.fallback``) a :class:`KernelError` warns once and
+    returns ``reference()``, also for every later call on that device type."""
+    device = b.device.type
+    if plan.fallback and disabled(device) is not None:
+        return reference()
+    try:
+        return kernel()
+    except KernelError as exc:
+        if not plan.fallback:
+            raise
+        return fall_back(device, exc, reference)
 
 
 def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
@@ -373,4 +436,4 @@ def _turns(a: Tensor, d: Tensor) -> Turns:
     return Turns(trig(a, d))
 
 
-FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True)
+FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True, configure=configure)

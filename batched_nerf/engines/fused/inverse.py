@@ -27,6 +27,7 @@ the torch engine's graph.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from .. import backends
 from ..function import Function
+from ..gpu_policy import KernelError, disabled, fall_back
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
 
@@ -146,7 +148,9 @@ def use_fused(method: str, xyz: Tensor) -> bool:
     ok = (xyz.device.type == "cpu" or gpu) and xyz.dtype in _DTYPES
     nested = _forward_mode_levels() > 1
     if method == "auto":
-        return ok and not nested and (gpu or available())
+        if xyz.device.type == "cuda":  # not after a Triton kernel failed here (gpu_policy.fall_back)
+            return ok and not nested and backends.auto_may_use("cuda")
+        return ok and not nested and available()
     if nested:
         raise ValueError(
             "method='fused' cannot run under nested forward-mode transforms (jacfwd(jacfwd(f)), jvp of "
@@ -164,9 +168,37 @@ def use_fused(method: str, xyz: Tensor) -> bool:
     return True
 
 
-def internal_from_xyz(plan: InversePlan, xyz: Tensor) -> InternalCoordinates:
-    """``(..., N, 3) -> 3 x (..., N)`` with the fused kernels (CPU, float32/float64)."""
+def internal_from_xyz(plan: InversePlan, xyz: Tensor, fallback: bool = False) -> InternalCoordinates:
+    """``(..., N, 3) -> 3 x (..., N)`` with the fused kernels (CPU: numba; CUDA: Triton; float32/float64).
+
+    ``fallback`` (``method="auto"``): a Triton compile or launch error warns once and
+    this call, its derivatives and later ``auto`` calls on the device type take the
+    torch engine (:mod:`.gpu_policy`); without it the error is raised.
+
+    Raises:
+        KernelError: a Triton kernel failed to compile or launch, without ``fallback``.
+    """
+    if fallback:
+        plan = _FallbackPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
     return InternalCoordinates(*FusedInternal.apply(xyz, plan))
+
+
+@dataclasses.dataclass(frozen=True)
+class _FallbackPlan(InversePlan):
+    """The inverse plan of a ``method="auto"`` call: Triton kernel errors fall back to the torch engine."""
+
+
+def _guarded(plan: InversePlan, xyz: Tensor, kernel: Any, reference: Any) -> Any:
+    """``kernel()`` (Triton), or under ``auto`` after a :class:`KernelError` (warned once) ``reference()``."""
+    device, fallback = xyz.device.type, isinstance(plan, _FallbackPlan)
+    if fallback and disabled(device) is not None:
+        return reference()
+    try:
+        return kernel()
+    except KernelError as exc:
+        if not fallback:
+            raise
+        return fall_back(device, exc, reference)
 
 
 # --------------------------------------------------------------------------
@@ -190,7 +222,7 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     gpu = _triton(xyz)
     if gpu is not None:
         x = xyz.detach().expand(*lead, n, 3).reshape(math.prod(lead), n, 3)
-        out = gpu.internal_forward(plan.refs, _has(plan), x)
+        out = _guarded(plan, x, lambda: gpu.internal_forward(plan.refs, _has(plan), x), lambda: _ref(plan, x))
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
     bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
@@ -213,7 +245,10 @@ def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> 
         m = math.prod(lead)
         x = xyz.detach().expand(*lead, n, 3).reshape(m, n, 3)
         g = [t.detach().to(dt).expand(*lead, n).reshape(m, n) for t in (gb, ga, gd)]
-        return gpu.internal_vjp(plan.refs, _has(plan), x, *g).reshape(*lead, n, 3)
+        out = _guarded(
+            plan, x, lambda: gpu.internal_vjp(plan.refs, _has(plan), x, *g), lambda: _ref_vjp(plan, x, *g)
+        )
+        return out.reshape(*lead, n, 3)
     out = torch.empty(math.prod(lead), n, 3, dtype=dt)
     g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
     _kernels().vjp(_flat(xyz, lead, (n, 3), dt), *_arrays(plan), *g, out.numpy())

@@ -25,6 +25,7 @@ from ...._geometry import EPS
 from ...._topology import FULL, ROOT, SECOND, THIRD, Topology
 from ...base import Movable
 from ...frame_tree import ANCHOR, PARENT, frame_tree
+from ...gpu_policy import launch
 
 try:  # optional: the CUDA builds of torch ship Triton
     import triton
@@ -33,10 +34,15 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "TritonPlan", "triton_build", "triton_plan", "triton_vjp"]
+__all__ = ["BLOCK", "NUM_WARPS", "TritonPlan", "triton_build", "triton_plan", "triton_vjp"]
 
-#: Lanes per program.
-BLOCK = 64
+#: Warps per program, and lanes per program: one lane per thread. One warp per program spreads
+#: few lanes over the most SMs (4,096 lanes: 128 programs on an H100's 132 SMs); residency is
+#: bound by registers (~124 a thread here), not by the 32 programs an SM may hold.
+NUM_WARPS = 1
+BLOCK = 32 * NUM_WARPS
+#: Accumulation dtypes of the scratch (frames, positions): float64 unless asked (``accumulate_dtype``).
+ACCUMULATE = (torch.float64, torch.float32)
 
 # Row modes of the kernel, by how a row is placed.
 M_FIXED, M_ROOT, M_SECOND, M_THIRD, M_ANCHOR, M_PARENT, M_POSITIONS = range(7)
@@ -459,17 +465,26 @@ def triton_build(
     dihedrals: Tensor,
     fixed_xyz: Tensor | None,
     return_saved: bool = False,
+    accumulate: torch.dtype = torch.float64,
 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """``(B, N, 3)`` positions from ``(B, N)`` internal coordinates (radians), no autograd.
 
     ``fixed_xyz`` is ``(B, F, 3)`` or None. Frames and positions are computed in
-    float64; the result has the inputs' dtype.
+    ``accumulate`` (float64 by default, or float32: see :data:`ACCUMULATE`); the
+    result has the inputs' dtype.
+
+    Raises:
+        ImportError: triton is not installed.
+        ValueError: ``accumulate`` is not float32 or float64.
+        KernelError: the kernel failed to compile or to launch.
     """
     if triton is None:
         raise ImportError("the Triton backend needs triton (shipped with the CUDA builds of torch)")
+    if accumulate not in ACCUMULATE:
+        raise ValueError(f"the Triton kernels accumulate in float64 or float32, got {accumulate}")
     batch, n = bonds.shape
-    # frames and positions accumulate in float64 (float32 in, float32 out), as on the CPU
-    dtype, device = torch.float64, bonds.device
+    # frames and positions accumulate in float64 unless asked otherwise (float32 in, float32 out)
+    dtype, device = accumulate, bonds.device
     cols = [t.detach().to(dtype).t().contiguous() for t in (bonds, angles, dihedrals)]
     fixed = (
         fixed_xyz.detach().to(dtype).reshape(batch, -1).t().contiguous()
@@ -481,9 +496,10 @@ def triton_build(
     phis = torch.zeros(n, batch, dtype=dtype, device=device)
     lanes = plan.n_units * batch
     if lanes and plan.max_len:
-        _build_kernel[(triton.cdiv(lanes, BLOCK),)](
+        launch(
+            "_build_kernel", _build_kernel, (triton.cdiv(lanes, BLOCK),),
             plan.rows, plan.unit_start, plan.unit_len, *cols, fixed, pos, frames, phis,
-            n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
+            n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
     xyz = pos.reshape(n, 3, batch).permute(2, 0, 1).to(bonds.dtype).contiguous()
     return (xyz, (pos, frames, phis)) if return_saved else xyz
@@ -500,7 +516,11 @@ def triton_vjp(
     """Gradients ``(g_bonds, g_angles, g_dihedrals)`` ``(B, N)`` and ``g_fixed`` ``(B, F, 3)`` (or None).
 
     ``saved`` is the scratch ``(pos, frames, phis)`` of :func:`triton_build` with
-    ``return_saved=True``; one reverse walk per lane, no atomics.
+    ``return_saved=True`` (its dtype is the accumulation dtype); one reverse walk per
+    lane, no atomics.
+
+    Raises:
+        KernelError: the kernel failed to compile or to launch.
     """
     pos, frames, phis = saved
     batch, n = bonds.shape
@@ -513,9 +533,10 @@ def triton_vjp(
     g_fixed = torch.zeros(3 * max(n_fixed, 1), batch, dtype=dtype, device=device)
     lanes = plan.n_units * batch
     if lanes and plan.max_len:
-        _vjp_kernel[(triton.cdiv(lanes, BLOCK),)](
+        launch(
+            "_vjp_kernel", _vjp_kernel, (triton.cdiv(lanes, BLOCK),),
             plan.rows, plan.unit_start, plan.unit_len, *cols, pos, frames, phis, gpos, gframes, gphis,
-            *grads, g_fixed, n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK,
+            *grads, g_fixed, n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
     out = bonds.dtype
     gb, ga, gd = (t.t().to(out) for t in grads)
@@ -542,20 +563,34 @@ def plan_on(topo: Topology, device: torch.device) -> TritonPlan:
     return plan
 
 
-def forward(topo: Topology, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor) -> Tensor:
+def forward(
+    topo: Topology,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed: Tensor,
+    accumulate: torch.dtype = torch.float64,
+) -> Tensor:
     """``(B, N, 3)`` from ``(B, N)`` inputs and ``(B, F, 3)`` fixed positions (``F`` may be 0)."""
-    return triton_build(plan_on(topo, bonds.device), bonds, angles, dihedrals, fixed)  # type: ignore[return-value]
+    plan = plan_on(topo, bonds.device)
+    return triton_build(plan, bonds, angles, dihedrals, fixed, accumulate=accumulate)  # type: ignore[return-value]
 
 
 def backward(
-    topo: Topology, bonds: Tensor, angles: Tensor, dihedrals: Tensor, fixed: Tensor, grad_xyz: Tensor
+    topo: Topology,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed: Tensor,
+    grad_xyz: Tensor,
+    accumulate: torch.dtype = torch.float64,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of ``sum(grad_xyz * forward(...))``: ``(B, N)`` x 3 and ``(B, F, 3)``.
 
-    One forward walk (the scratch it saves) and one reverse walk.
+    One forward walk (the scratch it saves) and one reverse walk, both in ``accumulate``.
     """
     plan = plan_on(topo, bonds.device)
-    _, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True)  # type: ignore[misc]
+    _, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True, accumulate=accumulate)  # type: ignore[misc]
     n_fixed = fixed.shape[-2]
     gb, ga, gd, gf = triton_vjp(plan, saved, bonds, angles, grad_xyz, n_fixed)
     return gb, ga, gd, (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import Tensor
 
+from ...gpu_policy import launch
+
 try:  # optional: the CUDA builds of torch ship Triton
     import triton
     import triton.language as tl
@@ -34,10 +36,11 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "internal_forward", "internal_vjp"]
+__all__ = ["BLOCK", "NUM_WARPS", "internal_forward", "internal_vjp"]
 
-#: ``(sample, atom)`` pairs per program.
-BLOCK = 128
+#: Warps per program and ``(sample, atom)`` pairs per program: one pair per thread.
+NUM_WARPS = 4
+BLOCK = 32 * NUM_WARPS
 
 
 if triton is not None:
@@ -211,7 +214,10 @@ def internal_forward(refs: Tensor, has: Tensor, xyz: Tensor) -> tuple[Tensor, Te
     total = batch * n
     if total:
         grid = (triton.cdiv(total, BLOCK),)
-        _forward_kernel[grid](
+        launch(
+            "_forward_kernel",
+            _forward_kernel,
+            grid,
             xyz,
             refs.to(torch.int32).contiguous(),
             has.to(torch.int8).contiguous(),
@@ -219,6 +225,7 @@ def internal_forward(refs: Tensor, has: Tensor, xyz: Tensor) -> tuple[Tensor, Te
             total,
             n,
             BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
         )
     bonds, s, c, y, x = out.unbind(-1)
     zero = xyz.new_zeros(())
@@ -243,7 +250,10 @@ def internal_vjp(
     total = batch * n
     if total:
         grid = (triton.cdiv(total, BLOCK),)
-        _vjp_kernel[grid](
+        launch(
+            "_vjp_kernel",
+            _vjp_kernel,
+            grid,
             xyz,
             refs.to(torch.int32).contiguous(),
             has.to(torch.int8).contiguous(),
@@ -252,5 +262,6 @@ def internal_vjp(
             total,
             n,
             BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
         )
     return gxyz
