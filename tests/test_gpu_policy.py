@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import batched_nerf as bn
-from batched_nerf.engines import backends, dispatch, fused, gpu_policy
+from batched_nerf.engines import backends, dispatch, gpu_policy
+from batched_nerf.engines.fused import build as fused
 from batched_nerf.engines.gpu_policy import FUSED_MAX_COMPONENT, FUSED_MIN_LANES, KernelError
 
 ROOT = Path(__file__).resolve().parent.parent
