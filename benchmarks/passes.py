@@ -15,8 +15,8 @@ call each, medians; see :func:`benchmarks.fused_vs_peers.interleaved`):
   noegroup/bgflow; it needs ``einops``, and ``np.infty`` is restored for it on
   NumPy 2).
 
-Ratio columns: ``with / without`` (the target is <= 1.15x for the pose, <= 1.3x
-for the flow layer) and ``bgflow / ours``::
+Ratio columns: ``with / without`` (the target is <= 1.15x for the pose), ``flow / bare``
+(<= 1.3x) and ``bgflow / flow`` (>= 20x)::
 
     python benchmarks/passes.py [--bgflow /path/to/bgflow] [--quick] [--threads 2]
 """
@@ -121,7 +121,7 @@ def flow_steps(table: bn.ConstructionTable, batch: int, bgflow: str | None) -> d
             "inverse": ours_inverse,
             "inverse fwd+bwd": ours_inverse_backward,
         },
-        "bare to_internal / to_cartesian": {
+        "bare": {
             "forward": bare_forward,
             "inverse": bare_inverse,
             "inverse fwd+bwd": bare_inverse_backward,
@@ -161,23 +161,25 @@ def _bgflow_steps(table: bn.ConstructionTable, xyz: torch.Tensor, w: torch.Tenso
     return {"forward": forward, "inverse": inverse, "inverse fwd+bwd": inverse_backward}
 
 
-def table_rows(title: str, steps: dict[str, Steps], passes: tuple[str, ...], base: str) -> list[str]:
-    """A markdown table: one row per pass, one column per contender, ratios to ``base``."""
+def table_rows(
+    title: str,
+    steps: dict[str, Steps],
+    passes: tuple[str, ...],
+    base: str,
+    extra: tuple[str, str] | None = None,
+) -> list[str]:
+    """A markdown table: one row per pass, one column per contender, ratios to ``base``.
+
+    ``extra = (a, b)`` adds the ratio ``a / b`` of two other contenders (e.g. bgflow / our flow layer).
+    """
     others = [name for name in steps if name != base]
-    lines = [
-        f"### {title}",
-        "",
-        "| pass | "
-        + " | ".join([base, *others])
-        + " | "
-        + " | ".join(f"{o} / {base}" for o in others)
-        + " |",
-        "|---" * (2 + 2 * len(others)) + "|",
-    ]
+    pairs = [(o, base) for o in others] + ([extra] if extra and all(e in steps for e in extra) else [])
+    head = " | ".join([base, *others]) + " | " + " | ".join(f"{a} / {b}" for a, b in pairs)
+    lines = [f"### {title}", "", f"| pass | {head} |", "|---" * (2 + len(others) + len(pairs)) + "|"]
     for pass_ in passes:
         med = interleaved({k: v for k, v in steps.items() if pass_ in v}, pass_)
         cells = [fmt_seconds(med.get(base))] + [fmt_seconds(med.get(o)) for o in others]
-        ratios = [f"{med[o] / med[base]:.2f}x" if o in med and base in med else "-" for o in others]
+        ratios = [f"{med[a] / med[b]:.2f}x" if a in med and b in med else "-" for a, b in pairs]
         lines.append(f"| {pass_} | " + " | ".join(cells + ratios) + " |")
     return [*lines, ""]
 
@@ -209,7 +211,8 @@ def main() -> None:
         "alanine dipeptide x 4,096: flow layer",
         flow_steps(ala, 4096, args.bgflow),
         flow_passes,
-        "bare to_internal / to_cartesian",
+        "bare",
+        extra=("bgflow Global IC", "flow (pose=True)"),
     )
     print("\n".join(out))
 
