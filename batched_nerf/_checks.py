@@ -121,9 +121,9 @@ def as_float(
             dtype=like.dtype if like is not None else default_dtype,
             device=like.device if like is not None else None,
         )
-    if value.is_complex() or value.dtype == torch.bool:
+    if value.dtype.is_complex or value.dtype == torch.bool:  # dtype attributes: constants under torch.compile
         raise TypeError(f"{name} must be a real floating tensor, got dtype {value.dtype}")
-    if not value.is_floating_point():
+    if not value.dtype.is_floating_point:
         value = value.to(torch.get_default_dtype())
     return value
 
