@@ -56,7 +56,10 @@ def test_distributed_training_single_process() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
 def test_distributed_training_two_ranks_agree(tmp_path: Path) -> None:
-    """Two ranks on an empty numba cache (both compile at once, into one folder): no rank may abort."""
+    """Two ranks on an empty numba cache (both compile at once, into one folder): no rank may abort.
+
+    Slow-marked while the exit-time abort (about 1 run in 20) is open: docs/known_issues.md.
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba_cache")
