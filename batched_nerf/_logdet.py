@@ -72,9 +72,6 @@ class _Masks:
     ``pose=True``, and the pose lift alone (:func:`pose_log_det`).
     """
 
-    full: np.ndarray  # (N,) bool: fully referenced atoms
-    third: np.ndarray  # (N,) bool: third seed atoms
-    second: np.ndarray  # (N,) bool: second seed atoms
     n_angular: int  # number of informative angle + dihedral entries
     bond_rows: tuple[np.ndarray, ...]  # (pose=False, pose=True, lift): rows with a log|bond| term
     bond_weights: tuple[np.ndarray, ...]  # their weights (float64)
@@ -93,9 +90,6 @@ def _mask_layout(topo: Topology) -> _Masks:
     bond_w, sin_w = (wb, wb + wb_lift, wb_lift), (ws, ws + ws_lift, ws_lift)
     bond_rows, sin_rows = tuple(np.flatnonzero(w) for w in bond_w), tuple(np.flatnonzero(w) for w in sin_w)
     return _Masks(
-        full=full,
-        third=third,
-        second=second,
         n_angular=int((topo.refs[:, 1] >= 0).sum() + (topo.refs[:, 2] >= 0).sum()),
         bond_rows=bond_rows,
         bond_weights=tuple(w[r] for w, r in zip(bond_w, bond_rows)),

@@ -56,16 +56,14 @@ class PoseInfo:
     """Static description of a table's seeded components (numpy, CPU)."""
 
     n_seeded: int
-    root: np.ndarray  # (S,) root atom of each seeded component
-    second: np.ndarray  # (S,) second seed atom, or the root when the component has one atom
-    third: np.ndarray  # (S,) third seed atom, or the root when the component has < 3 atoms
     has_second: np.ndarray  # (S,) bool
     has_third: np.ndarray  # (S,) bool
     slot: np.ndarray  # (N,) seeded-component index of each atom, S for anchored atoms
     third_from_second: np.ndarray  # (S,) bool: the third atom's bond reference is the second atom
     anchored: np.ndarray  # (N,) bool: atom of an anchored component (slot S), never moved by a pose
     any_anchored: bool
-    seeds: np.ndarray  # (3 S,) root, second and third seed atoms of every component, in that order
+    seeds: np.ndarray  # (3 S,) root, second and third seed atom of every component, in that order
+    # (second and third: the root where the component has fewer atoms)
     complete: bool  # every seeded component has three seed atoms (no lab-axis helpers needed)
 
     @property
@@ -83,9 +81,6 @@ def _pose_layout(topo: Topology) -> PoseInfo:
     anchored = topo.seed_slot == root.size
     return PoseInfo(
         n_seeded=int(root.size),
-        root=root,
-        second=second,
-        third=third,
         has_second=has2,
         has_third=has3,
         slot=topo.seed_slot,
