@@ -12,7 +12,7 @@ from . import engines
 from ._box import _matrix, _whole
 from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._geometry import nan_negative_bonds
-from ._pose import Pose, apply_pose, extract_pose
+from ._pose import Pose, extract_pose, posed
 from ._table import ConstructionTable
 from .engines.dispatch import auto_method
 from .engines.fused import inverse as fused_inverse
@@ -160,7 +160,7 @@ def to_cartesian(
     plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
     xyz = engine.build(plan, b, a, d, fixed)
     if rotation is not None or translation is not None:
-        xyz = apply_pose(xyz, table, rotation=rotation, translation=translation)
+        xyz = posed(xyz, table, rotation, translation, fused=method == "fused")
     return xyz.to(out_dtype)
 
 

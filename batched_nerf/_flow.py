@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
 from ._logdet import _masks, log_det_jacobian
-from ._pose import apply_pose, extract_pose, pose_info
+from ._pose import extract_pose, pose_info
 from ._table import ConstructionTable
 
 _LOG_PI = math.log(math.pi)
@@ -231,9 +231,10 @@ class InternalCoordinateTransform(nn.Module):
         b = full.index_copy(-1, self.bond_atoms, bonds.to(dtype).expand(*batch, -1))
         a = full.index_copy(-1, self.angle_atoms, angles.to(dtype).expand(*batch, -1))
         d = full.index_copy(-1, self.dihedral_atoms, dihedrals.to(dtype).expand(*batch, -1))
-        xyz = to_cartesian(b, a, d, self.table, fixed_xyz=fixed_xyz, method=self.method)  # type: ignore[arg-type]
-        if self.pose:
-            xyz = apply_pose(xyz, self.table, rotation=rotation, translation=translation)
+        xyz = to_cartesian(
+            b, a, d, self.table, fixed_xyz=fixed_xyz, method=self.method,  # type: ignore[arg-type]
+            rotation=rotation, translation=translation,
+        )  # fmt: skip
         ld = log_det_jacobian(b, a, d, self.table, pose=self.pose) + self._norm_log_det()
         return xyz, ld.expand(xyz.shape[:-2])
 

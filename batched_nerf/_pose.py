@@ -42,6 +42,7 @@ from ._checks import as_float, cast_like, check_device, check_table, check_xyz
 from ._geometry import EPS, cross, dot, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
+from .engines.fused import pose as fused_pose
 
 
 class Pose(NamedTuple):
@@ -65,6 +66,7 @@ class PoseInfo:
     seeds: np.ndarray  # (3 S,) root, second and third seed atom of every component, in that order
     # (second and third: the root where the component has fewer atoms)
     complete: bool  # every seeded component has three seed atoms (no lab-axis helpers needed)
+    slot_cpu: Tensor  # slot as a CPU int64 tensor (made once)
 
     @property
     def squeeze(self) -> bool:
@@ -89,6 +91,7 @@ def _pose_layout(topo: Topology) -> PoseInfo:
         any_anchored=bool(anchored.any()),
         seeds=np.concatenate((root, second, third)),
         complete=bool(has2.all() and has3.all()),
+        slot_cpu=_long(topo.seed_slot, torch.device("cpu")),
     )
 
 
@@ -168,6 +171,14 @@ def apply_pose(
                 [ 0.,  1.,  5.],
                 [-1.,  1.,  5.]])
     """
+    return posed(xyz, table, rotation, translation, fused=False)
+
+
+def posed(
+    xyz: Tensor, table: ConstructionTable, rotation: Tensor | None, translation: Tensor | None, fused: bool
+) -> Tensor:
+    """:func:`apply_pose`; with ``fused`` (a fused CPU build's output) one numba pass where it can run
+    (CPU, float32/float64, not under ``torch.compile``), else the torch operations."""
     x = check_xyz(xyz, check_table(table))
     if rotation is None and translation is None:
         return x
@@ -191,11 +202,8 @@ def apply_pose(
             rot = rot.unsqueeze(-3)
         elif rot.ndim < 3 or tuple(rot.shape[-3:]) != (s, 3, 3):
             raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
-        # an improper rotation (det < 0) would mirror its component: NaN, not a silent reflection
-        proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
     else:
         rot = torch.eye(3, dtype=x.dtype, device=dev).expand(s, 3, 3)
-        proper = None
     if translation is not None:
         tr = cast_like(translation, "translation", x, "the coordinates are")
         if info.squeeze:
@@ -207,18 +215,25 @@ def apply_pose(
     else:
         tr = x.new_zeros((s, 3))
     try:
-        batch = torch.broadcast_shapes(x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
+        shapes = (x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
+        # torch.broadcast_shapes is Python (~20 us): skipped where the shapes agree
+        batch = shapes[0] if shapes[0] == shapes[1] == shapes[2] else torch.broadcast_shapes(*shapes)
     except RuntimeError:
         raise ValueError(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
             "do not broadcast"
         ) from None
+    if fused and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        if not torch.compiler.is_compiling():
+            return _move_fused(x, rot, tr, info, batch)
     if info.squeeze:
         out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
     else:
         out = _move_each(x, rot, tr, info, batch)
-    if proper is None:
+    if rotation is None:
         return out
+    # an improper rotation (det < 0) would mirror its component: NaN, not a silent reflection
+    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
     if info.squeeze:  # (..., 1): one flag for the component; anchored atoms stay as they are
         ok = proper | torch.as_tensor(info.anchored, device=dev) if info.any_anchored else proper
     else:
@@ -229,6 +244,8 @@ def apply_pose(
 
 
 def _slot(info: PoseInfo, device: torch.device) -> Tensor:
+    if device.type == "cpu":
+        return info.slot_cpu
     return _long(info.slot, device)
 
 
@@ -242,6 +259,20 @@ def _move_one(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo) -> Tensor:
     if not info.any_anchored:
         return out
     return torch.where(torch.as_tensor(info.anchored, device=x.device).unsqueeze(-1), x, out)
+
+
+def _move_fused(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:
+    """``R_c x + t_c`` (NaN for ``det R_c < 0``) in one kernel pass (:mod:`.engines.fused.pose`):
+    ``x (..., N, 3)``, ``rot (..., S, 3, 3)``, ``tr (..., S, 3)``, broadcast to ``batch``."""
+    n, s = x.shape[-2], info.n_seeded
+    m = math.prod(batch)
+    out = fused_pose.move(
+        x.expand(*batch, n, 3).reshape(m, n, 3),
+        rot.expand(*batch, s, 3, 3).reshape(m, s, 3, 3),
+        tr.expand(*batch, s, 3).reshape(m, s, 3),
+        _slot(info, x.device),
+    )
+    return out.reshape(*batch, n, 3)
 
 
 def _move_each(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:

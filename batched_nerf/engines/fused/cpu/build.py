@@ -41,11 +41,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import pose
 from .blocks import LANES, blocks_backward, blocks_forward
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 from .trig import trig
 
-__all__ = ["backward", "forward", "trig"]
+__all__ = ["backward", "forward", "pose", "trig"]
 
 #: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
 SERIAL_WORK = 4096

@@ -1,0 +1,162 @@
+"""The global pose of the seeded components as one loop (numba): ``x -> R x + t`` and its vjp.
+
+Per sample ``b`` and atom ``i`` of seeded component ``s = slot[i]``::
+
+    out[b, i] = R[b, s] @ x[b, i] + t[b, s]                         (det R[b, s] >= 0)
+    out[b, i] = NaN                                                 (det R[b, s] < 0)
+    out[b, i] = x[b, i]                                             (s == S: anchored atoms)
+
+and the vjp of ``sum(g * out)``: ``gx = R^T g``, ``gR = sum_i g x^T``,
+``gt = sum_i g`` over the atoms of each component (zero for an improper
+rotation's atoms, as the reference's ``where`` gives). One pass over the atoms,
+float64 arithmetic, inputs and ``gx`` in the coordinates' dtype, ``gR`` and
+``gt`` summed and returned in float64. Samples are split over the threads from
+:data:`SERIAL_WORK` atom-samples on.
+
+Arrays: ``x``, ``out``, ``g``, ``gx`` ``(B, N, 3)``; ``rot`` ``(B, S, 3, 3)``;
+``tr`` ``(B, S, 3)``; ``slot`` ``(N,)`` int64; ``grot`` ``(B, S, 3, 3)`` and
+``gtr`` ``(B, S, 3)`` float64; all C-contiguous.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["move", "move_vjp"]
+
+#: Below this many atom-samples a call runs on the calling thread.
+SERIAL_WORK = 65536
+
+
+@njit(cache=True, error_model="numpy")
+def _pose_rows(rot, tr, lo, hi, rows):
+    """``rows[b - lo, s] = (R row-major, t)`` in float64 for samples ``lo <= b < hi``: NaN for an
+    improper (or NaN) rotation."""
+    for b in range(lo, hi):
+        for s in range(rot.shape[1]):
+            r, q = rot[b, s], rows[b - lo, s]
+            r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
+            r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
+            r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
+            det = r00 * (r11 * r22 - r21 * r12) - r10 * (r01 * r22 - r21 * r02) + r20 * (r01 * r12 - r11 * r02)
+            nan = 0.0 if det >= 0.0 else np.nan  # NaN rows for det < 0 and a NaN determinant
+            q[0], q[1], q[2], q[3], q[4], q[5] = r00 + nan, r01 + nan, r02 + nan, r10 + nan, r11 + nan, r12 + nan
+            q[6], q[7], q[8] = r20 + nan, r21 + nan, r22 + nan
+            q[9], q[10], q[11] = tr[b, s, 0] + nan, tr[b, s, 1] + nan, tr[b, s, 2] + nan
+
+
+@njit(cache=True, error_model="numpy")
+def _move_items(t, nt, x, rot, tr, slot, out):
+    n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
+    uniform = s_all == 1 and (slot == 0).all()
+    lo, hi = n_b * t // nt, n_b * (t + 1) // nt
+    rows = np.empty((hi - lo, s_all, 12))
+    _pose_rows(rot, tr, lo, hi, rows)
+    for b in range(lo, hi):
+        xb, ob, rb = x[b], out[b], rows[b - lo]
+        if uniform:  # every atom in component 0: the rotation hoisted, a loop LLVM vectorises
+            q = rb[0]
+            q0, q1, q2, q3, q4, q5, q6, q7, q8 = q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], q[8]
+            q9, q10, q11 = q[9], q[10], q[11]
+            for i in range(n):
+                x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+                ob[i, 0] = q0 * x0 + q1 * x1 + q2 * x2 + q9
+                ob[i, 1] = q3 * x0 + q4 * x1 + q5 * x2 + q10
+                ob[i, 2] = q6 * x0 + q7 * x1 + q8 * x2 + q11
+            continue
+        for i in range(n):
+            s = slot[i]
+            x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+            if s == s_all:  # anchored: copied
+                ob[i, 0], ob[i, 1], ob[i, 2] = x0, x1, x2
+                continue
+            q = rb[s]
+            ob[i, 0] = q[0] * x0 + q[1] * x1 + q[2] * x2 + q[9]
+            ob[i, 1] = q[3] * x0 + q[4] * x1 + q[5] * x2 + q[10]
+            ob[i, 2] = q[6] * x0 + q[7] * x1 + q[8] * x2 + q[11]
+
+
+@njit(cache=True, parallel=True)
+def _move_parallel(x, rot, tr, slot, out, nt):
+    for t in prange(nt):
+        _move_items(t, nt, x, rot, tr, slot, out)
+
+
+@njit(cache=True, error_model="numpy")
+def _vjp_items(t, nt, g, x, rot, slot, gx, grot, gtr):
+    n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
+    for b in range(n_b * t // nt, n_b * (t + 1) // nt):
+        gb, xb, rb, gxb, grb, gtb = g[b], x[b], rot[b], gx[b], grot[b], gtr[b]
+        grb[:] = 0.0
+        gtb[:] = 0.0
+        for i in range(n):
+            s = slot[i]
+            g0, g1, g2 = np.float64(gb[i, 0]), np.float64(gb[i, 1]), np.float64(gb[i, 2])
+            if s == s_all:
+                gxb[i, 0], gxb[i, 1], gxb[i, 2] = g0, g1, g2
+                continue
+            r = rb[s]
+            r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
+            r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
+            r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
+            det = r00 * (r11 * r22 - r21 * r12) - r10 * (r01 * r22 - r21 * r02) + r20 * (r01 * r12 - r11 * r02)
+            if not det >= 0.0:  # the output is NaN there, with zero gradient (the reference's where)
+                gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
+                continue
+            gxb[i, 0] = r00 * g0 + r10 * g1 + r20 * g2
+            gxb[i, 1] = r01 * g0 + r11 * g1 + r21 * g2
+            gxb[i, 2] = r02 * g0 + r12 * g1 + r22 * g2
+            x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+            q = grb[s]
+            q[0, 0] += g0 * x0
+            q[0, 1] += g0 * x1
+            q[0, 2] += g0 * x2
+            q[1, 0] += g1 * x0
+            q[1, 1] += g1 * x1
+            q[1, 2] += g1 * x2
+            q[2, 0] += g2 * x0
+            q[2, 1] += g2 * x1
+            q[2, 2] += g2 * x2
+            gtb[s, 0] += g0
+            gtb[s, 1] += g1
+            gtb[s, 2] += g2
+
+
+@njit(cache=True, parallel=True)
+def _vjp_parallel(g, x, rot, slot, gx, grot, gtr, nt):
+    for t in prange(nt):
+        _vjp_items(t, nt, g, x, rot, slot, gx, grot, gtr)
+
+
+def _threads(x: np.ndarray) -> int:
+    if x.shape[0] * x.shape[1] < SERIAL_WORK:
+        return 1
+    return max(1, min(numba.get_num_threads(), x.shape[0]))
+
+
+def move(x: np.ndarray, rot: np.ndarray, tr: np.ndarray, slot: np.ndarray) -> np.ndarray:
+    """``(B, N, 3)`` posed coordinates (``x``'s dtype); shapes in the module docstring."""
+    out = np.empty_like(x)
+    nt = _threads(x)
+    if nt > 1:
+        _move_parallel(x, rot, tr, slot, out, nt)
+    else:
+        _move_items(0, 1, x, rot, tr, slot, out)
+    return out
+
+
+def move_vjp(
+    g: np.ndarray, x: np.ndarray, rot: np.ndarray, slot: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``gx`` (``x``'s dtype), ``grot`` and ``gtr`` (float64) of ``sum(g * move(x, rot, tr))``."""
+    gx = np.empty_like(x)
+    grot = np.empty(rot.shape)
+    gtr = np.empty(rot.shape[:2] + (3,))
+    nt = _threads(x)
+    if nt > 1:
+        _vjp_parallel(g, x, rot, slot, gx, grot, gtr, nt)
+    else:
+        _vjp_items(0, 1, g, x, rot, slot, gx, grot, gtr)
+    return gx, grot, gtr

@@ -1,0 +1,127 @@
+"""The global pose after a fused build: ``x -> R x + t`` per seeded component, as one kernel pass.
+
+:func:`move` is what :func:`batched_nerf.apply_pose` computes (same values, same
+NaN for an improper rotation, anchored atoms unchanged) in one numba loop
+(:mod:`.cpu.pose`) instead of a batched ``3 x 3`` product, a broadcast add and
+a ``where`` over ``(B, N, 3)`` arrays. Derivatives follow the builder's
+pattern (:mod:`.build`): :class:`FusedPose` runs the kernel, its backward is
+:class:`FusedPoseVJP` (the vjp kernel: ``R^T g`` per atom, ``sum g x^T`` and
+``sum g`` per component), and the backward of that, forward mode and
+everything beyond are the torch graph of :func:`reference`, so
+``gradgradcheck``, ``create_graph=True`` and ``torch.func`` stay exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..backends import require
+from ..function import Function
+from .build import _front, _np, _plain
+
+__all__ = ["FusedPose", "FusedPoseVJP", "move", "reference"]
+
+
+def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
+    """``R x + t`` per atom in torch: ``x`` ``(B, N, 3)``, ``rot`` ``(B, S, 3, 3)``, ``tr``
+    ``(B, S, 3)``, ``slot`` ``(N,)`` long (``S``: anchored atom, unchanged) -> ``(B, N, 3)``."""
+    b, s = rot.shape[0], rot.shape[1]
+    proper = torch.linalg.det(rot) >= 0 if s else rot.new_ones((b, 0), dtype=torch.bool)
+    eye = torch.eye(3, dtype=x.dtype, device=x.device).expand(b, 1, 3, 3)
+    r_atom = torch.cat((rot, eye), 1).index_select(1, slot)  # (B, N, 3, 3)
+    t_atom = torch.cat((tr, tr.new_zeros(b, 1, 3)), 1).index_select(1, slot)
+    ok = torch.cat((proper, proper.new_ones(b, 1)), 1).index_select(1, slot)
+    out = (r_atom * x.unsqueeze(-2)).sum(-1) + t_atom
+    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
+
+
+def _reference_vjp(x: Tensor, rot: Tensor, g: Tensor, slot: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    tr = rot.new_zeros(rot.shape[:2] + (3,))
+    _, vjp = torch.func.vjp(lambda *a: reference(*a, slot), x, rot, tr)
+    return vjp(g)
+
+
+def _kernel() -> Any:
+    return require("cpu").pose
+
+
+class FusedPose(Function):
+    """``(B, N, 3)`` coordinates, ``(B, S, 3, 3)`` rotations, ``(B, S, 3)`` translations -> posed."""
+
+    @staticmethod
+    def forward(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:  # type: ignore[override]
+        out = _kernel().move(_np(x), _np(rot), _np(tr), slot.numpy())
+        return torch.from_numpy(out)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        x, rot, tr, slot = inputs
+        ctx.save_for_backward(x, rot, tr)
+        ctx.save_for_forward(x, rot, tr)
+        ctx.slot = slot
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, rot, _ = ctx.saved_tensors
+        return (*FusedPoseVJP.apply(x, rot, g, ctx.slot), None)
+
+    @staticmethod
+    def jvp(ctx: Any, tx: Any, trot: Any, ttr: Any, _: Any) -> Tensor:
+        primals = ctx.saved_tensors
+        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, (tx, trot, ttr)))
+        return torch.func.jvp(lambda *a: reference(*a, ctx.slot), primals, tangents)[1]
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
+        *tensors, slot = args
+        size = info.batch_size
+        out = FusedPose.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:3])), slot)
+        return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
+
+
+class FusedPoseVJP(Function):
+    """The vjp kernel: ``(gx, grot, gtr)`` of ``sum(g * FusedPose(x, rot, tr))``; differentiable."""
+
+    @staticmethod
+    def forward(x: Tensor, rot: Tensor, g: Tensor, slot: Tensor) -> tuple[Tensor, ...]:  # type: ignore[override]
+        gx, grot, gtr = _kernel().move_vjp(_np(g.to(x.dtype)), _np(x), _np(rot), slot.numpy())
+        return torch.from_numpy(gx), torch.from_numpy(grot).to(x.dtype), torch.from_numpy(gtr).to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        x, rot, g, slot = inputs
+        ctx.save_for_backward(x, rot, g)
+        ctx.save_for_forward(x, rot, g)
+        ctx.slot = slot
+
+    @staticmethod
+    def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        inputs = ctx.saved_tensors
+        _, vjp = torch.func.vjp(lambda *a: _reference_vjp(*a, ctx.slot), *inputs)
+        return (*vjp(tuple(gg)), None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
+        primals = ctx.saved_tensors
+        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents[:3]))
+        return torch.func.jvp(lambda *a: _reference_vjp(*a, ctx.slot), primals, tangents)[1]
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
+        *tensors, slot = args
+        size = info.batch_size
+        out = FusedPoseVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:3])), slot)
+        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0, 0, 0)
+
+
+def move(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
+    """``R x + t`` per seeded component (shapes of :func:`reference`; CPU float32/float64).
+
+    The kernel directly where nothing is to be differentiated, else :class:`FusedPose`.
+    """
+    if _plain(x, rot, tr):
+        return torch.from_numpy(_kernel().move(_np(x), _np(rot), _np(tr), slot.numpy()))
+    return FusedPose.apply(x, rot, tr, slot)

@@ -1,0 +1,173 @@
+"""The fused build's pose kernel (``to_cartesian(method="fused", rotation=, translation=)``) against
+the torch ``apply_pose``: values, NaN for improper rotations, anchored atoms, broadcasting,
+first and second derivatives, torch.func, the threaded kernel."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import batched_nerf as bn
+from batched_nerf import apply_pose
+
+pytest.importorskip("numba", reason="the fused pose kernel needs numba (the extra 'fast')")
+
+from batched_nerf.engines.fused import pose as fused_pose  # noqa: E402
+from batched_nerf.engines.fused.cpu import pose as pose_kernels  # noqa: E402
+
+F64 = torch.float64
+
+
+def _rotations(n: int, seed: int, dtype: torch.dtype = F64) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(n, 3, 3, dtype=F64, generator=torch.Generator().manual_seed(seed)))
+    return (q * torch.linalg.det(q)[:, None, None]).to(dtype)  # proper rotations
+
+
+def _tables() -> dict[str, bn.ConstructionTable]:
+    chain = bn.ConstructionTable.chain(7)
+    anchored = bn.ConstructionTable([[-1, -1, -1]] * 3 + [[0, 1, 2]], fixed=[0, 1, 2])
+    return {
+        "one component": bn.data.load("alanine_dipeptide").table,
+        "three components, one anchored": bn.pack_tables([chain, anchored, bn.ConstructionTable.chain(2)]),
+    }
+
+
+def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    n = table.n_atoms
+    b = (1.0 + 0.5 * torch.rand(batch, n, generator=gen, dtype=F64)).to(dtype)
+    a = (1.7 + 0.6 * torch.rand(batch, n, generator=gen, dtype=F64)).to(dtype)
+    d = (2 * math.pi * torch.rand(batch, n, generator=gen, dtype=F64) - math.pi).to(dtype)
+    fixed = torch.randn(batch, len(table.fixed), 3, generator=gen, dtype=F64).to(dtype) if len(table.fixed) else None
+    return b, a, d, fixed
+
+
+def _pose(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed: int):
+    s = bn.pose_components(table)
+    rot = _rotations(batch * s, seed, dtype).reshape(batch, s, 3, 3)
+    tr = torch.randn(batch, s, 3, dtype=F64, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    return (rot[:, 0], tr[:, 0]) if s == 1 else (rot, tr)
+
+
+@pytest.mark.parametrize("name", list(_tables()))
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_fused_pose_equals_the_torch_pose(name: str, dtype: torch.dtype) -> None:
+    table = _tables()[name]
+    b, a, d, fixed = _internal(table, 6, dtype, 1)
+    rot, tr = _pose(table, 6, dtype, 2)
+    rot = rot.clone()
+    rot[3] = -rot[3]  # sample 3: improper, NaN for its moved atoms only
+    got = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", rotation=rot, translation=tr)
+    bare = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused")
+    want = apply_pose(bare, table, rotation=rot, translation=tr)
+    assert torch.equal(got.isnan(), want.isnan()) and got[3].isnan().any() and got[[0, 1, 2, 4, 5]].isfinite().all()
+    tol = 1e-12 if dtype == F64 else 2e-6
+    torch.testing.assert_close(got, want, rtol=0, atol=tol, equal_nan=True)
+    # a rotation or translation alone, and one shared by the whole batch (broadcast)
+    for kw in ({"rotation": rot[0]}, {"translation": tr[0]}, {"rotation": rot[:1], "translation": tr}):
+        got = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", **kw)
+        torch.testing.assert_close(got, apply_pose(bare, table, **kw), rtol=0, atol=tol)
+
+
+def test_fused_to_cartesian_runs_the_pose_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """method="fused" moves by the kernel (once per call, forward and vjp); method="scan" does not."""
+    calls = []
+    for name in ("move", "move_vjp"):
+        real = getattr(pose_kernels, name)
+        monkeypatch.setattr(pose_kernels, name, lambda *a, _real=real, _n=name: calls.append(_n) or _real(*a))
+    table = _tables()["one component"]
+    b, a, d, _ = _internal(table, 4, torch.float32, 3)
+    rot, tr = _pose(table, 4, torch.float32, 4)
+    b.requires_grad_(True)
+    rot.requires_grad_(True)
+    bn.to_cartesian(b, a, d, table, method="fused", rotation=rot, translation=tr).sum().backward()
+    assert calls == ["move", "move_vjp"]
+    bn.to_cartesian(b, a, d, table, method="scan", rotation=rot, translation=tr)
+    assert calls == ["move", "move_vjp"]
+
+
+@pytest.mark.parametrize("name", list(_tables()))
+def test_fused_pose_derivatives(name: str) -> None:
+    """gradcheck and gradgradcheck in the internal coordinates, the rotation and the translation."""
+    table = _tables()[name]
+    b, a, d, fixed = _internal(table, 2, F64, 5)
+    rot, tr = _pose(table, 2, F64, 6)
+    inputs = tuple(t.clone().requires_grad_(True) for t in (d, rot, tr))
+
+    def f(d: torch.Tensor, r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", rotation=r, translation=t)
+
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+def test_fused_pose_derivatives_equal_the_torch_pose_and_improper_gradients_are_zero() -> None:
+    table = _tables()["three components, one anchored"]
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=gen, requires_grad=True)
+    rot, tr = _pose(table, 3, F64, 8)
+    rot = rot.clone()
+    rot[1, 0] = -rot[1, 0]  # sample 1, component 0: improper
+    rot.requires_grad_(True)
+    tr.requires_grad_(True)
+    slot = torch.tensor(bn._pose.pose_info(table).slot)
+    w = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=gen)
+
+    def grads(move):  # noqa: ANN001, ANN202
+        out = move(x, rot, tr, slot)
+        return torch.autograd.grad((out.nan_to_num() * w).sum(), (x, rot, tr), create_graph=True)
+
+    got, want = grads(fused_pose.move), grads(fused_pose.reference)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-13)
+    assert got[1][1, 0].eq(0).all() and got[0].isfinite().all()
+    gg = torch.autograd.grad(sum(g.square().sum() for g in got), (x, rot))
+    gg_ref = torch.autograd.grad(sum(g.square().sum() for g in want), (x, rot))
+    for g, r in zip(gg, gg_ref):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+
+
+def test_fused_pose_under_torch_func() -> None:
+    table = _tables()["one component"]
+    b, a, d, _ = _internal(table, 3, F64, 9)
+    rot, tr = _pose(table, 3, F64, 10)
+
+    def f(method: str):  # noqa: ANN202
+        return lambda d1, r: bn.to_cartesian(b[0], a[0], d1, table, method=method, rotation=r, translation=tr[0])
+
+    for transform in (torch.func.jacrev, torch.func.jacfwd):
+        got = transform(f("fused"), argnums=(0, 1))(d[0], rot[0])
+        want = transform(f("scan"), argnums=(0, 1))(d[0], rot[0])
+        for g, r in zip(got, want):
+            torch.testing.assert_close(g, r, rtol=0, atol=1e-10)
+    got = torch.func.vmap(f("fused"))(d, rot)
+    torch.testing.assert_close(got, torch.func.vmap(f("scan"))(d, rot), rtol=0, atol=1e-12)
+
+
+def test_threaded_pose_kernels_equal_the_serial_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = _tables()["three components, one anchored"]
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, table.n_atoms, 3, dtype=F64, generator=gen)
+    rot, tr = _pose(table, 64, F64, 12)
+    g = torch.randn_like(x)
+    slot = bn._pose.pose_info(table).slot
+    args = (x.numpy(), rot.contiguous().numpy(), tr.contiguous().numpy(), slot)
+    serial = pose_kernels.move(*args), pose_kernels.move_vjp(g.numpy(), args[0], args[1], slot)
+    monkeypatch.setattr(pose_kernels, "SERIAL_WORK", 0)
+    threaded = pose_kernels.move(*args), pose_kernels.move_vjp(g.numpy(), args[0], args[1], slot)
+    assert (serial[0] == threaded[0]).all()
+    for s, t in zip(serial[1], threaded[1]):
+        assert (s == t).all()
+
+
+def test_flow_inverse_with_pose_takes_the_kernel_and_inverts_the_forward() -> None:
+    table = _tables()["one component"]
+    flow = bn.InternalCoordinateTransform(table, pose=True, method="fused")
+    b, a, d, _ = _internal(table, 5, F64, 13)
+    x = bn.to_cartesian(b, a, d, table, rotation=_rotations(5, 14), translation=torch.randn(5, 3, dtype=F64))
+    z = flow(x)
+    back, ld_inv = flow.inverse(z.bonds, z.angles, z.dihedrals, z.rotation, z.translation)
+    torch.testing.assert_close(back, x, rtol=0, atol=1e-10)
+    torch.testing.assert_close(z.log_det + ld_inv, torch.zeros_like(ld_inv), rtol=0, atol=1e-10)
