@@ -17,12 +17,27 @@ from torch import Tensor, nn
 
 from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
-from ._logdet import _masks, log_det_jacobian
+from ._logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 from ._pose import extract_pose, pose_info
 from ._table import ConstructionTable
 
 _LOG_PI = math.log(math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
+_KINDS = ("bond", "angle", "dihedral")
+
+
+#: Entries of at most this many runs of consecutive atoms are sliced and concatenated, not
+#: gathered (``index_select``/``index_copy`` along the last dimension cost ~5x a ``cat``).
+_MAX_RUNS = 8
+
+
+def _runs(atoms: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+    """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms; ``None`` past :data:`_MAX_RUNS`."""
+    if atoms.size == 0:
+        return ()
+    cut = np.flatnonzero(np.diff(atoms) != 1) + 1
+    lo, hi = atoms[np.r_[0, cut]], atoms[np.r_[cut - 1, atoms.size - 1]] + 1
+    return tuple(zip(lo.tolist(), hi.tolist())) if lo.size <= _MAX_RUNS else None
 
 
 class FlowCoordinates(NamedTuple):
@@ -137,6 +152,13 @@ class InternalCoordinateTransform(nn.Module):
         # build the CPU plans eagerly: the first build must not happen inside a torch.func transform
         for kind in ("levels", "inverse"):
             table.plan(kind)
+        # entries that are a contiguous run of atoms (seeds first: the usual order) are padded and
+        # sliced, not scattered and gathered; the log-det is summed over the entries directly
+        self._runs = tuple(_runs(getattr(self, f"{k}_atoms").numpy()) for k in _KINDS)
+        self._log_det_terms = tuple(
+            entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())
+            for kind in ("bonds", "angles")
+        )
         m = _masks(table)
         self._n_angles = int(self.angle_atoms.numel())
         self._n_dihedrals = int(self.dihedral_atoms.numel())
@@ -169,10 +191,11 @@ class InternalCoordinateTransform(nn.Module):
             ValueError: ``xyz`` is not ``(..., N, 3)``.
         """
         ic = to_internal(xyz, self.table)
-        ld = -log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
-        bonds = ic.bonds.index_select(-1, self.bond_atoms)
-        angles = ic.angles.index_select(-1, self.angle_atoms)
-        dihedrals = ic.dihedrals.index_select(-1, self.dihedral_atoms)
+        bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
+        ld = self._log_det(bonds, angles)
+        if ld is None:
+            ld = log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
+        ld = -ld
         if self.normalize_angles:
             angles = angles / math.pi
             dihedrals = (dihedrals + math.pi) / (2.0 * math.pi)
@@ -226,17 +249,46 @@ class InternalCoordinateTransform(nn.Module):
                 f"{tuple(dihedrals.shape)} do not broadcast"
             ) from None
         dtype = torch.promote_types(torch.promote_types(bonds.dtype, angles.dtype), dihedrals.dtype)
-        n = self.table.n_atoms
-        full = bonds.new_zeros((*batch, n), dtype=dtype)
-        b = full.index_copy(-1, self.bond_atoms, bonds.to(dtype).expand(*batch, -1))
-        a = full.index_copy(-1, self.angle_atoms, angles.to(dtype).expand(*batch, -1))
-        d = full.index_copy(-1, self.dihedral_atoms, dihedrals.to(dtype).expand(*batch, -1))
+        entries = tuple(v.to(dtype).expand(*batch, -1) for v in (bonds, angles, dihedrals))
+        b, a, d = (self._full(v, k) for v, k in zip(entries, _KINDS))
         xyz = to_cartesian(
             b, a, d, self.table, fixed_xyz=fixed_xyz, method=self.method,  # type: ignore[arg-type]
             rotation=rotation, translation=translation,
         )  # fmt: skip
-        ld = log_det_jacobian(b, a, d, self.table, pose=self.pose) + self._norm_log_det()
+        ld = self._log_det(entries[0], entries[1])
+        if ld is None:
+            ld = log_det_jacobian(b, a, d, self.table, pose=self.pose)
+        ld = ld + self._norm_log_det()
         return xyz, ld.expand(xyz.shape[:-2])
+
+    def _entries(self, values: Tensor, kind: str) -> Tensor:
+        """``(..., N)`` per-atom values -> ``(..., E)`` entries of ``kind``."""
+        runs = self._runs[_KINDS.index(kind)]
+        if runs is None:
+            return values.index_select(-1, getattr(self, f"{kind}_atoms"))
+        if len(runs) == 1:
+            return values[..., runs[0][0] : runs[0][1]]
+        return torch.cat([values[..., lo:hi] for lo, hi in runs], -1)
+
+    def _full(self, entries: Tensor, kind: str) -> Tensor:
+        """``(..., E)`` entries of ``kind`` -> ``(..., N)`` per-atom values (zero where none)."""
+        runs, n = self._runs[_KINDS.index(kind)], self.table.n_atoms
+        if runs is None:
+            full = entries.new_zeros((*entries.shape[:-1], n))
+            return full.index_copy(-1, getattr(self, f"{kind}_atoms"), entries)
+        zero = entries.new_zeros(()).expand(*entries.shape[:-1], n)
+        pieces, at, k = [], 0, 0  # at: next atom; k: next entry
+        for lo, hi in runs:
+            pieces += [zero[..., at:lo], entries[..., k : k + hi - lo]]
+            at, k = hi, k + hi - lo
+        pieces.append(zero[..., at:n])
+        return torch.cat([p for p in pieces if p.shape[-1]], -1)
+
+    def _log_det(self, bonds: Tensor, angles: Tensor) -> Tensor | None:
+        """:func:`log_det_jacobian` from the entries (``None``: not expressible on them)."""
+        if None in self._log_det_terms:
+            return None
+        return entries_log_det(bonds, angles, self._log_det_terms)  # type: ignore[arg-type]
 
     def extra_repr(self) -> str:
         return f"{self.table!r}, pose={self.pose}, normalize_angles={self.normalize_angles}"

@@ -103,13 +103,36 @@ def _masks(table: ConstructionTable) -> _Masks:
     return table.cached(_mask_layout, _mask_layout)
 
 
-def _weighted_log_sum(x: Tensor, rows: np.ndarray, weights: np.ndarray) -> Tensor:
-    """``sum_k w_k log|x[..., rows_k]|``: ``x (..., N)`` -> ``(...)`` (one gather, one product)."""
-    if rows.size == 0:
+def _weighted_log_sum(x: Tensor, rows: np.ndarray | None, weights: np.ndarray) -> Tensor:
+    """``sum_k w_k log|x[..., rows_k]|``: ``x (..., N)`` -> ``(...)`` (one gather, one product;
+    ``rows=None``: every entry, no gather)."""
+    if weights.size == 0:
         return x.new_zeros(x.shape[:-1])
-    picked = x.index_select(-1, torch.as_tensor(rows, device=x.device))
+    picked = x if rows is None else x.index_select(-1, torch.as_tensor(rows, device=x.device))
     w = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
     return torch.matmul(torch.log(torch.abs(picked)), w)
+
+
+def entry_weights(
+    table: ConstructionTable, pose: bool, kind: str, entry_atoms: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray] | None:
+    """The log-det terms of ``kind`` (``"bonds"``: ``log|b|``, ``"angles"``: ``log|sin a|``) as rows of
+    a compact ``(..., E)`` array whose entry ``e`` belongs to atom ``entry_atoms[e]`` (the flow
+    layer's layout): ``(rows, weights)``, ``rows`` ``None`` when every entry carries a term;
+    ``None`` when some term's atom has no entry."""
+    m = _masks(table)
+    k = int(pose)
+    rows, weights = (m.bond_rows[k], m.bond_weights[k]) if kind == "bonds" else (m.sin_rows[k], m.sin_weights[k])
+    where = np.searchsorted(entry_atoms, rows)
+    if rows.size and (where.max() >= entry_atoms.size or (entry_atoms[where] != rows).any()):
+        return None
+    return (None if rows.size == entry_atoms.size else where), weights
+
+
+def entries_log_det(bonds: Tensor, angles: Tensor, terms: tuple[Any, Any]) -> Tensor:
+    """The log-det from compact entries: ``terms`` the two :func:`entry_weights` of bonds and angles."""
+    (br, bw), (sr, sw) = terms
+    return _weighted_log_sum(bonds, br, bw) + _weighted_log_sum(torch.sin(angles), sr, sw)
 
 
 def _log_det(b: Tensor, a: Tensor, m: _Masks, k: int) -> Tensor:
