@@ -50,6 +50,7 @@ _PASSES = (
     ("blocks", "to_cartesian"),
     ("samples", "to_cartesian"),
     ("build", "to_cartesian"),
+    ("pose", "to_cartesian pose"),
 )
 
 
@@ -85,7 +86,7 @@ def describe(dispatcher: Any, args: Any) -> str:
         part = "atan2"
     else:
         part = "forward"
-    layout = "blocked, " if module.endswith("blocks") else "" if module == "trig" else "per sample, "
+    layout = "blocked, " if module.endswith("blocks") else "" if module in ("trig", "pose") else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
     text = " ".join(str(a) for a in args)
@@ -184,7 +185,7 @@ def lock_cache_writes(module: Any) -> int:
     return changed
 
 
-_KERNEL_MODULES = ("trig", "samples", "blocks", "inverse", "inverse_blocks", "inverse_rows")
+_KERNEL_MODULES = ("trig", "samples", "blocks", "inverse", "inverse_blocks", "inverse_rows", "pose")
 
 
 def watch() -> None:
