@@ -11,7 +11,7 @@ from torch import Tensor
 from . import engines
 from ._box import _matrix, _whole
 from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
-from ._geometry import nan_negative_bonds
+from ._geometry import batch_shape, nan_negative_bonds
 from ._pose import Pose, extract_pose, posed
 from ._table import ConstructionTable
 from .engines.dispatch import auto_method
@@ -140,7 +140,7 @@ def to_cartesian(
     check_device({"rotation": rotation, "translation": translation}, b.device)
     fixed = broadcast_fixed(fixed_xyz, table, b)
     if fixed is not None:
-        batch = torch.broadcast_shapes(b.shape[:-1], fixed.shape[:-2])
+        batch = batch_shape(b.shape[:-1], fixed.shape[:-2])
         b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
         fixed = fixed.expand(*batch, *fixed.shape[-2:])
     out_dtype = b.dtype

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
+from ._geometry import batch_shape
 from ._logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 from ._pose import extract_pose, pose_info
 from ._table import ConstructionTable
@@ -32,7 +33,8 @@ _MAX_RUNS = 8
 
 
 def _runs(atoms: np.ndarray) -> tuple[tuple[int, int], ...] | None:
-    """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms; ``None`` past :data:`_MAX_RUNS`."""
+    """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms (``None``: more than
+    :data:`_MAX_RUNS`)."""
     if atoms.size == 0:
         return ()
     cut = np.flatnonzero(np.diff(atoms) != 1) + 1
@@ -242,7 +244,7 @@ class InternalCoordinateTransform(nn.Module):
             angles = angles * math.pi
             dihedrals = dihedrals * (2.0 * math.pi) - math.pi
         try:
-            batch = torch.broadcast_shapes(bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1])
+            batch = batch_shape(bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1])
         except RuntimeError:
             raise ValueError(
                 f"bonds {tuple(bonds.shape)}, angles {tuple(angles.shape)} and dihedrals "

@@ -169,3 +169,20 @@ def place(
     e1, e2, e3 = nerf_frame(xb, xa, xd, dim)
     d1, d2, d3 = (d.unsqueeze(dim) for d in local)
     return xb + d1 * e1 + d2 * e2 + d3 * e3
+
+
+def batch_shape(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes(*shapes)``, without its Python cost (~20 us) where every shape is the same.
+
+    Raises:
+        RuntimeError: the shapes do not broadcast (as ``torch.broadcast_shapes``).
+
+    Example:
+        >>> from batched_nerf._geometry import batch_shape
+        >>> batch_shape((4, 1), (4, 1)), batch_shape((4, 1), (3,))
+        (torch.Size([4, 1]), torch.Size([4, 3]))
+    """
+    first = tuple(shapes[0]) if shapes else ()
+    if all(tuple(s) == first for s in shapes[1:]):
+        return torch.Size(first)
+    return torch.broadcast_shapes(*shapes)

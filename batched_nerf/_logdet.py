@@ -122,7 +122,10 @@ def entry_weights(
     ``None`` when some term's atom has no entry."""
     m = _masks(table)
     k = int(pose)
-    rows, weights = (m.bond_rows[k], m.bond_weights[k]) if kind == "bonds" else (m.sin_rows[k], m.sin_weights[k])
+    if kind == "bonds":
+        rows, weights = m.bond_rows[k], m.bond_weights[k]
+    else:
+        rows, weights = m.sin_rows[k], m.sin_weights[k]
     where = np.searchsorted(entry_atoms, rows)
     if rows.size and (where.max() >= entry_atoms.size or (entry_atoms[where] != rows).any()):
         return None

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ._checks import as_float, cast_like, check_device, check_table, check_xyz
-from ._geometry import EPS, cross, dot, safe_normalize
+from ._geometry import EPS, batch_shape, cross, dot, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
 from .engines.fused import pose as fused_pose
@@ -215,9 +215,7 @@ def posed(
     else:
         tr = x.new_zeros((s, 3))
     try:
-        shapes = (x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
-        # torch.broadcast_shapes is Python (~20 us): skipped where the shapes agree
-        batch = shapes[0] if shapes[0] == shapes[1] == shapes[2] else torch.broadcast_shapes(*shapes)
+        batch = batch_shape(x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "

@@ -58,7 +58,8 @@ def _inputs(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, tor
 def _builder(table: ConstructionTable, n: int, dtype: torch.dtype, backward: bool) -> None:
     b, a, d = (t.requires_grad_(backward) for t in _inputs(n, dtype))
     rotation = torch.eye(3, dtype=dtype).requires_grad_(backward)  # the pose's kernels too
-    xyz = to_cartesian(b, a, d, table, method="fused", rotation=rotation, translation=torch.zeros(3, dtype=dtype))
+    translation = torch.zeros(3, dtype=dtype)
+    xyz = to_cartesian(b, a, d, table, method="fused", rotation=rotation, translation=translation)
     if backward:
         xyz.sum().backward()
 

@@ -40,7 +40,9 @@ def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed:
     b = (1.0 + 0.5 * torch.rand(batch, n, generator=gen, dtype=F64)).to(dtype)
     a = (1.7 + 0.6 * torch.rand(batch, n, generator=gen, dtype=F64)).to(dtype)
     d = (2 * math.pi * torch.rand(batch, n, generator=gen, dtype=F64) - math.pi).to(dtype)
-    fixed = torch.randn(batch, len(table.fixed), 3, generator=gen, dtype=F64).to(dtype) if len(table.fixed) else None
+    fixed = None
+    if len(table.fixed):
+        fixed = torch.randn(batch, len(table.fixed), 3, generator=gen, dtype=F64).to(dtype)
     return b, a, d, fixed
 
 
@@ -62,7 +64,8 @@ def test_fused_pose_equals_the_torch_pose(name: str, dtype: torch.dtype) -> None
     got = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", rotation=rot, translation=tr)
     bare = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused")
     want = apply_pose(bare, table, rotation=rot, translation=tr)
-    assert torch.equal(got.isnan(), want.isnan()) and got[3].isnan().any() and got[[0, 1, 2, 4, 5]].isfinite().all()
+    assert torch.equal(got.isnan(), want.isnan()) and got[3].isnan().any()
+    assert got[[0, 1, 2, 4, 5]].isfinite().all()
     tol = 1e-12 if dtype == F64 else 2e-6
     torch.testing.assert_close(got, want, rtol=0, atol=tol, equal_nan=True)
     # a rotation or translation alone, and one shared by the whole batch (broadcast)
@@ -115,7 +118,7 @@ def test_fused_pose_derivatives_equal_the_torch_pose_and_improper_gradients_are_
     slot = torch.tensor(bn._pose.pose_info(table).slot)
     w = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=gen)
 
-    def grads(move):  # noqa: ANN001, ANN202
+    def grads(move):
         out = move(x, rot, tr, slot)
         return torch.autograd.grad((out.nan_to_num() * w).sum(), (x, rot, tr), create_graph=True)
 
@@ -134,8 +137,11 @@ def test_fused_pose_under_torch_func() -> None:
     b, a, d, _ = _internal(table, 3, F64, 9)
     rot, tr = _pose(table, 3, F64, 10)
 
-    def f(method: str):  # noqa: ANN202
-        return lambda d1, r: bn.to_cartesian(b[0], a[0], d1, table, method=method, rotation=r, translation=tr[0])
+    def f(method: str):
+        def build(d1: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+            return bn.to_cartesian(b[0], a[0], d1, table, method=method, rotation=r, translation=tr[0])
+
+        return build
 
     for transform in (torch.func.jacrev, torch.func.jacfwd):
         got = transform(f("fused"), argnums=(0, 1))(d[0], rot[0])

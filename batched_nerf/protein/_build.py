@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .._checks import to_tensor
 from .._convert import to_cartesian
+from .._geometry import batch_shape
 from .._pack import pack_tables
 from .._table import outside_inference_mode
 from ._sequence import protein_table
@@ -130,7 +131,7 @@ def _torsion_values(
         out.append(t)
         leading.append(t.shape[: t.ndim - 1])
     try:
-        batch = torch.broadcast_shapes(*leading)
+        batch = batch_shape(*leading)
     except RuntimeError:
         raise ValueError(
             "phi, psi, omega and chi do not broadcast: batch shapes "
@@ -170,9 +171,7 @@ def _assemble(
             angles, dihedrals = angles * _DEG, dihedrals * _DEG
     dtype = functools.reduce(torch.promote_types, (like.dtype, bonds.dtype, angles.dtype, dihedrals.dtype))
     try:
-        batch = torch.broadcast_shapes(
-            like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1]
-        )
+        batch = batch_shape(like.shape[:-1], bonds.shape[:-1], angles.shape[:-1], dihedrals.shape[:-1])
     except RuntimeError:
         raise ValueError(
             f"geometry of batch shapes {tuple(bonds.shape[:-1])}, {tuple(angles.shape[:-1])}, "
@@ -196,7 +195,7 @@ def _set_rotors(dihedrals: Tensor, rotors: Any, t: Any, degrees: bool) -> Tensor
     r = r * _DEG if degrees else r
     dtype = torch.promote_types(dihedrals.dtype, r.dtype)
     try:
-        batch = torch.broadcast_shapes(dihedrals.shape[:-1], r.shape[:-1])
+        batch = batch_shape(dihedrals.shape[:-1], r.shape[:-1])
     except RuntimeError:
         raise ValueError(
             f"rotors of batch shape {tuple(r.shape[:-1])} do not broadcast with torsions of batch shape "

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..._geometry import batch_shape
 from .. import backends
 from ..function import Function
 from ..gpu_policy import KernelError, disabled, fall_back
@@ -234,7 +235,7 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(xyz.shape[:-2], *(g.shape[:-1] for g in per_atom)))
+    return tuple(batch_shape(xyz.shape[:-2], *(g.shape[:-1] for g in per_atom)))
 
 
 def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
@@ -262,7 +263,7 @@ def _second(
     if _triton(xyz) is not None:  # no Triton kernel for the second order: the torch engine's graph
         outs = _ref_second(plan, xyz.detach(), gb.detach(), ga.detach(), gd.detach(), v.detach())
         return tuple(_sum_to(o, t) for o, t in zip(outs, (xyz, gb, ga, gd)))  # type: ignore[return-value]
-    lead = tuple(torch.broadcast_shapes(_lead(xyz, gb, ga, gd), v.shape[:-2]))
+    lead = tuple(batch_shape(_lead(xyz, gb, ga, gd), v.shape[:-2]))
     n, dt, b = xyz.shape[-2], xyz.dtype, math.prod(lead)
     out = torch.empty(b, n, 3, dtype=dt)
     jv = [torch.empty(b, n, dtype=dt) for _ in range(3)]

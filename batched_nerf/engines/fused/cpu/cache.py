@@ -86,7 +86,8 @@ def describe(dispatcher: Any, args: Any) -> str:
         part = "atan2"
     else:
         part = "forward"
-    layout = "blocked, " if module.endswith("blocks") else "" if module in ("trig", "pose") else "per sample, "
+    plain = module in ("trig", "pose")  # one layout only
+    layout = "blocked, " if module.endswith("blocks") else "" if plain else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
     text = " ".join(str(a) for a in args)

@@ -30,6 +30,15 @@ __all__ = ["move", "move_vjp"]
 SERIAL_WORK = 65536
 
 
+@njit(inline="always")
+def _det(r):
+    """``det r`` of a ``3 x 3`` array, in float64 (cofactors of the first column)."""
+    r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
+    r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
+    r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
+    return r00 * (r11 * r22 - r21 * r12) - r10 * (r01 * r22 - r21 * r02) + r20 * (r01 * r12 - r11 * r02)
+
+
 @njit(cache=True, error_model="numpy")
 def _pose_rows(rot, tr, lo, hi, rows):
     """``rows[b - lo, s] = (R row-major, t)`` in float64 for samples ``lo <= b < hi``: NaN for an
@@ -37,14 +46,11 @@ def _pose_rows(rot, tr, lo, hi, rows):
     for b in range(lo, hi):
         for s in range(rot.shape[1]):
             r, q = rot[b, s], rows[b - lo, s]
-            r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
-            r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
-            r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
-            det = r00 * (r11 * r22 - r21 * r12) - r10 * (r01 * r22 - r21 * r02) + r20 * (r01 * r12 - r11 * r02)
-            nan = 0.0 if det >= 0.0 else np.nan  # NaN rows for det < 0 and a NaN determinant
-            q[0], q[1], q[2], q[3], q[4], q[5] = r00 + nan, r01 + nan, r02 + nan, r10 + nan, r11 + nan, r12 + nan
-            q[6], q[7], q[8] = r20 + nan, r21 + nan, r22 + nan
-            q[9], q[10], q[11] = tr[b, s, 0] + nan, tr[b, s, 1] + nan, tr[b, s, 2] + nan
+            nan = 0.0 if _det(r) >= 0.0 else np.nan  # NaN rows for det < 0 and a NaN determinant
+            for k in range(9):
+                q[k] = r[k // 3, k % 3] + nan
+            for k in range(3):
+                q[9 + k] = tr[b, s, k] + nan
 
 
 @njit(cache=True, error_model="numpy")
@@ -98,13 +104,12 @@ def _vjp_items(t, nt, g, x, rot, slot, gx, grot, gtr):
                 gxb[i, 0], gxb[i, 1], gxb[i, 2] = g0, g1, g2
                 continue
             r = rb[s]
+            if not _det(r) >= 0.0:  # the output is NaN there, with zero gradient (the reference's where)
+                gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
+                continue
             r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
             r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
             r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
-            det = r00 * (r11 * r22 - r21 * r12) - r10 * (r01 * r22 - r21 * r02) + r20 * (r01 * r12 - r11 * r02)
-            if not det >= 0.0:  # the output is NaN there, with zero gradient (the reference's where)
-                gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
-                continue
             gxb[i, 0] = r00 * g0 + r10 * g1 + r20 * g2
             gxb[i, 1] = r01 * g0 + r11 * g1 + r21 * g2
             gxb[i, 2] = r02 * g0 + r12 * g1 + r22 * g2
