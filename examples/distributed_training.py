@@ -26,6 +26,8 @@ import batched_nerf as bn
 from batched_nerf.losses import clash_loss
 
 N_ATOMS = 16
+#: Collective work objects kept alive until the interpreter exits (see the all_gather in main).
+_KEEP_UNTIL_EXIT: list[object] = []
 TARGET_END_TO_END = 10.0  # Angstrom
 
 
@@ -76,7 +78,15 @@ def main(quick: bool = False) -> float:
     max_diff = 0.0
     if distributed:
         gathered = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(gathered, flat)
+        work = dist.all_gather(gathered, flat, async_op=True)
+        work.wait()
+        # Keep the collective's Work (and with it its tensors) referenced from Python until exit.
+        # Otherwise gloo's worker thread may drop the last reference to these Python-made tensors
+        # after this function returns, while the interpreter is already finalizing: freeing them
+        # needs the GIL there, CPython ends the thread, and the unwind through gloo's noexcept
+        # destructor calls std::terminate (SIGABRT, "terminate called without an active
+        # exception"; docs/known_issues.md).
+        _KEEP_UNTIL_EXIT.append(work)
         max_diff = max(float((g - gathered[0]).abs().max()) for g in gathered)
     if rank == 0:
         print(
