@@ -356,7 +356,10 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
             "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
         )
     s = info.n_seeded
-    x0, x1, x2 = x.index_select(-2, _long(info.seeds, x.device)).split(s, dim=-2)  # (..., S, 3) each
+    if info.squeeze:  # one component: three views, no gather (index_select on dim -2 costs ~70 us)
+        x0, x1, x2 = (x.narrow(-2, k, 1) for k in info.seeds.tolist())
+    else:
+        x0, x1, x2 = x.index_select(-2, _long(info.seeds, x.device)).split(s, dim=-2)  # (..., S, 3) each
     if info.complete:  # the Gram-Schmidt frame alone: no component needs a lab-axis helper
         e1 = safe_normalize(x1 - x0, EPS)
         v = x2 - x0
