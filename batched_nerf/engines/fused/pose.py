@@ -48,6 +48,14 @@ def _kernel() -> Any:
     return require("cpu").pose
 
 
+def _keep(ctx: Any, inputs: tuple[Any, ...]) -> None:
+    """Save the three tensors (for backward and forward mode) and the slot of a pose Function."""
+    *tensors, slot = inputs
+    ctx.save_for_backward(*tensors)
+    ctx.save_for_forward(*tensors)
+    ctx.slot = slot
+
+
 class FusedPose(Function):
     """``(B, N, 3)`` coordinates, ``(B, S, 3, 3)`` rotations, ``(B, S, 3)`` translations -> posed."""
 
@@ -58,10 +66,7 @@ class FusedPose(Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        x, rot, tr, slot = inputs
-        ctx.save_for_backward(x, rot, tr)
-        ctx.save_for_forward(x, rot, tr)
-        ctx.slot = slot
+        _keep(ctx, inputs)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -92,10 +97,7 @@ class FusedPoseVJP(Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        x, rot, g, slot = inputs
-        ctx.save_for_backward(x, rot, g)
-        ctx.save_for_forward(x, rot, g)
-        ctx.slot = slot
+        _keep(ctx, inputs)
 
     @staticmethod
     def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
