@@ -177,3 +177,17 @@ def test_flow_inverse_with_pose_takes_the_kernel_and_inverts_the_forward() -> No
     back, ld_inv = flow.inverse(z.bonds, z.angles, z.dihedrals, z.rotation, z.translation)
     torch.testing.assert_close(back, x, rtol=0, atol=1e-10)
     torch.testing.assert_close(z.log_det + ld_inv, torch.zeros_like(ld_inv), rtol=0, atol=1e-10)
+
+
+def test_a_table_first_posed_under_inference_mode_trains_afterwards() -> None:
+    """The pose's cached slot tensor is made outside inference mode (a validation pass first)."""
+    table = bn.ConstructionTable.chain(5)
+    b, a, d, _ = _internal(table, 2, F64, 15)
+    rot, tr = _pose(table, 2, F64, 16)
+    with torch.inference_mode():
+        bn.to_cartesian(b, a, d, table, method="fused", rotation=rot, translation=tr)
+    r = rot.clone().requires_grad_(True)
+    for method in ("fused", "scan"):
+        out = bn.to_cartesian(b, a, d, table, method=method, rotation=r, translation=tr)
+        (g,) = torch.autograd.grad(out.square().sum(), r, create_graph=True)
+        g.square().sum().backward()
