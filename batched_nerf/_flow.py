@@ -28,7 +28,8 @@ _KINDS = ("bond", "angle", "dihedral")
 
 
 #: Entries of at most this many runs of consecutive atoms are sliced and concatenated, not
-#: gathered (``index_select``/``index_copy`` along the last dimension cost ~5x a ``cat``).
+#: gathered: one run is a view, and a ``cat`` of a few slices measured ~80 us against ~100 us
+#: for ``index_copy`` (alanine dipeptide x 4,096; both slow on a short last dimension).
 _MAX_RUNS = 8
 
 
@@ -154,8 +155,8 @@ class InternalCoordinateTransform(nn.Module):
         # build the CPU plans eagerly: the first build must not happen inside a torch.func transform
         for kind in ("levels", "inverse"):
             table.plan(kind)
-        # entries that are a contiguous run of atoms (seeds first: the usual order) are padded and
-        # sliced, not scattered and gathered; the log-det is summed over the entries directly
+        # entries that are a few runs of consecutive atoms are sliced and concatenated, not
+        # gathered and scattered (_runs); the log-det is summed over the entries directly
         self._runs = tuple(_runs(getattr(self, f"{k}_atoms").numpy()) for k in _KINDS)
         self._log_det_terms = tuple(
             entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())

@@ -62,7 +62,7 @@ def _move_items(t, nt, x, rot, tr, slot, out):
     _pose_rows(rot, tr, lo, hi, rows)
     for b in range(lo, hi):
         xb, ob, rb = x[b], out[b], rows[b - lo]
-        if uniform:  # every atom in component 0: the rotation hoisted, a loop LLVM vectorises
+        if uniform:  # every atom in component 0: the rotation hoisted out of the atom loop
             q = rb[0]
             q0, q1, q2, q3, q4, q5, q6, q7, q8 = q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], q[8]
             q9, q10, q11 = q[9], q[10], q[11]
