@@ -221,23 +221,19 @@ def posed(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
             "do not broadcast"
         ) from None
-    if fused and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        if not torch.compiler.is_compiling():
-            return _move_fused(x, rot, tr, info, batch)
-    if info.squeeze:
-        out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
-    else:
-        out = _move_each(x, rot, tr, info, batch)
+    kernel = fused and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    if kernel and not torch.compiler.is_compiling():
+        return _move_fused(x, rot, tr, info, batch)
+    if not info.squeeze:  # R_c x + t_c per atom, NaN for an improper R_c (the kernel's reference)
+        rot, tr = rot.expand(*batch, s, 3, 3), tr.expand(*batch, s, 3)
+        return fused_pose.reference(x, rot, tr, _slot(info, dev))
+    out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
     if rotation is None:
         return out
     # an improper rotation (det < 0) would mirror its component: NaN, not a silent reflection
-    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
-    if info.squeeze:  # (..., 1): one flag for the component; anchored atoms stay as they are
-        ok = proper | torch.as_tensor(info.anchored, device=dev) if info.any_anchored else proper
-    else:
-        ok = torch.cat((proper, proper.new_ones(proper.shape[:-1] + (1,))), -1).index_select(
-            -1, _slot(info, dev)
-        )
+    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., 1): det as a triple product
+    # anchored atoms stay as they are
+    ok = proper | torch.as_tensor(info.anchored, device=dev) if info.any_anchored else proper
     return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
 
 
@@ -271,20 +267,6 @@ def _move_fused(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch
         _slot(info, x.device),
     )
     return out.reshape(*batch, n, 3)
-
-
-def _move_each(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:
-    """``R_c x + t_c`` per atom of seeded component ``c``: ``rot (..., S, 3, 3)``, ``tr (..., S, 3)``."""
-    s, dev = info.n_seeded, x.device
-    # slot S (anchored atoms): identity and zero
-    rot = torch.cat(
-        (rot.expand(*batch, s, 3, 3), torch.eye(3, dtype=x.dtype, device=dev).expand(*batch, 1, 3, 3)), -3
-    )
-    tr = torch.cat((tr.expand(*batch, s, 3), x.new_zeros(()).expand(*batch, 1, 3)), -2)
-    slot = _slot(info, dev)
-    rot_atom = rot.index_select(-3, slot)  # (..., N, 3, 3)
-    tr_atom = tr.index_select(-2, slot)  # (..., N, 3)
-    return (rot_atom * x.unsqueeze(-2)).sum(-1) + tr_atom
 
 
 def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..._geometry import cross, dot
 from ..backends import require
 from ..function import Function
 from .build import _front, _np, _plain
@@ -26,14 +27,16 @@ __all__ = ["FusedPose", "FusedPoseVJP", "move", "reference"]
 
 
 def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
-    """``R x + t`` per atom in torch: ``x`` ``(B, N, 3)``, ``rot`` ``(B, S, 3, 3)``, ``tr``
-    ``(B, S, 3)``, ``slot`` ``(N,)`` long (``S``: anchored atom, unchanged) -> ``(B, N, 3)``."""
-    b, s = rot.shape[0], rot.shape[1]
-    proper = torch.linalg.det(rot) >= 0 if s else rot.new_ones((b, 0), dtype=torch.bool)
-    eye = torch.eye(3, dtype=x.dtype, device=x.device).expand(b, 1, 3, 3)
-    r_atom = torch.cat((rot, eye), 1).index_select(1, slot)  # (B, N, 3, 3)
-    t_atom = torch.cat((tr, tr.new_zeros(b, 1, 3)), 1).index_select(1, slot)
-    ok = torch.cat((proper, proper.new_ones(b, 1)), 1).index_select(1, slot)
+    """``R x + t`` per atom in torch (what :func:`batched_nerf.apply_pose` computes for several
+    components): ``x`` ``(..., N, 3)``, ``rot`` ``(..., S, 3, 3)`` and ``tr`` ``(..., S, 3)`` of one
+    batch shape, ``slot`` ``(N,)`` long (``S``: anchored atom, unchanged) -> ``(..., N, 3)``; NaN
+    for the atoms of a component with ``det R < 0``."""
+    lead = rot.shape[:-3]
+    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
+    eye = torch.eye(3, dtype=rot.dtype, device=rot.device).expand(*lead, 1, 3, 3)
+    r_atom = torch.cat((rot, eye), -3).index_select(-3, slot)  # (..., N, 3, 3)
+    t_atom = torch.cat((tr, tr.new_zeros(()).expand(*lead, 1, 3)), -2).index_select(-2, slot)
+    ok = torch.cat((proper, proper.new_ones(()).expand(*lead, 1)), -1).index_select(-1, slot)
     out = (r_atom * x.unsqueeze(-2)).sum(-1) + t_atom
     return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
 

@@ -56,22 +56,11 @@ def _pose_rows(rot, tr, lo, hi, rows):
 @njit(cache=True, error_model="numpy")
 def _move_items(t, nt, x, rot, tr, slot, out):
     n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
-    uniform = s_all == 1 and (slot == 0).all()
     lo, hi = n_b * t // nt, n_b * (t + 1) // nt
     rows = np.empty((hi - lo, s_all, 12))
     _pose_rows(rot, tr, lo, hi, rows)
     for b in range(lo, hi):
         xb, ob, rb = x[b], out[b], rows[b - lo]
-        if uniform:  # every atom in component 0: the rotation hoisted out of the atom loop
-            q = rb[0]
-            q0, q1, q2, q3, q4, q5, q6, q7, q8 = q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], q[8]
-            q9, q10, q11 = q[9], q[10], q[11]
-            for i in range(n):
-                x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
-                ob[i, 0] = q0 * x0 + q1 * x1 + q2 * x2 + q9
-                ob[i, 1] = q3 * x0 + q4 * x1 + q5 * x2 + q10
-                ob[i, 2] = q6 * x0 + q7 * x1 + q8 * x2 + q11
-            continue
         for i in range(n):
             s = slot[i]
             x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
@@ -93,20 +82,23 @@ def _move_parallel(x, rot, tr, slot, out, nt):
 @njit(cache=True, error_model="numpy")
 def _vjp_items(t, nt, g, x, rot, slot, gx, grot, gtr):
     n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
+    proper = np.empty(s_all, dtype=np.bool_)
     for b in range(n_b * t // nt, n_b * (t + 1) // nt):
         gb, xb, rb, gxb, grb, gtb = g[b], x[b], rot[b], gx[b], grot[b], gtr[b]
         grb[:] = 0.0
         gtb[:] = 0.0
+        for s in range(s_all):  # det >= 0 once per component (False for a NaN determinant)
+            proper[s] = _det(rb[s]) >= 0.0
         for i in range(n):
             s = slot[i]
             g0, g1, g2 = np.float64(gb[i, 0]), np.float64(gb[i, 1]), np.float64(gb[i, 2])
             if s == s_all:
                 gxb[i, 0], gxb[i, 1], gxb[i, 2] = g0, g1, g2
                 continue
-            r = rb[s]
-            if not _det(r) >= 0.0:  # the output is NaN there, with zero gradient (the reference's where)
+            if not proper[s]:  # the output is NaN there, with zero gradient (the reference's where)
                 gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
                 continue
+            r = rb[s]
             r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
             r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
             r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
