@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - another torch layout: torch's own appl
 
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 
-__all__ = ["Function"]
+__all__ = ["Function", "save"]
 
 
 class Function(torch.autograd.Function):
@@ -44,3 +44,9 @@ class Function(torch.autograd.Function):
         if _unwrap is None or _TRANSFORMS_ACTIVE is None or _TRANSFORMS_ACTIVE():
             return super().apply(*args)
         return super(torch.autograd.Function, cls).apply(*_unwrap(args))  # type: ignore[misc]
+
+
+def save(ctx: Any, *tensors: Any) -> None:
+    """Keep ``tensors`` for the backward (``ctx.saved_tensors``) and for forward mode (``jvp``)."""
+    ctx.save_for_backward(*tensors)
+    ctx.save_for_forward(*tensors)

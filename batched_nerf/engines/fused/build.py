@@ -52,7 +52,7 @@ from ..backends import require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
-from ..function import Function
+from ..function import Function, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
@@ -320,8 +320,7 @@ class FusedBuild(Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         b, a, d, f, plan, turns = inputs
-        ctx.save_for_backward(b, a, d, f)
-        ctx.save_for_forward(b, a, d, f)
+        save(ctx, b, a, d, f)
         ctx.plan, ctx.turns = plan, turns
 
     @staticmethod
@@ -356,8 +355,7 @@ class FusedVJP(Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         *tensors, plan, _ = inputs
-        ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
+        save(ctx, *tensors)
         ctx.plan = plan
 
     @staticmethod

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..._geometry import batch_shape
 from .. import backends
-from ..function import Function
+from ..function import Function, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
@@ -331,8 +331,7 @@ class FusedInternal(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         xyz, plan = inputs
         ctx.plan = plan
-        ctx.save_for_backward(xyz)
-        ctx.save_for_forward(xyz)
+        save(ctx, xyz)
 
     @staticmethod
     def backward(ctx: Any, gb: Tensor, ga: Tensor, gd: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
@@ -362,8 +361,7 @@ class FusedInternalVJP(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         *tensors, plan = inputs
         ctx.plan = plan
-        ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
+        save(ctx, *tensors)
 
     @staticmethod
     def backward(ctx: Any, v: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -398,8 +396,7 @@ class FusedInternalSecond(Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         *tensors, plan = inputs
         ctx.plan = plan
-        ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
+        save(ctx, *tensors)
 
     @staticmethod
     def backward(ctx: Any, *cot: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..._geometry import cross, dot
 from ..backends import require
-from ..function import Function
+from ..function import Function, save
 from .build import _front, _np, _plain
 
 __all__ = ["FusedPose", "FusedPoseVJP", "move", "reference"]
@@ -51,12 +51,8 @@ def _kernel() -> Any:
     return require("cpu").pose
 
 
-def _keep(ctx: Any, inputs: tuple[Any, ...]) -> None:
-    """Save the three tensors (for backward and forward mode) and the slot of a pose Function."""
-    *tensors, slot = inputs
-    ctx.save_for_backward(*tensors)
-    ctx.save_for_forward(*tensors)
-    ctx.slot = slot
+def _move_kernel(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
+    return torch.from_numpy(_kernel().move(_np(x), _np(rot), _np(tr), slot.numpy()))
 
 
 class FusedPose(Function):
@@ -64,12 +60,12 @@ class FusedPose(Function):
 
     @staticmethod
     def forward(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:  # type: ignore[override]
-        out = _kernel().move(_np(x), _np(rot), _np(tr), slot.numpy())
-        return torch.from_numpy(out)
+        return _move_kernel(x, rot, tr, slot)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        _keep(ctx, inputs)
+        *tensors, ctx.slot = inputs
+        save(ctx, *tensors)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -100,7 +96,8 @@ class FusedPoseVJP(Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        _keep(ctx, inputs)
+        *tensors, ctx.slot = inputs
+        save(ctx, *tensors)
 
     @staticmethod
     def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -128,5 +125,5 @@ def move(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
     The kernel directly where nothing is to be differentiated, else :class:`FusedPose`.
     """
     if _plain(x, rot, tr):
-        return torch.from_numpy(_kernel().move(_np(x), _np(rot), _np(tr), slot.numpy()))
+        return _move_kernel(x, rot, tr, slot)
     return FusedPose.apply(x, rot, tr, slot)
