@@ -174,6 +174,24 @@ def check_device(named: dict[str, Any], expected: torch.device | None = None) ->
             )
 
 
+def _ready(bonds: Any, angles: Any, dihedrals: Any, n: int) -> bool:
+    """Whether the three are floating tensors of one dtype, device and shape ``(..., n)``."""
+    if not (isinstance(bonds, Tensor) and isinstance(angles, Tensor) and isinstance(dihedrals, Tensor)):
+        return False
+    shape, dtype, device = bonds.shape, bonds.dtype, bonds.device
+    return (
+        dtype.is_floating_point
+        and len(shape) > 0
+        and shape[-1] == n
+        and angles.shape == shape
+        and dihedrals.shape == shape
+        and angles.dtype == dtype
+        and dihedrals.dtype == dtype
+        and angles.device == device
+        and dihedrals.device == device
+    )
+
+
 def broadcast_internal(
     bonds: Any,
     angles: Any,
@@ -193,6 +211,8 @@ def broadcast_internal(
         ValueError: a last dimension other than ``N``, shapes that do not
             broadcast, or values on different devices.
     """
+    if _ready(bonds, angles, dihedrals, table.n_atoms):  # the common call: nothing to convert or broadcast
+        return (bonds, angles * DEG, dihedrals * DEG) if degrees else (bonds, angles, dihedrals)
     first = next((v for v in (bonds, angles, dihedrals) if isinstance(v, Tensor)), None)
     names = ("bonds", "angles", "dihedrals")
     tensors = [as_float(v, name, first, default_dtype) for v, name in zip((bonds, angles, dihedrals), names)]

@@ -13,12 +13,16 @@ call each, medians; see :func:`benchmarks.fused_vs_peers.interleaved`):
   ``to_internal`` / ``to_cartesian`` of the same batch, and against bgflow's
   ``GlobalInternalCoordinateTransformation`` (``--bgflow PATH``: a checkout of
   noegroup/bgflow; it needs ``einops``, and ``np.infty`` is restored for it on
-  NumPy 2).
+  NumPy 2);
+* **committor**: the committor pass (``q`` on ``to_internal(x)``, ``|dq/dx|^2``
+  backward) against the same network on internal-coordinate leaves; the
+  difference is the library's share (target <= 0.35x the network alone), on
+  alanine dipeptide x 4,096, chain 64 x 1,024 and chain 512 x 256.
 
 Ratio columns: ``with / without`` (the target is <= 1.15x for the pose), ``flow / bare``
 (<= 1.3x) and ``bgflow / flow`` (>= 20x)::
 
-    python benchmarks/passes.py [--bgflow /path/to/bgflow] [--quick] [--threads 2]
+    python benchmarks/passes.py [--bgflow /path/to/bgflow] [--quick] [--threads 2] [--only committor]
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 
 import batched_nerf as bn
 from benchmarks.fused_vs_peers import interleaved
-from benchmarks.timing import fmt_seconds
+from benchmarks.timing import Committor, fmt_seconds
 
 Steps = dict[str, Callable[[], object]]
 #: AdK's first 40 residues (613 atoms with hydrogens, as in MDAnalysisTests' PSF/DCD)
@@ -161,6 +165,56 @@ def _bgflow_steps(table: bn.ConstructionTable, xyz: torch.Tensor, w: torch.Tenso
     return {"forward": forward, "inverse": inverse, "inverse fwd+bwd": inverse_backward}
 
 
+def _features(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    return torch.stack([b, a.sin(), a.cos(), d.sin(), d.cos()], dim=-1)
+
+
+def committor_steps(table: bn.ConstructionTable, batch: int) -> dict[str, Steps]:
+    """The committor pass against the same network on internal-coordinate leaves.
+
+    ``q`` is :class:`benchmarks.timing.Committor`'s MLP (5 -> 16 -> 1, tanh,
+    sigmoid of the mean). Our pass: ``x`` a leaf, ``q(to_internal(x))``, ``g =
+    dq/dx`` with ``create_graph=True``, ``sum(g**2).backward()``. The network
+    alone: the same on leaves ``b, a, d`` (``g = dq/d(b, a, d)``). Our pass minus
+    the network alone is what the library costs (issue 22: <= 0.35x the network).
+    """
+    b, a, d, _, _ = _inputs(table, batch)
+    xyz = bn.to_cartesian(b, a, d, table)
+    ic = bn.to_internal(xyz, table)
+    mlp = Committor(table).mlp
+
+    def q(b: torch.Tensor, a: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(mlp(_features(b, a, d)).mean(dim=(-2, -1)))
+
+    def ours() -> None:
+        x = xyz.clone().requires_grad_()
+        z = bn.to_internal(x, table)
+        (g,) = torch.autograd.grad(q(z.bonds, z.angles, z.dihedrals).sum(), x, create_graph=True)
+        g.square().sum().backward()
+
+    def network() -> None:
+        leaves = [v.clone().requires_grad_() for v in (ic.bonds, ic.angles, ic.dihedrals)]
+        gs = torch.autograd.grad(q(*leaves).sum(), leaves, create_graph=True)
+        sum(g.square().sum() for g in gs).backward()
+
+    return {"network alone": {"committor": network}, "our pass": {"committor": ours}}
+
+
+def committor_rows(rows: list[tuple[str, bn.ConstructionTable, int]]) -> list[str]:
+    """One markdown row per workload: our pass, the network alone, and the library's share."""
+    lines = [
+        "### committor pass: the library's share",
+        "",
+        "| row | our pass | network alone | library share (ours - network) / network |",
+        "|---|---|---|---|",
+    ]
+    for name, table, batch in rows:
+        med = interleaved(committor_steps(table, batch), "committor")
+        ours, net = med["our pass"], med["network alone"]
+        lines.append(f"| {name} | {fmt_seconds(ours)} | {fmt_seconds(net)} | {(ours - net) / net:.2f}x |")
+    return [*lines, ""]
+
+
 def table_rows(
     title: str,
     steps: dict[str, Steps],
@@ -189,6 +243,7 @@ def main() -> None:
     parser.add_argument("--bgflow", metavar="PATH", help="noegroup/bgflow checkout (put on sys.path)")
     parser.add_argument("--quick", action="store_true", help="613 atoms x 980 frames instead of x 9,800")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--only", choices=("pose", "flow", "committor"), help="one group of rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ala = bn.data.load("alanine_dipeptide").table
@@ -199,21 +254,31 @@ def main() -> None:
         "",
     ]
     pose_passes = ("forward", "forward_backward", "to_internal")
-    out += table_rows("alanine dipeptide x 4,096: pose", pose_steps(ala, 4096), pose_passes, "without pose")
-    out += table_rows(
-        f"AdK 1-40 ({adk.n_atoms} atoms) x {frames:,}: pose",
-        pose_steps(adk, frames),
-        pose_passes,
-        "without pose",
-    )
-    flow_passes = ("forward", "inverse", "inverse fwd+bwd")
-    out += table_rows(
-        "alanine dipeptide x 4,096: flow layer",
-        flow_steps(ala, 4096, args.bgflow),
-        flow_passes,
-        "bare",
-        extra=("bgflow Global IC", "flow (pose=True)"),
-    )
+    if args.only in (None, "pose"):
+        ala_pose = pose_steps(ala, 4096)
+        out += table_rows("alanine dipeptide x 4,096: pose", ala_pose, pose_passes, "without pose")
+        out += table_rows(
+            f"AdK 1-40 ({adk.n_atoms} atoms) x {frames:,}: pose",
+            pose_steps(adk, frames),
+            pose_passes,
+            "without pose",
+        )
+    if args.only in (None, "flow"):
+        out += table_rows(
+            "alanine dipeptide x 4,096: flow layer",
+            flow_steps(ala, 4096, args.bgflow),
+            ("forward", "inverse", "inverse fwd+bwd"),
+            "bare",
+            extra=("bgflow Global IC", "flow (pose=True)"),
+        )
+    if args.only in (None, "committor"):
+        out += committor_rows(
+            [
+                ("alanine dipeptide x 4,096", ala, 4096),
+                ("chain 64 x 1,024", bn.ConstructionTable.chain(64), 1024),
+                ("chain 512 x 256", bn.ConstructionTable.chain(512), 256),
+            ]
+        )
     print("\n".join(out))
 
 

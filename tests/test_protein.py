@@ -298,6 +298,8 @@ def _cached_tensors(owner: object) -> list[torch.Tensor]:
     out = [v for v in vars(owner).values() if isinstance(v, torch.Tensor)]
     for casts in vars(owner).get("_cast", {}).values():
         out += list(casts)
+    for cache in ("_sources", "_masks"):  # build's direct-path gathers and atom masks
+        out += list(vars(owner).get(cache, {}).values())
     return out
 
 
@@ -314,7 +316,7 @@ def test_build_trains_after_a_first_use_under_inference_mode(hydrogens):
     for dtype in (torch.float32, torch.float64):
         phi, psi, omega, chi = (x.requires_grad_(True) for x in random_torsions(seq, (2,), dtype=dtype))
         p = bn.protein.build(seq, phi, psi, omega, chi, hydrogens=hydrogens)
-        p.xyz.square().sum().backward()
+        (p.xyz.square() * p.mask[:, None]).sum().backward()  # the cached mask is saved for backward
         assert all(x.grad is not None and torch.isfinite(x.grad).all() for x in (phi, psi, omega, chi))
         assert phi.grad[..., 1:].abs().sum() > 0
 
@@ -359,3 +361,58 @@ def test_a_table_made_outside_inference_mode_casts_its_templates_outside_it():
     with torch.inference_mode():
         bn.protein._build.templates(t, torch.float32, torch.device("cpu"))
     assert not any(x.is_inference() for x in _cached_tensors(t))
+
+
+# ------------------------------------------------------------- build's direct path
+@pytest.mark.parametrize("given", ["none", "omega", "chi", "both"])
+@pytest.mark.parametrize("hydrogens", [False, True])
+def test_direct_path_equals_the_checked_path(given, hydrogens, monkeypatch):
+    """Tensors of one dtype and shape skip the checks and casts; the numbers and gradients are the same."""
+    from batched_nerf.protein import _build
+
+    seq = "ACE MET LYS TRP TYR ARG NME" if hydrogens else "MKWYRP"
+    length = bn.protein.protein_table(seq).n_residues
+    phi, psi, omega, chi = random_torsions("x" * length, (2,))
+    omega = omega if given in ("omega", "both") else None
+    chi = chi if given in ("chi", "both") else None
+    t = bn.protein.protein_table(seq, hydrogens=hydrogens)
+    # the checked path, by numpy torsions (defaults made explicit: trans omega, the default rotamers)
+    full_omega = torch.full((2, length), math.pi, dtype=torch.float64) if omega is None else omega
+    full_chi = t.default_chi.expand(2, length, 4) if chi is None else chi
+    args = [x.numpy() for x in (phi, psi, full_omega, full_chi)]
+    checked = bn.protein.build(seq, *args, hydrogens=hydrogens).xyz
+    leaves = [x if x is None else x.clone().requires_grad_(True) for x in (phi, psi, omega, chi)]
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the direct path was not taken")
+
+    monkeypatch.setattr(_build, "_torsion_values", fail)
+    direct = bn.protein.build(seq, *leaves, hydrogens=hydrogens)
+    torch.testing.assert_close(direct.xyz, checked, atol=0, rtol=0)
+    w = torch.randn_like(direct.xyz)
+    (direct.xyz * w).sum().backward()
+    monkeypatch.undo()
+    ref_leaves = [x if x is None else x.detach().clone().requires_grad_(True) for x in (phi, psi, omega, chi)]
+    wide = [ref_leaves[0], ref_leaves[1], full_omega if omega is None else ref_leaves[2]]
+    wide.append(full_chi if chi is None else ref_leaves[3])
+    ref = bn.protein.build(seq, wide[0], wide[1], wide[2].clone(), wide[3].clone(), hydrogens=hydrogens)
+    (ref.xyz * w).sum().backward()
+    for mine, theirs in zip(leaves, ref_leaves):
+        if mine is not None:
+            torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-12, rtol=0)
+
+
+def test_direct_path_reads_degrees_and_keeps_the_checks_for_the_rest():
+    phi, psi, omega, chi = random_torsions("GAWK", (3,))
+    deg = [x.rad2deg() for x in (phi, psi, omega, chi)]
+    torch.testing.assert_close(
+        bn.protein.build("GAWK", *deg, degrees=True).xyz, bn.protein.build("GAWK", phi, psi, omega, chi).xyz
+    )
+    # broadcasting, mixed dtypes and wrong shapes go through the checked path
+    both = bn.protein.build("GAWK", phi, psi[0], omega.float(), chi).xyz
+    assert both.shape == (3, bn.protein.protein_table("GAWK").n_atoms, 3) and both.dtype == torch.float64
+    message = r"chi must have shape \(\.\.\., L, 4\) = \(\.\.\., 4, 4\), got \(3, 4, 3\)"
+    with pytest.raises(ValueError, match=message):
+        bn.protein.build("GAWK", phi, psi, omega, chi[..., :3])
+    with pytest.raises(TypeError, match="phi must be a floating tensor, got dtype torch.int64"):
+        bn.protein.build("GAWK", torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))

@@ -15,7 +15,7 @@ from .._checks import to_tensor
 from .._convert import to_cartesian
 from .._geometry import batch_shape
 from .._pack import pack_tables
-from .._table import outside_inference_mode
+from .._table import _static_tensors, outside_inference_mode
 from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -277,13 +277,94 @@ def build(
         (torch.Size([22, 3]), ('CH3', 'C', 'O', 'H1'))
     """
     t = protein_table(sequence, hydrogens=hydrogens)
-    torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
-    bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
+    given = None if geometry is not None else _given_torsions(phi, psi, omega, chi, t.n_residues)
+    if given is not None:  # the common call: one gather, no broadcasting or casts to make
+        bonds, angles, template = templates(t, phi.dtype, phi.device)[:3]
+        dihedrals = _gather(t, template, given, degrees)
+    else:
+        torsions = _torsion_values(phi, psi, omega, chi, (t.n_residues,), t, degrees)
+        bonds, angles, dihedrals = _assemble(t, geometry, t.n_atoms, torsions, t.source, degrees)
     if rotors is not None:
         dihedrals = _set_rotors(dihedrals, rotors, t, degrees)
     xyz = to_cartesian(bonds, angles, dihedrals, t.table, method=method, accumulate_dtype=accumulate_dtype)
-    mask = torch.ones(t.n_atoms, dtype=torch.bool, device=xyz.device)
-    return Protein(xyz, t.atom_names, t.residue_index.to(xyz.device), t.elements, t.sequence, mask)
+    residue_index, mask = t.residue_index.to(xyz.device), _mask(t, xyz.device)
+    return Protein(xyz, t.atom_names, residue_index, t.elements, t.sequence, mask)
+
+
+def _given_torsions(phi: Any, psi: Any, omega: Any, chi: Any, n_residues: int) -> list[Tensor] | None:
+    """``[phi, psi, omega or None, chi (..., 4L) or None]`` when they need no cast, broadcast or check.
+
+    That is: floating tensors of one dtype and device, ``phi`` and ``psi`` (and
+    ``omega``) of one shape ``(..., L)``, ``chi`` ``(..., L, 4)`` with the same
+    leading shape. Anything else (numpy, broadcasting, mixed dtypes, wrong
+    shapes) returns None and takes the checked path, which raises or promotes.
+    """
+    if not isinstance(phi, Tensor) or not phi.is_floating_point():
+        return None
+    shape = phi.shape
+    if not shape or shape[-1] != n_residues:
+        return None
+    for value, want, required in ((psi, shape, True), (omega, shape, False), (chi, (*shape, 4), False)):
+        if value is None and not required:
+            continue
+        if not isinstance(value, Tensor) or value.shape != want:
+            return None
+        if value.dtype != phi.dtype or value.device != phi.device:
+            return None
+    return [phi, psi, omega, None if chi is None else chi.flatten(-2)]
+
+
+def _gather(t: Any, template: Tensor, given: list[Tensor | None], degrees: bool) -> Tensor:
+    """``(..., N)`` dihedrals: the template's with the given torsions in their rows (one gather).
+
+    ``cat([template (N), phi, psi, omega, chi])`` over the torsions given, read
+    through :func:`_source` (rows of an omitted omega or chi keep the
+    template's value: its default).
+    """
+    parts = [v if not degrees else v * _DEG for v in given if v is not None]
+    batch = parts[0].shape[:-1]
+    source = _source(t, given[2] is not None, given[3] is not None, template.device)
+    return torch.cat([template.expand(*batch, template.shape[-1]), *parts], dim=-1).index_select(-1, source)
+
+
+def _source(t: Any, omega: bool, chi: bool, device: torch.device) -> Tensor:
+    """``(N,)`` gather index into ``cat([template (N), phi (L), psi (L), omega (L)?, chi (4L)?])`` (cached).
+
+    ``t.source`` indexes ``cat([template, phi, psi, omega, chi])`` with every
+    block present; an omitted block's entries point at the row itself (whose
+    template value is the default), a later block moves up by the omitted ``L``.
+    """
+    cache = t.__dict__.setdefault("_sources", {})
+    key = (omega, chi, device)
+    if key not in cache:
+        with _static_tensors():  # plain tensors, also on a first call in inference mode or torch.func
+            cache[key] = _remapped(t, omega, chi).to(device)
+    return cache[key]
+
+
+def _remapped(t: Any, omega: bool, chi: bool) -> Tensor:
+    """:func:`_source` on the CPU (numpy)."""
+    n, length = t.n_atoms, t.n_residues
+    src = t.source.numpy().copy()
+    rows = np.arange(n)
+    in_omega = (src >= n + 2 * length) & (src < n + 3 * length)
+    in_chi = src >= n + 3 * length
+    if not chi:
+        src[in_chi] = rows[in_chi]
+    elif not omega:
+        src[in_chi] -= length
+    if not omega:
+        src[in_omega] = rows[in_omega]
+    return torch.from_numpy(src)
+
+
+def _mask(t: Any, device: torch.device) -> Tensor:
+    """``(N,)`` all-True atom mask of one sequence (cached per device, a plain tensor)."""
+    cache = t.__dict__.setdefault("_masks", {})
+    if device not in cache:
+        with _static_tensors():
+            cache[device] = torch.ones(t.n_atoms, dtype=torch.bool, device=device)
+    return cache[device]
 
 
 class _Layout(NamedTuple):
