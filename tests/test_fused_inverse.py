@@ -103,7 +103,7 @@ def test_values_match_torch_engine(name: str, batch: tuple[int, ...]) -> None:
         close(f, r)
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [1, 3, 8])  # forward: atom ranges of one or of three samples; whole samples
 def test_parallel_schedules_match_serial(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     table = TABLES["protein"]
     x = random_xyz(table, (batch,), seed=1).requires_grad_()
