@@ -301,7 +301,10 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
     axis least parallel to ``e1``; a single atom gets the identity. Finite,
     with finite gradients, at coincident or collinear seed atoms (normalisation
     by ``max(|v|, EPS)``; the rotation is then arbitrary but the round trip
-    still holds).
+    still holds). Where nothing is differentiated (no gradient, tangent or
+    ``torch.func`` transform), CPU float32/float64 inputs take one numba pass
+    that computes the frame in float64 (with numba installed); otherwise the
+    torch operations run in the input dtype.
 
     Args:
         xyz: ``(..., N, 3)`` Cartesian coordinates.
@@ -338,6 +341,10 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
             "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
         )
     s = info.n_seeded
+    kernel = fused_pose.extract(x, info.seeds, info.has_second, info.has_third, EPS)
+    if kernel is not None:  # nothing to differentiate: one numba pass instead of ~35 small torch ops
+        rot, x0 = kernel
+        return Pose(rot.squeeze(-3), x0.squeeze(-2)) if info.squeeze else Pose(rot, x0)
     if info.squeeze:  # one component: three views, no gather (index_select on dim -2 costs ~70 us)
         x0, x1, x2 = (x.narrow(-2, k, 1) for k in info.seeds.tolist())
     else:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ._convert import to_cartesian, to_internal
+from ._pose import extract_pose
 from ._table import ConstructionTable
 
 __all__ = ["PASSES", "warmup"]
@@ -68,6 +69,7 @@ def _inverse(table: ConstructionTable, n: int, dtype: torch.dtype, second: bool)
     b, a, d = _inputs(n, dtype)
     x = to_cartesian(b, a, d, table, method="fused").detach().requires_grad_()
     ic = to_internal(x, table, method="fused")
+    extract_pose(x.detach(), table)  # the pose's kernel (nothing to differentiate)
     q = ic.bonds.sum() + ic.angles.sin().sum() + ic.dihedrals.sin().sum()
     (g,) = torch.autograd.grad(q, x, create_graph=second)
     if second:

@@ -44,6 +44,7 @@ def _event(module: str, name: str, args: tuple[Any, ...], cache_path: str = "/ca
             "to_cartesian backward, per sample, threaded, float64",
         ),
         ("batched_nerf.engines.fused.cpu.trig", "_trig_items", ("float32",), "cos/sin, float32"),
+        ("batched_nerf.engines.fused.cpu.pose", "_extract_items", ("float64",), "extract_pose, float64"),
         (
             "batched_nerf.engines.fused.cpu.inverse",
             "_vjp_rows",

@@ -191,3 +191,50 @@ def test_a_table_first_posed_under_inference_mode_trains_afterwards() -> None:
         out = bn.to_cartesian(b, a, d, table, method=method, rotation=r, translation=tr)
         (g,) = torch.autograd.grad(out.square().sum(), r, create_graph=True)
         g.square().sum().backward()
+
+
+# ------------------------------------------------------------------ extract_pose's kernel
+def _extract_cases() -> dict[str, bn.ConstructionTable]:
+    one, two = bn.ConstructionTable([[-1, -1, -1]]), bn.ConstructionTable([[-1, -1, -1], [0, -1, -1]])
+    short = bn.pack_tables([one, bn.ConstructionTable.chain(4), two])
+    return {**_tables(), "one- and two-atom components": short}
+
+
+@pytest.mark.parametrize("name", list(_extract_cases()))
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_extract_pose_kernel_equals_the_torch_frame(name: str, dtype: torch.dtype, monkeypatch) -> None:
+    """Without anything to differentiate extract_pose is one kernel pass: the torch frame's values,
+    NaN where a seed is NaN, zero frames at coincident seeds, lab axes for short components."""
+    table = _extract_cases()[name]
+    x = torch.randn(3, 2, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(5)).to(dtype)
+    x[0, 0, 1] = x[0, 0, 0]  # coincident root and second seed
+    x[1, 0] = 0.0  # every atom at the origin
+    x[2, 1, :, 0] = float("nan")  # every seed's x NaN: every translation's x, every frame of 2+ atoms
+    calls = []
+    kernel = pose_kernels.extract
+    monkeypatch.setattr(pose_kernels, "extract", lambda *a: calls.append(1) or kernel(*a))
+    fast = bn.extract_pose(x, table)
+    assert calls == [1]
+    slow = bn.extract_pose(x.clone().requires_grad_(True), table)  # the torch operations
+    assert calls == [1]
+    tol = {"atol": 1e-6, "rtol": 0} if dtype == torch.float32 else {"atol": 1e-14, "rtol": 0}
+    torch.testing.assert_close(fast.rotation, slow.rotation.detach(), equal_nan=True, **tol)
+    torch.testing.assert_close(fast.translation, slow.translation.detach(), equal_nan=True, atol=0, rtol=0)
+    assert fast.rotation.dtype == dtype and fast.rotation.shape == slow.rotation.shape
+    assert fast.translation[2, 1][..., 0].isnan().all() and fast.rotation[2, 1].isnan().any()
+    assert not fast.rotation[2, 0].isnan().any()
+
+
+def test_extract_pose_takes_the_torch_frame_whenever_something_is_differentiated(monkeypatch) -> None:
+    table = bn.data.load("alanine_dipeptide").table
+    x = torch.randn(4, table.n_atoms, 3, dtype=F64)
+    monkeypatch.setattr(pose_kernels, "extract", lambda *a: pytest.fail("the kernel ran"))
+    leaf = x.clone().requires_grad_(True)
+    bn.extract_pose(leaf, table).rotation.sum().backward()  # a gradient
+    assert leaf.grad is not None and leaf.grad.abs().sum() > 0
+    jac = torch.func.jacrev(lambda y: bn.extract_pose(y, table).rotation)(x[0])  # a torch.func wrapper
+    assert jac.shape == (3, 3, table.n_atoms, 3)
+    with torch.autograd.forward_ad.dual_level():  # a tangent
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        tangent = torch.autograd.forward_ad.unpack_dual(bn.extract_pose(dual, table).translation).tangent
+    assert tangent is not None and torch.equal(tangent, torch.ones(4, 3, dtype=F64))

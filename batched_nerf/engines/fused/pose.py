@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from ..._geometry import cross, dot
-from ..backends import require
+from ..backends import available, require
 from ..function import Function, save
 from .build import _front, _np, _plain
 
-__all__ = ["FusedPose", "FusedPoseVJP", "move", "reference"]
+__all__ = ["FusedPose", "FusedPoseVJP", "extract", "move", "reference"]
 
 
 def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
@@ -127,3 +127,21 @@ def move(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
     if _plain(x, rot, tr):
         return _move_kernel(x, rot, tr, slot)
     return FusedPose.apply(x, rot, tr, slot)
+
+
+def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Tensor, Tensor] | None:
+    """Pose ``(rot (..., S, 3, 3), tr (..., S, 3))`` of ``x`` ``(..., N, 3)`` in one kernel pass, or None.
+
+    None (the caller takes the torch operations) unless the kernel can serve
+    the call exactly: a CPU float32/float64 tensor with nothing to
+    differentiate (no gradient, tangent or ``torch.func`` wrapper), numba
+    installed, not under ``torch.compile``. Arguments: see :func:`.cpu.pose.extract`.
+    """
+    ok = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    if not ok or torch.compiler.is_compiling() or not available("cpu") or not _plain(x):
+        return None
+    lead, n = x.shape[:-2], x.shape[-2]
+    flat = _np(x.reshape(-1, n, 3))
+    rot, tr = _kernel().extract(flat, seeds, has2, has3, eps)
+    s = rot.shape[1]
+    return torch.from_numpy(rot).reshape(*lead, s, 3, 3), torch.from_numpy(tr).reshape(*lead, s, 3)

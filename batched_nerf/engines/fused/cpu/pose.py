@@ -13,6 +13,10 @@ float64 arithmetic, inputs and ``gx`` in the coordinates' dtype, ``gR`` and
 ``gt`` summed and returned in float64. Samples are split over the threads from
 :data:`SERIAL_WORK` atom-samples on.
 
+:func:`extract` is the inverse, the pose of each seeded component from its seed
+atoms (:func:`batched_nerf.extract_pose`'s Gram-Schmidt frame), for calls with
+nothing to differentiate.
+
 Arrays: ``x``, ``out``, ``g``, ``gx`` ``(B, N, 3)``; ``rot`` ``(B, S, 3, 3)``;
 ``tr`` ``(B, S, 3)``; ``slot`` ``(N,)`` int64; ``grot`` ``(B, S, 3, 3)`` and
 ``gtr`` ``(B, S, 3)`` float64; all C-contiguous.
@@ -24,7 +28,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["move", "move_vjp"]
+__all__ = ["extract", "move", "move_vjp"]
 
 #: Below this many atom-samples a call runs on the calling thread.
 SERIAL_WORK = 65536
@@ -157,3 +161,56 @@ def move_vjp(
     else:
         _vjp_items(0, 1, g, x, rot, slot, gx, grot, gtr)
     return gx, grot, gtr
+
+
+@njit(inline="always")
+def _unit(v0, v1, v2, eps):
+    """``v / max(|v|, eps)``; a NaN norm divides every component (NaN stays NaN, as torch's clamp)."""
+    n = np.sqrt(v0 * v0 + v1 * v1 + v2 * v2)
+    d = eps if n < eps else n
+    return v0 / d, v1 / d, v2 / d
+
+
+@njit(cache=True, error_model="numpy")
+def _extract_items(x, seeds, has2, has3, eps, rot, tr):
+    """Frame and root of every seeded component of every sample (see :func:`extract`)."""
+    n_s = has2.shape[0]
+    for b in range(x.shape[0]):
+        xb = x[b]
+        for s in range(n_s):
+            o, p, q = seeds[s], seeds[n_s + s], seeds[2 * n_s + s]
+            o0, o1, o2 = np.float64(xb[o, 0]), np.float64(xb[o, 1]), np.float64(xb[o, 2])
+            if has2[s]:
+                a0, a1, a2 = _unit(xb[p, 0] - o0, xb[p, 1] - o1, xb[p, 2] - o2, eps)
+            else:
+                a0, a1, a2 = 1.0, 0.0, 0.0
+            if has3[s]:
+                v0, v1, v2 = xb[q, 0] - o0, xb[q, 1] - o1, xb[q, 2] - o2
+            elif has2[s] and abs(a2) < 0.9:  # the lab axis least parallel to e1
+                v0, v1, v2 = 0.0, 0.0, 1.0
+            else:
+                v0, v1, v2 = 0.0, 1.0, 0.0
+            k = v0 * a0 + v1 * a1 + v2 * a2
+            c0, c1, c2 = _unit(v0 - k * a0, v1 - k * a1, v2 - k * a2, eps)
+            r = rot[b, s]
+            r[0, 0], r[1, 0], r[2, 0] = a0, a1, a2
+            r[0, 1], r[1, 1], r[2, 1] = c0, c1, c2
+            r[0, 2], r[1, 2], r[2, 2] = a1 * c2 - a2 * c1, a2 * c0 - a0 * c2, a0 * c1 - a1 * c0
+            tr[b, s, 0], tr[b, s, 1], tr[b, s, 2] = o0, o1, o2
+
+
+def extract(
+    x: np.ndarray, seeds: np.ndarray, has2: np.ndarray, has3: np.ndarray, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``rot`` ``(B, S, 3, 3)`` and ``tr`` ``(B, S, 3)`` (``x``'s dtype) of ``x`` ``(B, N, 3)``.
+
+    ``seeds`` ``(3 S,)``: root, second and third seed atom of each component
+    (the root where it has fewer); ``has2``, ``has3`` ``(S,)`` bool. Computed in
+    float64: ``e1 = (x_s - x_o) / max(|x_s - x_o|, eps)``, ``e2`` the normalised
+    part of ``x_t - x_o`` orthogonal to ``e1`` (a lab axis for components without a
+    third atom), ``e3 = e1 x e2``; the translation is ``x_o``. One thread: ``O(B S)``.
+    """
+    rot = np.empty((x.shape[0], has2.shape[0], 3, 3), dtype=x.dtype)
+    tr = np.empty((x.shape[0], has2.shape[0], 3), dtype=x.dtype)
+    _extract_items(x, seeds, has2, has3, eps, rot, tr)
+    return rot, tr
