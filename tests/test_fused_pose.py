@@ -91,6 +91,31 @@ def test_fused_to_cartesian_runs_the_pose_kernel(monkeypatch: pytest.MonkeyPatch
     assert calls == ["move", "move_vjp"]
 
 
+def test_a_build_without_gradients_is_posed_in_place_unless_the_pose_broadcasts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No gradient: the kernel overwrites the build's own output (no second buffer); a pose with more
+    samples than the build (the output broadcast) gets a new array. Values as apply_pose's."""
+    seen = []
+    real = pose_kernels.move
+    monkeypatch.setattr(pose_kernels, "move", lambda x, *a: seen.append(a[3] is x) or real(x, *a))
+    table = _tables()["three components, one anchored"]
+    b, a, d, fixed = _internal(table, 5, F64, 7)
+    rot, tr = _pose(table, 5, F64, 8)
+    bare = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused")
+    with torch.no_grad():
+        got = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", rotation=rot, translation=tr)
+        wide = bn.to_cartesian(
+            b[0], a[0], d[0], table, fixed_xyz=fixed[0], method="fused", rotation=rot, translation=tr
+        )
+    assert seen == [True, False]
+    want = apply_pose(bare, table, rotation=rot, translation=tr)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        wide, apply_pose(bare[0], table, rotation=rot, translation=tr), rtol=0, atol=1e-12
+    )
+
+
 @pytest.mark.parametrize("name", list(_tables()))
 def test_fused_pose_derivatives(name: str) -> None:
     """gradcheck and gradgradcheck in the internal coordinates, the rotation and the translation."""

@@ -137,9 +137,15 @@ def _threads(x: np.ndarray) -> int:
     return max(1, min(numba.get_num_threads(), x.shape[0]))
 
 
-def move(x: np.ndarray, rot: np.ndarray, tr: np.ndarray, slot: np.ndarray) -> np.ndarray:
-    """``(B, N, 3)`` posed coordinates (``x``'s dtype); shapes in the module docstring."""
-    out = np.empty_like(x)
+def move(
+    x: np.ndarray, rot: np.ndarray, tr: np.ndarray, slot: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``(B, N, 3)`` posed coordinates (``x``'s dtype); shapes in the module docstring.
+
+    ``out`` may be ``x`` itself (in place: each atom is read before it is written, from its own
+    coordinates only); default a new array.
+    """
+    out = np.empty_like(x) if out is None else out
     nt = _threads(x)
     if nt > 1:
         _move_parallel(x, rot, tr, slot, out, nt)
