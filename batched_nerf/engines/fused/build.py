@@ -56,6 +56,7 @@ from ..function import Function, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
+from . import workspace
 
 __all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
 
@@ -208,14 +209,15 @@ def _np(t: Tensor) -> np.ndarray:
     return t.detach().contiguous().numpy()
 
 
-def trig(angles: Tensor, dihedrals: Tensor) -> np.ndarray:
+def trig(angles: Tensor, dihedrals: Tensor, out: np.ndarray | None = None) -> np.ndarray:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
     One vectorised numba loop over the values (:mod:`.cpu.trig`, within
     2 ulp of libm) instead of a scalar libm call per atom inside the kernels:
     the forward kernel's transcendental functions were a third of its time.
+    ``out``: ``4 B N`` float64 values to write into (:mod:`.workspace`).
     """
-    return require("cpu").trig(_np(angles), _np(dihedrals))
+    return require("cpu").trig(_np(angles), _np(dihedrals), out)
 
 
 class Turns:
@@ -417,7 +419,11 @@ def build_fused(
     else:
         f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
     if _plain(b, a, d, f):
-        return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
+        if getattr(require(b.device.type), "TENSORS", False):
+            return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
+        with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
+            turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
+            return _forward_kernel(plan, b, a, d, f, turns).reshape(*batch, n, 3)
     return FusedBuild.apply(b, a, d, f, plan, _turns(a, d)).reshape(*batch, n, 3)
 
 

@@ -97,13 +97,14 @@ def _trig_parallel(angles, dihedrals, out, nt):
         _trig_items(t, nt, angles, dihedrals, out)
 
 
-def trig(angles: np.ndarray, dihedrals: np.ndarray) -> np.ndarray:
+def trig(angles: np.ndarray, dihedrals: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``(4, *shape)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)``.
 
     ``angles`` and ``dihedrals``: C-contiguous float32 or float64 arrays of one
-    shape, in radians.
+    shape, in radians. ``out``: a C-contiguous float64 array of ``4 * size``
+    values to write into (returned reshaped); default a new one.
     """
-    out = np.empty((4, *angles.shape))
+    out = np.empty((4, *angles.shape)) if out is None else out.reshape(4, *angles.shape)
     _run(_trig_items, _trig_parallel, angles.reshape(-1), dihedrals.reshape(-1), out.reshape(4, -1))
     return out
 
