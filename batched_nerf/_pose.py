@@ -178,7 +178,8 @@ def posed(
     xyz: Tensor, table: ConstructionTable, rotation: Tensor | None, translation: Tensor | None, fused: bool
 ) -> Tensor:
     """:func:`apply_pose`; with ``fused`` (a fused CPU build's output) one numba pass where it can run
-    (CPU, float32/float64, not under ``torch.compile``), else the torch operations."""
+    (:func:`.engines.fused.pose.kernel_runs`), written into ``xyz`` itself when nothing is
+    differentiated, else the torch operations."""
     x = check_xyz(xyz, check_table(table))
     if rotation is None and translation is None:
         return x
@@ -221,9 +222,8 @@ def posed(
             f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
             "do not broadcast"
         ) from None
-    kernel = fused and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-    if kernel and not torch.compiler.is_compiling():
-        return _move_fused(x, rot, tr, info, batch, inplace=True)
+    if fused and fused_pose.kernel_runs(x):
+        return _move_fused(x, rot, tr, info, batch)
     if not info.squeeze:  # R_c x + t_c per atom, NaN for an improper R_c (the kernel's reference)
         rot, tr = rot.expand(*batch, s, 3, 3), tr.expand(*batch, s, 3)
         return fused_pose.reference(x, rot, tr, _slot(info, dev))
@@ -255,13 +255,11 @@ def _move_one(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo) -> Tensor:
     return torch.where(torch.as_tensor(info.anchored, device=x.device).unsqueeze(-1), x, out)
 
 
-def _move_fused(
-    x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size, inplace: bool = False
-) -> Tensor:
+def _move_fused(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:
     """``R_c x + t_c`` (NaN for ``det R_c < 0``) in one kernel pass (:mod:`.engines.fused.pose`):
     ``x (..., N, 3)``, ``rot (..., S, 3, 3)``, ``tr (..., S, 3)``, broadcast to ``batch``.
-    ``inplace``: ``x`` is a build's own output, which the kernel may overwrite when it has the
-    whole batch shape (see :func:`.engines.fused.pose.move`)."""
+    ``x`` is a fused build's own output, which the kernel overwrites when it has the whole batch
+    shape (see :func:`.engines.fused.pose.move`)."""
     n, s = x.shape[-2], info.n_seeded
     m = math.prod(batch)
     out = fused_pose.move(
@@ -269,7 +267,7 @@ def _move_fused(
         rot.expand(*batch, s, 3, 3).reshape(m, s, 3, 3),
         tr.expand(*batch, s, 3).reshape(m, s, 3),
         _slot(info, x.device),
-        inplace=inplace and x.shape[:-2] == batch,
+        inplace=x.shape[:-2] == batch,
     )
     return out.reshape(*batch, n, 3)
 

@@ -410,8 +410,9 @@ def build_fused(
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
         return build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
-    if getattr(require(bonds.device.type), "TENSORS", False):  # Triton: NaN for negative bonds here
-        bonds = nan_negative_bonds(bonds)  # (the numba kernels do it per atom)
+    triton = getattr(require(bonds.device.type), "TENSORS", False)  # kernels on device tensors
+    if triton:  # Triton: NaN for negative bonds here (the numba kernels do it per atom)
+        bonds = nan_negative_bonds(bonds)
     m = math.prod(batch)
     b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))
     if fixed_xyz is None:
@@ -419,7 +420,7 @@ def build_fused(
     else:
         f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
     if _plain(b, a, d, f):
-        if getattr(require(b.device.type), "TENSORS", False):
+        if triton:
             return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
             turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
