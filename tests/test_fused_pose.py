@@ -31,7 +31,16 @@ def _tables() -> dict[str, bn.ConstructionTable]:
     return {
         "one component": bn.data.load("alanine_dipeptide").table,
         "three components, one anchored": bn.pack_tables([chain, anchored, bn.ConstructionTable.chain(2)]),
+        "interleaved components and anchored atoms": bn.ConstructionTable(_INTERLEAVED, fixed=[1, 3, 5]),
     }
+
+
+# two seeded components (A: 0 2 4 7 12, B: 8 9 11) and anchored atoms (6, 10) taking turns, so
+# that the kernels' runs of atoms of one component are short and every component has several
+_INTERLEAVED = [
+    [-1, -1, -1], [-1, -1, -1], [0, -1, -1], [-1, -1, -1], [2, 0, -1], [-1, -1, -1], [1, 3, 5],
+    [4, 2, 0], [-1, -1, -1], [8, -1, -1], [6, 1, 3], [9, 8, -1], [7, 4, 2],
+]  # fmt: skip
 
 
 def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed: int):

@@ -42,20 +42,22 @@ from numba import njit, prange
 from . import inverse_blocks as blocks
 from .inverse_rows import (
     _ZERO3,
-    _angle_args,
+    INLINED,
     _angle_grad,
     _axpy,
     _bond_grad,
     _dangle_grad,
     _dbond_grad,
     _ddihedral_grad,
-    _dihedral_args,
     _dihedral_grad,
-    _norm,
     _scale,
-    _sub,
 )
 from .trig import angles
+
+# the forward's loop inlines its formulas (compiled separately, each call would stay a call)
+_angle_args, _dihedral_args, _norm, _sub = (
+    INLINED[k] for k in ("_angle_args", "_dihedral_args", "_norm", "_sub")
+)
 
 __all__ = ["angles", "forward", "second", "vjp"]
 

@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from .blocks import LANES, TILE, lanes
-from .inverse_rows import _angle_grad, _bond_grad, _datan2_grad, _dihedral_grad
+from .inverse_rows import INLINED
 
 __all__ = ["second_items", "second_parallel", "vjp_items", "vjp_parallel"]
 
@@ -35,6 +35,9 @@ _jit = njit(cache=True, error_model="numpy")
 #: Scalar helpers of one sample, inlined into each loop by numba itself (left to LLVM, the
 #: call stays and the loop is not vectorised).
 _inline = njit(inline="always", error_model="numpy")
+_angle_grad, _bond_grad, _datan2_grad, _dihedral_grad = (
+    INLINED[k] for k in ("_angle_grad", "_bond_grad", "_datan2_grad", "_dihedral_grad")
+)
 
 
 @_jit

@@ -11,7 +11,11 @@ and the vjp of ``sum(g * out)``: ``gx = R^T g``, ``gR = sum_i g x^T``,
 rotation's atoms, as the reference's ``where`` gives). One pass over the atoms,
 float64 arithmetic, inputs and ``gx`` in the coordinates' dtype, ``gR`` and
 ``gt`` summed and returned in float64. Samples are split over the threads from
-:data:`SERIAL_WORK` atom-samples on.
+:data:`SERIAL_WORK` atom-samples on. Both loops walk runs of consecutive atoms of
+one slot (:func:`_runs`; one run per component in most tables), with the pose and
+the run's sums in registers rather than a lookup per atom and a sum in memory
+(alanine dipeptide x 4,096, float32, 2 threads: pose 0.14-0.28 -> 0.13-0.20 ms, vjp
+0.33-0.63 -> 0.24-0.35 ms).
 
 :func:`extract` is the inverse, the pose of each seeded component from its seed
 atoms (:func:`batched_nerf.extract_pose`'s Gram-Schmidt frame), for calls with
@@ -57,24 +61,47 @@ def _pose_rows(rot, tr, lo, hi, rows):
                 q[9 + k] = tr[b, s, k] + nan
 
 
+@njit(cache=True)
+def _runs(slot):
+    """``(R, 3)`` int64: the maximal runs ``(first, last + 1, slot)`` of consecutive atoms of one slot
+    (components are contiguous in most tables: one run each, a tight loop with the pose in registers)."""
+    n = slot.shape[0]
+    runs = np.empty((n, 3), dtype=np.int64)
+    r = 0
+    for i in range(n):
+        if i == 0 or slot[i] != slot[i - 1]:
+            runs[r, 0], runs[r, 2] = i, slot[i]
+            if r:
+                runs[r - 1, 1] = i
+            r += 1
+    if r:
+        runs[r - 1, 1] = n
+    return runs[:r]
+
+
 @njit(cache=True, error_model="numpy")
 def _move_items(t, nt, x, rot, tr, slot, out):
-    n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
+    n_b, s_all = x.shape[0], rot.shape[1]
     lo, hi = n_b * t // nt, n_b * (t + 1) // nt
     rows = np.empty((hi - lo, s_all, 12))
     _pose_rows(rot, tr, lo, hi, rows)
+    runs = _runs(slot)
     for b in range(lo, hi):
         xb, ob, rb = x[b], out[b], rows[b - lo]
-        for i in range(n):
-            s = slot[i]
-            x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+        for k in range(runs.shape[0]):
+            i0, i1, s = runs[k, 0], runs[k, 1], runs[k, 2]
             if s == s_all:  # anchored: copied
-                ob[i, 0], ob[i, 1], ob[i, 2] = x0, x1, x2
+                for i in range(i0, i1):
+                    ob[i, 0], ob[i, 1], ob[i, 2] = xb[i, 0], xb[i, 1], xb[i, 2]
                 continue
             q = rb[s]
-            ob[i, 0] = q[0] * x0 + q[1] * x1 + q[2] * x2 + q[9]
-            ob[i, 1] = q[3] * x0 + q[4] * x1 + q[5] * x2 + q[10]
-            ob[i, 2] = q[6] * x0 + q[7] * x1 + q[8] * x2 + q[11]
+            q0, q1, q2, q3, q4, q5, q6, q7, q8 = q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], q[8]
+            t0, t1, t2 = q[9], q[10], q[11]
+            for i in range(i0, i1):
+                x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+                ob[i, 0] = q0 * x0 + q1 * x1 + q2 * x2 + t0
+                ob[i, 1] = q3 * x0 + q4 * x1 + q5 * x2 + t1
+                ob[i, 2] = q6 * x0 + q7 * x1 + q8 * x2 + t2
 
 
 @njit(cache=True, parallel=True)
@@ -85,44 +112,59 @@ def _move_parallel(x, rot, tr, slot, out, nt):
 
 @njit(cache=True, error_model="numpy")
 def _vjp_items(t, nt, g, x, rot, slot, gx, grot, gtr):
-    n_b, n, s_all = x.shape[0], x.shape[1], rot.shape[1]
-    proper = np.empty(s_all, dtype=np.bool_)
-    for b in range(n_b * t // nt, n_b * (t + 1) // nt):
+    s_all = rot.shape[1]
+    runs = _runs(slot)
+    for b in range(x.shape[0] * t // nt, x.shape[0] * (t + 1) // nt):
         gb, xb, rb, gxb, grb, gtb = g[b], x[b], rot[b], gx[b], grot[b], gtr[b]
         grb[:] = 0.0
         gtb[:] = 0.0
-        for s in range(s_all):  # det >= 0 once per component (False for a NaN determinant)
-            proper[s] = _det(rb[s]) >= 0.0
-        for i in range(n):
-            s = slot[i]
-            g0, g1, g2 = np.float64(gb[i, 0]), np.float64(gb[i, 1]), np.float64(gb[i, 2])
-            if s == s_all:
-                gxb[i, 0], gxb[i, 1], gxb[i, 2] = g0, g1, g2
-                continue
-            if not proper[s]:  # the output is NaN there, with zero gradient (the reference's where)
-                gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
+        for k in range(runs.shape[0]):
+            i0, i1, s = runs[k, 0], runs[k, 1], runs[k, 2]
+            if s == s_all:  # anchored: the gradient passes through
+                for i in range(i0, i1):
+                    gxb[i, 0], gxb[i, 1], gxb[i, 2] = gb[i, 0], gb[i, 1], gb[i, 2]
                 continue
             r = rb[s]
+            if not _det(r) >= 0.0:  # NaN output there, with zero gradient (the reference's where)
+                for i in range(i0, i1):
+                    gxb[i, 0], gxb[i, 1], gxb[i, 2] = 0.0, 0.0, 0.0
+                continue
             r00, r01, r02 = np.float64(r[0, 0]), np.float64(r[0, 1]), np.float64(r[0, 2])
             r10, r11, r12 = np.float64(r[1, 0]), np.float64(r[1, 1]), np.float64(r[1, 2])
             r20, r21, r22 = np.float64(r[2, 0]), np.float64(r[2, 1]), np.float64(r[2, 2])
-            gxb[i, 0] = r00 * g0 + r10 * g1 + r20 * g2
-            gxb[i, 1] = r01 * g0 + r11 * g1 + r21 * g2
-            gxb[i, 2] = r02 * g0 + r12 * g1 + r22 * g2
-            x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+            a00, a01, a02, a10, a11, a12, a20, a21, a22 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+            c0, c1, c2 = 0.0, 0.0, 0.0
+            for i in range(i0, i1):  # the run's sums in registers
+                g0, g1, g2 = np.float64(gb[i, 0]), np.float64(gb[i, 1]), np.float64(gb[i, 2])
+                gxb[i, 0] = r00 * g0 + r10 * g1 + r20 * g2
+                gxb[i, 1] = r01 * g0 + r11 * g1 + r21 * g2
+                gxb[i, 2] = r02 * g0 + r12 * g1 + r22 * g2
+                x0, x1, x2 = np.float64(xb[i, 0]), np.float64(xb[i, 1]), np.float64(xb[i, 2])
+                a00 += g0 * x0
+                a01 += g0 * x1
+                a02 += g0 * x2
+                a10 += g1 * x0
+                a11 += g1 * x1
+                a12 += g1 * x2
+                a20 += g2 * x0
+                a21 += g2 * x1
+                a22 += g2 * x2
+                c0 += g0
+                c1 += g1
+                c2 += g2
             q = grb[s]
-            q[0, 0] += g0 * x0
-            q[0, 1] += g0 * x1
-            q[0, 2] += g0 * x2
-            q[1, 0] += g1 * x0
-            q[1, 1] += g1 * x1
-            q[1, 2] += g1 * x2
-            q[2, 0] += g2 * x0
-            q[2, 1] += g2 * x1
-            q[2, 2] += g2 * x2
-            gtb[s, 0] += g0
-            gtb[s, 1] += g1
-            gtb[s, 2] += g2
+            q[0, 0] += a00
+            q[0, 1] += a01
+            q[0, 2] += a02
+            q[1, 0] += a10
+            q[1, 1] += a11
+            q[1, 2] += a12
+            q[2, 0] += a20
+            q[2, 1] += a21
+            q[2, 2] += a22
+            gtb[s, 0] += c0
+            gtb[s, 1] += c1
+            gtb[s, 2] += c2
 
 
 @njit(cache=True, parallel=True)
