@@ -211,16 +211,18 @@ def warmup(
     import numba
 
     from .engines.fused.cpu import cache as fused_compile
+    from .engines.fused.cpu import tiers
 
     threads = numba.get_num_threads() if threaded else 1
     steps = _steps(dtypes, passes, threads)
     before, t0 = len(fused_compile.COMPILES), time.perf_counter()
     bar = _Bar(len(steps), progress)
     try:
-        for label, run in steps:
-            bar.start(label)
-            run()
-            bar.done()
+        with tiers.always():  # every layout, blocked ones included (no tiered compilation)
+            for label, run in steps:
+                bar.start(label)
+                run()
+                bar.done()
     finally:
         bar.close()
     return {

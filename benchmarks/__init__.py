@@ -17,4 +17,11 @@ Modules, from the ground up:
 * ``benchmarks/run.py``: the command line.
 
 batched_nerf is used only through its public API (``import batched_nerf as bn``).
+Timings are of the kernels the dispatch rule picks, so tiered compilation is off
+(``BATCHED_NERF_TIERED=0``: a blocked kernel compiles on its first call, as after
+``batched-nerf warmup``; ``benchmarks/first_use.py`` measures the default).
 """
+
+import os
+
+os.environ.setdefault("BATCHED_NERF_TIERED", "0")

@@ -3,7 +3,11 @@
 (a) the committor pattern (builder ``to_cartesian`` forward + backward, then ``to_internal``
 with a ``create_graph=True`` gradient and its backward) at 1 sample, then at 64 samples;
 (b) a first forward-only ``to_cartesian``; (c) after ``batched_nerf.warmup()`` into the same
-(then warm) cache, the committor pattern's first call in a new process.
+(then warm) cache, the committor pattern's first call in a new process. (a) runs with the
+default tiered compilation (the 64-sample calls take the per-sample kernels until the blocked
+ones are cached or have become worth their compile, ``batched_nerf/engines/fused/cpu/tiers.py``);
+``a_untiered_total_s`` is (a) with ``BATCHED_NERF_TIERED=0``, every blocked kernel compiled at
+its first call.
 Targets: (a) <= 10 s total, (b) <= 3 s, (c) < 1 s. Timings on a shared machine are noisy.
 
 Run: ``python benchmarks/first_use.py`` (minutes: everything compiles from scratch).
@@ -55,8 +59,11 @@ print("RESULT", json.dumps(out))
 """
 
 
-def _run(cache: str, *what: str) -> dict[str, float]:
+def _run(cache: str, *what: str, tiered: bool = True) -> dict[str, float]:
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    env.pop("BATCHED_NERF_TIERED", None)  # the default: tiered compilation of the blocked kernels
+    if not tiered:
+        env["BATCHED_NERF_TIERED"] = "0"
     proc = subprocess.run(
         [sys.executable, "-c", _PATTERN, *what], env=env, capture_output=True, text=True, check=True
     )
@@ -66,6 +73,8 @@ def _run(cache: str, *what: str) -> dict[str, float]:
 
 def main() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        with tempfile.TemporaryDirectory() as c:
+            untiered = _run(c, "committor:1", "committor:64", tiered=False)
         cold = _run(a, "committor:1", "committor:64")
         first_forward = _run(b, "forward:1")
         env = dict(os.environ, NUMBA_CACHE_DIR=b, PYTHONPATH=str(ROOT))
@@ -76,6 +85,7 @@ def main() -> dict[str, float]:
         "a_committor_1_s": cold["committor:1"],
         "a_committor_64_s": cold["committor:64"],
         "a_total_s": cold["committor:1"] + cold["committor:64"],
+        "a_untiered_total_s": untiered["committor:1"] + untiered["committor:64"],
         "b_first_forward_s": first_forward["forward:1"],
         "c_after_warmup_first_call_s": warm["committor:1"],
         "c_after_warmup_64_s": warm["committor:64"],

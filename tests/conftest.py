@@ -24,6 +24,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The blocked CPU kernels run wherever the dispatch rule picks them, compiled on first use (no
+# tiered compilation, engines/fused/cpu/tiers.py): the tests of those kernels must run them on a
+# cold cache too; tests/test_tiers.py turns tiering on where it tests it.
+os.environ.setdefault("BATCHED_NERF_TIERED", "0")
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 #: Every engine `to_cartesian` can dispatch to; every core test runs on each.
 #: (``fused`` where numba is installed: ``pip install -e ".[test]"`` brings it; tests/test_fused.py

@@ -52,7 +52,7 @@ from .samples import (
     _placement,
 )
 
-__all__ = ["LANES", "blocks_backward", "blocks_forward", "lanes"]
+__all__ = ["LANES", "backward_call", "forward_call", "lanes"]
 
 #: Samples per block: the trip count of every loop (a compile-time constant; 16 / 32 / 64
 #: measured, 32 the fastest on 22- to 512-atom units).
@@ -244,13 +244,13 @@ def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask):
         _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask)
 
 
-def blocks_forward(p, starts, bonds, trig, fixed, out, nt, width, reach):  # type: ignore[no-untyped-def]
-    """Positions into ``out`` on ``nt`` threads (arguments as :func:`.build.forward`'s)."""
+def forward_call(p, starts, bonds, trig, fixed, out, nt, width, reach):  # type: ignore[no-untyped-def]
+    """``(kernel, args)``: ``kernel(*args)`` writes the positions into ``out`` on ``nt`` threads
+    (arguments as :func:`.build.forward`'s)."""
     rows, mask = _ring(reach, width)
     if nt > 1:
-        _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask)
-    else:  # on this thread: no thread-pool round trip
-        _blocks_items(0, 1, p, starts, bonds, trig, fixed, out, rows, mask)
+        return _blocks_parallel, (p, starts, bonds, trig, fixed, out, nt, rows, mask)
+    return _blocks_items, (0, 1, p, starts, bonds, trig, fixed, out, rows, mask)  # no thread-pool round trip
 
 
 # ------------------------------------------------------------------ backward
@@ -448,10 +448,10 @@ def _blocks_backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, g
         _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width)
 
 
-def blocks_backward(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):  # type: ignore[no-untyped-def]
-    """Input gradients into ``gb, ga, gd, gf`` on ``nt`` threads (as :func:`.build.backward`'s)."""
+def backward_call(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):  # type: ignore[no-untyped-def]
+    """``(kernel, args)``: ``kernel(*args)`` writes the input gradients into ``gb, ga, gd, gf`` on
+    ``nt`` threads (arguments as :func:`.build.backward`'s)."""
     args = (p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf)
     if nt > 1:
-        _blocks_backward_parallel(*args, nt, width)
-    else:
-        _blocks_backward_items(0, 1, *args, width)
+        return _blocks_backward_parallel, (*args, nt, width)
+    return _blocks_backward_items, (0, 1, *args, width)

@@ -6,7 +6,8 @@ being a run of whole components in build order,
 :func:`batched_nerf.engines.fused.build.fused_plan`) and, from :data:`BLOCK_MIN`
 samples on (units of at most :data:`FORWARD_MAX_WIDTH` /
 :data:`BACKWARD_MAX_WIDTH` atoms, enough blocks for the threads), blocks of
-samples innermost (:mod:`.blocks`, vectorised across samples). Small calls and calls
+samples innermost (:mod:`.blocks`, vectorised across samples), once compiled or cached
+(:mod:`.tiers`: until then the per-sample kernels). Small calls and calls
 with a single work item run on the calling thread (a round trip through numba's
 thread pool can cost a scheduler time slice on a busy machine). Every frame and
 position is kept in float64 scratch per thread (``O(unit size)``); inputs and
@@ -41,8 +42,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import pose
-from .blocks import LANES, blocks_backward, blocks_forward
+from . import pose, tiers
+from .blocks import LANES, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 from .trig import trig
 
@@ -96,14 +97,23 @@ def forward(
     n_samples, n_atoms = bonds.shape
     out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
+
+    def per_sample() -> None:
+        if nt > 1:
+            _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
+        else:  # the same loop on this thread: no thread-pool round trip
+            X, F, T = np.empty((width, 3)), np.empty((width, 9)), np.empty((width, 4))
+            _forward_items(0, 1, index, starts, bonds, trig, fixed, out, X, F, T)
+
     if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
-        nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        blocks_forward(index, starts, bonds, trig, fixed, out, nt, width, reach)
-    elif nt > 1:
-        _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
-    else:  # the same loop on this thread: no thread-pool round trip
-        X, F, T = np.empty((width, 3)), np.empty((width, 9)), np.empty((width, 4))
-        _forward_items(0, 1, index, starts, bonds, trig, fixed, out, X, F, T)
+        nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
+        kernel, args = forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach)
+        if not tiers.ready(kernel, args):  # not compiled yet, and not worth it yet
+            tiers.timed(kernel, args, per_sample)
+            return out
+        kernel(*args)
+    else:
+        per_sample()
     return out
 
 
@@ -125,13 +135,22 @@ def backward(
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
     args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
+
+    def per_sample() -> None:
+        if nt > 1:
+            _backward_parallel(*args, nt, width)
+        else:
+            shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4))
+            S = tuple(np.empty(shape) for shape in shapes)
+            _backward_items(0, 1, *args, S)
+
     if _blocked(n_samples, width, starts.size - 1, nt, BACKWARD_MAX_WIDTH):
-        nt = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        blocks_backward(*args, nt, width)
-    elif nt > 1:
-        _backward_parallel(*args, nt, width)
+        nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
+        kernel, blocked_args = backward_call(*args, nt_blocks, width)
+        if not tiers.ready(kernel, blocked_args):  # not compiled yet, and not worth it yet
+            tiers.timed(kernel, blocked_args, per_sample)
+            return gb, ga, gd, gf
+        kernel(*blocked_args)
     else:
-        shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4))
-        S = tuple(np.empty(shape) for shape in shapes)
-        _backward_items(0, 1, index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf, S)
+        per_sample()
     return gb, ga, gd, gf

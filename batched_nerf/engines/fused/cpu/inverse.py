@@ -29,7 +29,7 @@ in sequence); with fewer, the rows' contributions are computed in parallel into 
 buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on (and
 enough blocks for the threads), the vjp and second-order kernels run blocked,
 samples innermost (:mod:`.inverse_blocks`, vectorised across
-samples). The per-row
+samples), once compiled or cached (:mod:`.tiers`). The per-row
 formulas both layouts share are in :mod:`.inverse_rows`.
 """
 
@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import inverse_blocks as blocks
+from . import tiers
 from .inverse_rows import (
     _ZERO3,
     INLINED,
@@ -361,19 +362,28 @@ def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
     n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
     how = _schedule(n_samples, n_atoms)
     nt = 1 if how == "serial" else numba.get_num_threads()
-    if _blocked(n_samples, n_atoms, nt):
-        if nt > 1:
-            blocks.vjp_parallel(xyz, refs, hb, ha, hd, gb, ga, gd, out, nt)
+    args = (xyz, refs, hb, ha, hd, gb, ga, gd, out)
+
+    def per_sample() -> None:
+        if how == "serial":
+            _vjp_samples(*args, 0, xyz.shape[0])
+        elif how == "samples":
+            _vjp_by_sample(*args, min(_chunks(), xyz.shape[0]))
         else:
-            blocks.vjp_items(0, 1, xyz, refs, hb, ha, hd, gb, ga, gd, out)
-    elif how == "serial":
-        _vjp_samples(xyz, refs, hb, ha, hd, gb, ga, gd, out, 0, xyz.shape[0])
-    elif how == "samples":
-        _vjp_by_sample(xyz, refs, hb, ha, hd, gb, ga, gd, out, min(_chunks(), xyz.shape[0]))
+            rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+            _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
+            _scatter(rows, refs, out)
+
+    if _blocked(n_samples, n_atoms, nt):
+        kernel, blocked_args = (
+            (blocks.vjp_parallel, (*args, nt)) if nt > 1 else (blocks.vjp_items, (0, 1, *args))
+        )
+        if tiers.ready(kernel, blocked_args):
+            kernel(*blocked_args)
+            return
+        tiers.timed(kernel, blocked_args, per_sample)  # not compiled yet, and not worth it yet
     else:
-        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
-        _vjp_rows(xyz, refs, hb, ha, hd, gb, ga, gd, rows)
-        _scatter(rows, refs, out)
+        per_sample()
 
 
 def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: ignore[no-untyped-def]
@@ -381,17 +391,25 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
     n_samples, n_atoms = xyz.shape[0], xyz.shape[1]
     how = _schedule(n_samples, n_atoms)
     nt = 1 if how == "serial" else numba.get_num_threads()
-    if _blocked(n_samples, n_atoms, nt):
-        args = (xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
-        if nt > 1:
-            blocks.second_parallel(*args, nt)
+    args = (xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd)
+
+    def per_sample() -> None:
+        if how == "serial":
+            _second_samples(*args, 0, xyz.shape[0])
+        elif how == "samples":
+            _second_by_sample(*args, min(_chunks(), xyz.shape[0]))
         else:
-            blocks.second_items(0, 1, *args)
-    elif how == "serial":
-        _second_samples(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, 0, xyz.shape[0])
-    elif how == "samples":
-        _second_by_sample(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd, min(_chunks(), xyz.shape[0]))
+            rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
+            _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
+            _scatter(rows, refs, out)
+
+    if _blocked(n_samples, n_atoms, nt):
+        kernel, blocked_args = (
+            (blocks.second_parallel, (*args, nt)) if nt > 1 else (blocks.second_items, (0, 1, *args))
+        )
+        if tiers.ready(kernel, blocked_args):
+            kernel(*blocked_args)
+            return
+        tiers.timed(kernel, blocked_args, per_sample)  # not compiled yet, and not worth it yet
     else:
-        rows = np.empty((xyz.shape[0], xyz.shape[1], 4, 3))
-        _second_rows(xyz, v, refs, hb, ha, hd, gb, ga, gd, rows, jb, ja, jd)
-        _scatter(rows, refs, out)
+        per_sample()

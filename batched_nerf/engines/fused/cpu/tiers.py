@@ -1,0 +1,122 @@
+"""Tiered compilation of the blocked kernels: compiled when they are cached, or once they would pay.
+
+The CPU backend has two layouts of each kernel (:mod:`.build`, :mod:`.inverse`): per sample,
+which serves every call, and blocked (samples innermost, SIMD), 2-6x faster from
+:data:`.build.BLOCK_MIN` samples on but also the larger cold compile (the committor pattern
+on alanine dipeptide: about 13 s for the per-sample kernels, then 24-33 s more for the
+blocked ones at 64 samples, on the 2-core benchmark machine). So a call the dispatch rule
+gives to a blocked kernel takes it when:
+
+* it is compiled in this process, or numba's on-disk cache holds it for these argument types
+  (after :func:`batched_nerf.warmup`, or any earlier process that compiled it): loading costs
+  milliseconds;
+* or the per-sample kernels have run :data:`TIER_UP_SECONDS` on calls that kernel would have
+  served (then it compiles, announced by a WARNING on the logger ``batched_nerf``): a job that
+  runs long enough for the faster kernel to matter gets it after a bounded delay, and a short
+  script never pays its compile (the ski-rental rule of tiered JIT compilers);
+* or tiering is off: ``BATCHED_NERF_TIERED=0`` in the environment (read at import), or
+  :func:`always` (what :func:`batched_nerf.warmup` and the test suite use).
+
+Each blocked entry kernel and dtype keeps its own state; results of the two layouts agree
+to rounding (tested), so the switch changes speed, not values beyond float rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["TIER_UP_SECONDS", "always", "ready", "timed"]
+
+LOGGER = logging.getLogger("batched_nerf")
+#: Seconds of per-sample kernel time, on calls a blocked kernel would have served, after which
+#: that blocked kernel compiles (about a third of its cold compile: measured 24-33 s for the
+#: blocked family of the committor pattern).
+TIER_UP_SECONDS = 10.0
+
+_lock = threading.Lock()
+#: (kernel, dtype) -> True (may run) or the per-sample seconds spent so far
+_state: dict[tuple[Any, str], Any] = {}
+_always = os.environ.get("BATCHED_NERF_TIERED", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+@contextlib.contextmanager
+def always(enabled: bool = True) -> Iterator[None]:
+    """Within the block, every blocked kernel may run (compiling where needed), as without tiering."""
+    global _always
+    before, _always = _always, enabled
+    try:
+        yield
+    finally:
+        _always = before
+
+
+def _dtype(args: tuple[Any, ...]) -> str:
+    """The float dtype of a call (its first float array's)."""
+    floats = (a.dtype for a in args if getattr(a, "dtype", None) is not None and a.dtype.kind == "f")
+    return str(next(floats, ""))
+
+
+def _cached(kernel: Any, args: tuple[Any, ...]) -> bool:
+    """Whether ``kernel`` runs on ``args`` without compiling: in memory, or in numba's disk cache."""
+    try:
+        sig = tuple(kernel.typeof_pyval(a) for a in args)
+        if sig in kernel.overloads:
+            return True
+        cache = kernel._cache
+        if type(cache).__name__ == "NullCache":
+            return False
+        key = cache._index_key(sig, kernel.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # pragma: no cover - numba internals changed: no tiering (compile as before)
+        return True
+
+
+def ready(kernel: Any, args: tuple[Any, ...]) -> bool:
+    """Whether the blocked ``kernel`` (a numba dispatcher) may run on ``args`` now (module docstring).
+
+    O(1) after the first question per kernel and dtype in a process.
+    """
+    key = (kernel, _dtype(args))
+    state = _state.get(key)
+    if state is True:
+        return True
+    if _always:
+        return True
+    if state is None and _cached(kernel, args):
+        _state[key] = True
+        return True
+    if state is None:
+        _state[key] = state = 0.0
+    if state < TIER_UP_SECONDS:
+        return False
+    _state[key] = True
+    name = kernel.py_func.__name__
+    LOGGER.warning(
+        "batched_nerf: the per-sample kernels ran %.0f s on calls the blocked kernel %s serves "
+        "faster; compiling it (%s, once: tens of seconds, then cached). `batched-nerf warmup` "
+        "compiles every kernel ahead.",
+        state,
+        name,
+        key[1],
+    )
+    return True
+
+
+def timed(kernel: Any, args: tuple[Any, ...], run: Callable[[], Any]) -> Any:
+    """``run()`` (the per-sample kernels of a call ``kernel`` was not :func:`ready` for), its time
+    charged to ``kernel``."""
+    t0 = time.perf_counter()
+    try:
+        return run()
+    finally:
+        key = (kernel, _dtype(args))
+        with _lock:
+            state = _state.get(key, 0.0)
+            if state is not True:
+                _state[key] = state + time.perf_counter() - t0
