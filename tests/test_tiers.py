@@ -15,8 +15,10 @@ import torch
 import batched_nerf as bn
 
 pytest.importorskip("numba", reason="the fused CPU kernels need numba")
-tiers = pytest.importorskip("batched_nerf.engines.fused.cpu.tiers")
-from batched_nerf.engines.fused.cpu import blocks, inverse_blocks  # noqa: E402
+from batched_nerf.engines import backends  # noqa: E402
+
+backends.require("cpu")  # the kernels loaded as in use (their cache writes locked) before any is patched
+from batched_nerf.engines.fused.cpu import blocks, inverse_blocks, tiers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 64  # from BLOCK_MIN samples on the dispatch rule picks the blocked kernels

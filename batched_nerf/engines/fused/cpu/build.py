@@ -107,11 +107,7 @@ def forward(
 
     if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
         nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        kernel, args = forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach)
-        if not tiers.ready(kernel, args):  # not compiled yet, and not worth it yet
-            tiers.timed(kernel, args, per_sample)
-            return out
-        kernel(*args)
+        tiers.run(*forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach), per_sample)
     else:
         per_sample()
     return out
@@ -146,11 +142,7 @@ def backward(
 
     if _blocked(n_samples, width, starts.size - 1, nt, BACKWARD_MAX_WIDTH):
         nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        kernel, blocked_args = backward_call(*args, nt_blocks, width)
-        if not tiers.ready(kernel, blocked_args):  # not compiled yet, and not worth it yet
-            tiers.timed(kernel, blocked_args, per_sample)
-            return gb, ga, gd, gf
-        kernel(*blocked_args)
+        tiers.run(*backward_call(*args, nt_blocks, width), per_sample)
     else:
         per_sample()
     return gb, ga, gd, gf

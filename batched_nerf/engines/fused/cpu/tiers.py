@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["TIER_UP_SECONDS", "always", "ready", "timed"]
+__all__ = ["TIER_UP_SECONDS", "always", "ready", "run", "timed"]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Seconds of per-sample kernel time, on calls a blocked kernel would have served, after which
@@ -120,3 +120,12 @@ def timed(kernel: Any, args: tuple[Any, ...], run: Callable[[], Any]) -> Any:
             state = _state.get(key, 0.0)
             if state is not True:
                 _state[key] = state + time.perf_counter() - t0
+
+
+def run(kernel: Any, args: tuple[Any, ...], per_sample: Callable[[], Any]) -> None:
+    """``kernel(*args)`` (a blocked kernel the dispatch rule picked) where it is :func:`ready`, else
+    ``per_sample()`` (the same call on the per-sample kernels), :func:`timed`."""
+    if ready(kernel, args):
+        kernel(*args)
+    else:
+        timed(kernel, args, per_sample)
