@@ -3,7 +3,7 @@
 The CPU backend has two layouts of each kernel (:mod:`.build`, :mod:`.inverse`): per sample,
 which serves every call, and blocked (samples innermost, SIMD), 2-6x faster from
 :data:`.build.BLOCK_MIN` samples on but also the larger cold compile (the committor pattern
-on alanine dipeptide: about 13 s for the per-sample kernels, then 24-33 s more for the
+on alanine dipeptide: 10-16 s for the per-sample kernels, then 24-40 s more for the
 blocked ones at 64 samples, on the 2-core benchmark machine). So a call the dispatch rule
 gives to a blocked kernel takes it when:
 
@@ -35,7 +35,7 @@ __all__ = ["TIER_UP_SECONDS", "always", "ready", "run", "timed"]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Seconds of per-sample kernel time, on calls a blocked kernel would have served, after which
-#: that blocked kernel compiles (about a third of its cold compile: measured 24-33 s for the
+#: that blocked kernel compiles (about a third of its cold compile: measured 24-40 s for the
 #: blocked family of the committor pattern).
 TIER_UP_SECONDS = 10.0
 
