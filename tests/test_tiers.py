@@ -141,7 +141,10 @@ def test_warmup_compiles_the_blocked_kernels_whatever_the_tier(
     tiered: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tiers, "TIER_UP_SECONDS", 1e9)
+    _committor(TABLE)  # waiting for their tier: charged, per sample
+    assert tiered == [] and len(tiers._state) == 4
     bn.warmup(dtypes=("float64",), passes=("forward",), threaded=False, progress=False)
+    assert tiers._state == {}  # asked again at the next call (then compiled: found in memory)
     assert "_blocks_items" in tiered  # the blocked forward ran, although nothing is "cached" here
 
 

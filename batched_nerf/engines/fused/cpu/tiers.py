@@ -47,13 +47,20 @@ _always = os.environ.get("BATCHED_NERF_TIERED", "1").strip().lower() in ("0", "f
 
 @contextlib.contextmanager
 def always(enabled: bool = True) -> Iterator[None]:
-    """Within the block, every blocked kernel may run (compiling where needed), as without tiering."""
+    """Within the block, every blocked kernel may run (compiling where needed), as without tiering.
+
+    On leaving it, kernels still waiting for their tier are asked again at their next call, so
+    that what the block compiled (:func:`batched_nerf.warmup`) runs at once afterwards.
+    """
     global _always
     before, _always = _always, enabled
     try:
         yield
     finally:
         _always = before
+        with _lock:
+            for key in [k for k, v in _state.items() if v is not True]:
+                del _state[key]
 
 
 def _dtype(args: tuple[Any, ...]) -> str:
