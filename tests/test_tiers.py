@@ -153,9 +153,10 @@ def test_environment_switch(value: str | None, always: bool) -> None:
     env = {k: v for k, v in os.environ.items() if k != "BATCHED_NERF_TIERED"}
     if value is not None:
         env["BATCHED_NERF_TIERED"] = value
-    code = "from batched_nerf.engines.fused.cpu import tiers; print(tiers._always)"
+    code = "import batched_nerf as bn; from batched_nerf.engines.fused.cpu import tiers; "
+    code += "print(tiers._always, bn.backends()['tiered'])"
     out = subprocess.run(
         [sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(always)
+    assert out.stdout.split() == [str(always), str(not always)]

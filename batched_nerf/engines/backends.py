@@ -87,18 +87,23 @@ def backends() -> dict[str, Any]:
         type -> when ``auto`` picks it, and why: see
         :mod:`batched_nerf.engines.gpu_policy`), ``"disabled"`` (device type ->
         the kernel error after which ``auto`` stopped picking the fused kernels
-        there in this process; empty while none failed) and ``"install"``.
+        there in this process; empty while none failed), ``"tiered"`` (whether
+        the CPU's blocked kernels wait until they are cached or worth their
+        compile: ``BATCHED_NERF_TIERED``, :mod:`batched_nerf.engines.fused.cpu.tiers`)
+        and ``"install"``.
 
     Example:
         >>> import batched_nerf as bn
         >>> info = bn.backends()
         >>> sorted(info)
-        ['auto', 'disabled', 'fused', 'install', 'numba', 'rule', 'triton']
+        ['auto', 'disabled', 'fused', 'install', 'numba', 'rule', 'tiered', 'triton']
         >>> info["install"]
         'pip install "batched-nerf[fast]"'
         >>> info["rule"]["cuda"].startswith("fused when n_components * n_samples >= 4096 lanes")
         True
     """
+    from .fused.cpu import tiers  # plain Python: no numba needed to read the setting
+
     fused = {device: available(device) for device in _BACKENDS}
     disabled = {device: gpu_policy.disabled(device) for device in _BACKENDS}
     return {
@@ -108,6 +113,7 @@ def backends() -> dict[str, Any]:
         "auto": {device: ok and disabled[device] is None for device, ok in fused.items()},
         "rule": dict(gpu_policy.RULE),
         "disabled": {device: why for device, why in disabled.items() if why is not None},
+        "tiered": not tiers.disabled(),
         "install": INSTALL,
     }
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["TIER_UP_SECONDS", "always", "ready", "run", "timed"]
+__all__ = ["TIER_UP_SECONDS", "always", "disabled", "ready", "run", "timed"]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Seconds of per-sample kernel time, on calls a blocked kernel would have served, after which
@@ -61,6 +61,11 @@ def always(enabled: bool = True) -> Iterator[None]:
         with _lock:
             for key in [k for k, v in _state.items() if v is not True]:
                 del _state[key]
+
+
+def disabled() -> bool:
+    """Whether tiering is off here (``BATCHED_NERF_TIERED=0``, or inside :func:`always`)."""
+    return _always
 
 
 def _dtype(args: tuple[Any, ...]) -> str:
