@@ -107,7 +107,8 @@ def forward(
 
     if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
         nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        tiers.run(*forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach), per_sample)
+        kernel, blocked_args = forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach)
+        tiers.run(kernel, blocked_args, bonds.dtype, per_sample)
     else:
         per_sample()
     return out
@@ -142,7 +143,8 @@ def backward(
 
     if _blocked(n_samples, width, starts.size - 1, nt, BACKWARD_MAX_WIDTH):
         nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        tiers.run(*backward_call(*args, nt_blocks, width), per_sample)
+        kernel, blocked_args = backward_call(*args, nt_blocks, width)
+        tiers.run(kernel, blocked_args, bonds.dtype, per_sample)
     else:
         per_sample()
     return gb, ga, gd, gf

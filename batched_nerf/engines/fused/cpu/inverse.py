@@ -378,7 +378,7 @@ def vjp(xyz, refs, hb, ha, hd, gb, ga, gd, out):  # type: ignore[no-untyped-def]
         kernel, blocked_args = (
             (blocks.vjp_parallel, (*args, nt)) if nt > 1 else (blocks.vjp_items, (0, 1, *args))
         )
-        tiers.run(kernel, blocked_args, per_sample)
+        tiers.run(kernel, blocked_args, xyz.dtype, per_sample)
     else:
         per_sample()
 
@@ -404,6 +404,6 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
         kernel, blocked_args = (
             (blocks.second_parallel, (*args, nt)) if nt > 1 else (blocks.second_items, (0, 1, *args))
         )
-        tiers.run(kernel, blocked_args, per_sample)
+        tiers.run(kernel, blocked_args, xyz.dtype, per_sample)
     else:
         per_sample()

@@ -68,12 +68,6 @@ def disabled() -> bool:
     return _always
 
 
-def _dtype(args: tuple[Any, ...]) -> str:
-    """The float dtype of a call (its first float array's)."""
-    floats = (a.dtype for a in args if getattr(a, "dtype", None) is not None and a.dtype.kind == "f")
-    return str(next(floats, ""))
-
-
 def _cached(kernel: Any, args: tuple[Any, ...]) -> bool:
     """Whether ``kernel`` runs on ``args`` without compiling: in memory, or in numba's disk cache."""
     try:
@@ -89,12 +83,11 @@ def _cached(kernel: Any, args: tuple[Any, ...]) -> bool:
         return True
 
 
-def ready(kernel: Any, args: tuple[Any, ...]) -> bool:
-    """Whether the blocked ``kernel`` (a numba dispatcher) may run on ``args`` now (module docstring).
-
-    O(1) after the first question per kernel and dtype in a process.
+def ready(kernel: Any, args: tuple[Any, ...], dtype: Any) -> bool:
+    """Whether the blocked ``kernel`` (a numba dispatcher) may run on ``args`` (of float ``dtype``)
+    now (module docstring). One dict lookup after the first question per kernel and dtype.
     """
-    key = (kernel, _dtype(args))
+    key = (kernel, dtype)
     state = _state.get(key)
     if state is True:
         return True
@@ -115,29 +108,30 @@ def ready(kernel: Any, args: tuple[Any, ...]) -> bool:
         "compiles every kernel ahead.",
         state,
         name,
-        key[1],
+        dtype,
     )
     return True
 
 
-def timed(kernel: Any, args: tuple[Any, ...], run: Callable[[], Any]) -> Any:
+def timed(kernel: Any, dtype: Any, run: Callable[[], Any]) -> Any:
     """``run()`` (the per-sample kernels of a call ``kernel`` was not :func:`ready` for), its time
-    charged to ``kernel``."""
+    charged to ``kernel`` and ``dtype``."""
     t0 = time.perf_counter()
     try:
         return run()
     finally:
-        key = (kernel, _dtype(args))
+        key = (kernel, dtype)
         with _lock:
             state = _state.get(key, 0.0)
             if state is not True:
                 _state[key] = state + time.perf_counter() - t0
 
 
-def run(kernel: Any, args: tuple[Any, ...], per_sample: Callable[[], Any]) -> None:
-    """``kernel(*args)`` (a blocked kernel the dispatch rule picked) where it is :func:`ready`, else
-    ``per_sample()`` (the same call on the per-sample kernels), :func:`timed`."""
-    if ready(kernel, args):
+def run(kernel: Any, args: tuple[Any, ...], dtype: Any, per_sample: Callable[[], Any]) -> None:
+    """``kernel(*args)`` (a blocked kernel the dispatch rule picked, on arrays of float ``dtype``)
+    where it is :func:`ready`, else ``per_sample()`` (the same call on the per-sample kernels),
+    :func:`timed`."""
+    if ready(kernel, args, dtype):
         kernel(*args)
     else:
-        timed(kernel, args, per_sample)
+        timed(kernel, dtype, per_sample)
