@@ -88,19 +88,17 @@ def ready(kernel: Any, args: tuple[Any, ...], dtype: Any) -> bool:
     now (module docstring). One dict lookup after the first question per kernel and dtype.
     """
     key = (kernel, dtype)
-    state = _state.get(key)
-    if state is True:
+    if _always or _state.get(key) is True:
         return True
-    if _always:
-        return True
-    if state is None and _cached(kernel, args):
+    with _lock:  # every write to the state under the lock (``timed`` adds to it from other threads)
+        state = _state.get(key)
+        if state is None:
+            state = _state[key] = True if _cached(kernel, args) else 0.0
+        if state is True:
+            return True
+        if state < TIER_UP_SECONDS:
+            return False
         _state[key] = True
-        return True
-    if state is None:
-        _state[key] = state = 0.0
-    if state < TIER_UP_SECONDS:
-        return False
-    _state[key] = True
     name = kernel.py_func.__name__
     LOGGER.warning(
         "batched_nerf: the per-sample kernels ran %.0f s on calls the blocked kernel %s serves "
