@@ -12,7 +12,7 @@ from . import engines
 from ._box import _matrix, _whole
 from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._geometry import batch_shape, nan_negative_bonds
-from ._pose import Pose, extract_pose, posed
+from ._pose import Pose, extract_pose, pose_inputs, posed
 from ._table import ConstructionTable
 from .engines.dispatch import auto_method
 from .engines.fused import inverse as fused_inverse
@@ -149,6 +149,9 @@ def to_cartesian(
             raise ValueError(f"accumulate_dtype must be a floating dtype, got {accumulate_dtype}")
         b, a, d = (t.to(accumulate_dtype) for t in (b, a, d))
         fixed = None if fixed is None else fixed.to(accumulate_dtype)
+    pose = None
+    if rotation is not None or translation is not None:  # checked before any work
+        pose = pose_inputs(b, b.shape[:-1], table, rotation, translation)
     samples = math.prod(b.shape[:-1])
     auto = method == "auto"
     if auto:
@@ -156,11 +159,19 @@ def to_cartesian(
     engine = engines.get(method)
     if not engine.nan_bonds:
         b = nan_negative_bonds(b)
+    if pose is not None and engine.takes_pose(b):  # built in the pose (the fused CPU kernels)
+        rot, tr, batch = pose
+        b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
+        fixed = None if fixed is None else fixed.expand(*batch, *fixed.shape[-2:])
+        variant = engine.choose_variant(table.n_atoms, math.prod(batch))
+        plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
+        pose_args = (rot.expand(*batch, *rot.shape[-3:]), tr.expand(*batch, *tr.shape[-2:]))
+        return engine.build(plan, b, a, d, fixed, pose=pose_args).to(out_dtype)
     variant = engine.choose_variant(table.n_atoms, samples)
     plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
     xyz = engine.build(plan, b, a, d, fixed)
-    if rotation is not None or translation is not None:
-        xyz = posed(xyz, table, rotation, translation, fused=method == "fused")
+    if pose is not None:
+        xyz = posed(xyz, table, rotation, translation)
     return xyz.to(out_dtype)
 
 

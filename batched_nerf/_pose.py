@@ -171,18 +171,25 @@ def apply_pose(
                 [ 0.,  1.,  5.],
                 [-1.,  1.,  5.]])
     """
-    return posed(xyz, table, rotation, translation, fused=False)
+    return posed(xyz, table, rotation, translation)
 
 
-def posed(
-    xyz: Tensor, table: ConstructionTable, rotation: Tensor | None, translation: Tensor | None, fused: bool
-) -> Tensor:
-    """:func:`apply_pose`; with ``fused`` (a fused CPU build's output) one numba pass where it can run
-    (:func:`.engines.fused.pose.kernel_runs`), written into ``xyz`` itself when nothing is
-    differentiated, else the torch operations."""
-    x = check_xyz(xyz, check_table(table))
-    if rotation is None and translation is None:
-        return x
+def pose_inputs(
+    like: Tensor,
+    batch: torch.Size,
+    table: ConstructionTable,
+    rotation: Tensor | None,
+    translation: Tensor | None,
+) -> tuple[Tensor, Tensor, torch.Size]:
+    """The checked pose of coordinates like ``like`` (its dtype and device) of batch shape ``batch``:
+    ``(rot (..., S, 3, 3), tr (..., S, 3), broadcast batch shape)``; the identity or zero for the one
+    not given (at least one is).
+
+    Raises:
+        ValueError: the table has no seeded component, the pose has the wrong shape, or the shapes do
+            not broadcast.
+        TypeError: see :func:`apply_pose`.
+    """
     info = pose_info(table)
     rot_shape, tr_shape = _pose_shapes(info)
     if info.n_seeded == 0:
@@ -190,13 +197,13 @@ def posed(
             "the table has no seeded component (all are anchored by fixed atoms); it has no pose"
         )
     s = info.n_seeded
-    dev = x.device
+    dev = like.device
     check_device(
         {k: v for k, v in (("rotation", rotation), ("translation", translation)) if isinstance(v, Tensor)},
         dev,
     )
     if rotation is not None:
-        rot = cast_like(rotation, "rotation", x, "the coordinates are")
+        rot = cast_like(rotation, "rotation", like, "the coordinates are")
         if info.squeeze:
             if rot.ndim < 2 or tuple(rot.shape[-2:]) != (3, 3):
                 raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
@@ -204,9 +211,9 @@ def posed(
         elif rot.ndim < 3 or tuple(rot.shape[-3:]) != (s, 3, 3):
             raise ValueError(f"rotation must have shape {rot_shape}, got {tuple(rot.shape)}")
     else:
-        rot = torch.eye(3, dtype=x.dtype, device=dev).expand(s, 3, 3)
+        rot = torch.eye(3, dtype=like.dtype, device=dev).expand(s, 3, 3)
     if translation is not None:
-        tr = cast_like(translation, "translation", x, "the coordinates are")
+        tr = cast_like(translation, "translation", like, "the coordinates are")
         if info.squeeze:
             if tr.ndim < 1 or tr.shape[-1] != 3:
                 raise ValueError(f"translation must have shape {tr_shape}, got {tuple(tr.shape)}")
@@ -214,16 +221,28 @@ def posed(
         elif tr.ndim < 2 or tuple(tr.shape[-2:]) != (s, 3):
             raise ValueError(f"translation must have shape {tr_shape}, got {tuple(tr.shape)}")
     else:
-        tr = x.new_zeros((s, 3))
+        tr = like.new_zeros((s, 3))
     try:
-        batch = batch_shape(x.shape[:-2], rot.shape[:-3], tr.shape[:-2])
+        batch = batch_shape(batch, rot.shape[:-3], tr.shape[:-2])
     except RuntimeError:
         raise ValueError(
-            f"xyz {tuple(x.shape)}, rotation {tuple(rot.shape)} and translation {tuple(tr.shape)} "
-            "do not broadcast"
+            f"xyz {(*batch, table.n_atoms, 3)}, rotation {tuple(rot.shape)} and translation "
+            f"{tuple(tr.shape)} do not broadcast"
         ) from None
-    if fused and fused_pose.kernel_runs(x):
-        return _move_fused(x, rot, tr, info, batch)
+    return rot, tr, batch
+
+
+def posed(
+    xyz: Tensor, table: ConstructionTable, rotation: Tensor | None, translation: Tensor | None
+) -> Tensor:
+    """:func:`apply_pose` (the torch operations; the fused CPU build places the components in their
+    pose itself, :mod:`.engines.fused.build`)."""
+    x = check_xyz(xyz, check_table(table))
+    if rotation is None and translation is None:
+        return x
+    info = pose_info(table)
+    rot, tr, batch = pose_inputs(x, x.shape[:-2], table, rotation, translation)
+    s, dev = info.n_seeded, x.device
     if not info.squeeze:  # R_c x + t_c per atom, NaN for an improper R_c (the kernel's reference)
         rot, tr = rot.expand(*batch, s, 3, 3), tr.expand(*batch, s, 3)
         return fused_pose.reference(x, rot, tr, _slot(info, dev))
@@ -253,23 +272,6 @@ def _move_one(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo) -> Tensor:
     if not info.any_anchored:
         return out
     return torch.where(torch.as_tensor(info.anchored, device=x.device).unsqueeze(-1), x, out)
-
-
-def _move_fused(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo, batch: torch.Size) -> Tensor:
-    """``R_c x + t_c`` (NaN for ``det R_c < 0``) in one kernel pass (:mod:`.engines.fused.pose`):
-    ``x (..., N, 3)``, ``rot (..., S, 3, 3)``, ``tr (..., S, 3)``, broadcast to ``batch``.
-    ``x`` is a fused build's own output, which the kernel overwrites when it has the whole batch
-    shape (see :func:`.engines.fused.pose.move`)."""
-    n, s = x.shape[-2], info.n_seeded
-    m = math.prod(batch)
-    out = fused_pose.move(
-        x.expand(*batch, n, 3).reshape(m, n, 3),
-        rot.expand(*batch, s, 3, 3).reshape(m, s, 3, 3),
-        tr.expand(*batch, s, 3).reshape(m, s, 3),
-        _slot(info, x.device),
-        inplace=x.shape[:-2] == batch,
-    )
-    return out.reshape(*batch, n, 3)
 
 
 def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:

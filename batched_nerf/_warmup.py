@@ -28,14 +28,12 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     threaded kernels), restored afterwards."""
     from .engines.fused.cpu import build as fused_numba
     from .engines.fused.cpu import inverse as fused_inverse_numba
-    from .engines.fused.cpu import pose as fused_pose_numba
     from .engines.fused.cpu import trig as fused_numba_trig
 
     names = (
         (fused_numba, "SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
-        (fused_pose_numba, "SERIAL_WORK"),
     )
     saved = [getattr(m, n) for m, n in names]
     try:
@@ -58,7 +56,7 @@ def _inputs(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, tor
 
 def _builder(table: ConstructionTable, n: int, dtype: torch.dtype, backward: bool) -> None:
     b, a, d = (t.requires_grad_(backward) for t in _inputs(n, dtype))
-    rotation = torch.eye(3, dtype=dtype).requires_grad_(backward)  # the pose's kernels too
+    rotation = torch.eye(3, dtype=dtype).requires_grad_(backward)  # the pose rows' kernel too
     translation = torch.zeros(3, dtype=dtype)
     xyz = to_cartesian(b, a, d, table, method="fused", rotation=rotation, translation=translation)
     if backward:

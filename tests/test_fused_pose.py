@@ -1,6 +1,7 @@
-"""The fused build's pose kernel (``to_cartesian(method="fused", rotation=, translation=)``) against
-the torch ``apply_pose``: values, NaN for improper rotations, anchored atoms, broadcasting,
-first and second derivatives, torch.func, the threaded kernel."""
+"""The fused build in the pose (``to_cartesian(method="fused", rotation=, translation=)``: the kernels
+write each seeded atom as ``R y + t``) against the torch ``apply_pose``: values, NaN for improper
+rotations, anchored atoms, broadcasting, first and second derivatives, torch.func, every kernel
+layout; and extract_pose's kernel."""
 
 from __future__ import annotations
 
@@ -83,45 +84,58 @@ def test_fused_pose_equals_the_torch_pose(name: str, dtype: torch.dtype) -> None
         torch.testing.assert_close(got, apply_pose(bare, table, **kw), rtol=0, atol=tol)
 
 
-def test_fused_to_cartesian_runs_the_pose_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """method="fused" moves by the kernel (once per call, forward and vjp); method="scan" does not."""
+def test_fused_to_cartesian_builds_in_the_pose(monkeypatch: pytest.MonkeyPatch) -> None:
+    """method="fused" hands the pose to the builder's kernels (rows made once per pass: the forward's
+    with NaN for improper rotations, the backward's without) and runs no torch pose; "scan" does not."""
     calls = []
-    for name in ("move", "move_vjp"):
-        real = getattr(pose_kernels, name)
-        monkeypatch.setattr(pose_kernels, name, lambda *a, _real=real, _n=name: calls.append(_n) or _real(*a))
+    real = pose_kernels.pose_rows
+    monkeypatch.setattr(pose_kernels, "pose_rows", lambda r, t, nan: calls.append(nan) or real(r, t, nan))
+    monkeypatch.setattr(fused_pose, "reference", lambda *a: pytest.fail("the torch pose ran"))
     table = _tables()["one component"]
     b, a, d, _ = _internal(table, 4, torch.float32, 3)
     rot, tr = _pose(table, 4, torch.float32, 4)
     b.requires_grad_(True)
     rot.requires_grad_(True)
     bn.to_cartesian(b, a, d, table, method="fused", rotation=rot, translation=tr).sum().backward()
-    assert calls == ["move", "move_vjp"]
+    assert calls == [True, False] and rot.grad is not None
+    monkeypatch.undo()
     bn.to_cartesian(b, a, d, table, method="scan", rotation=rot, translation=tr)
-    assert calls == ["move", "move_vjp"]
+    assert calls == [True, False]
 
 
-def test_a_build_without_gradients_is_posed_in_place_unless_the_pose_broadcasts_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """No gradient: the kernel overwrites the build's own output (no second buffer); a pose with more
-    samples than the build (the output broadcast) gets a new array. Values as apply_pose's."""
-    seen = []
-    real = pose_kernels.move
-    monkeypatch.setattr(pose_kernels, "move", lambda x, *a: seen.append(a[3] is x) or real(x, *a))
-    table = _tables()["three components, one anchored"]
-    b, a, d, fixed = _internal(table, 5, F64, 7)
-    rot, tr = _pose(table, 5, F64, 8)
-    bare = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused")
-    with torch.no_grad():
-        got = bn.to_cartesian(b, a, d, table, fixed_xyz=fixed, method="fused", rotation=rot, translation=tr)
-        wide = bn.to_cartesian(
-            b[0], a[0], d[0], table, fixed_xyz=fixed[0], method="fused", rotation=rot, translation=tr
-        )
-    assert seen == [True, False]
-    want = apply_pose(bare, table, rotation=rot, translation=tr)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+@pytest.mark.parametrize("name", list(_tables()))
+@pytest.mark.parametrize("layout", ["per sample", "blocked", "threaded"])
+def test_every_kernel_layout_builds_in_the_pose(name: str, layout: str, monkeypatch) -> None:
+    """Per-sample, blocked (samples innermost) and threaded kernels: values and first and second
+    derivatives (the pose's too) as apply_pose after the bare build; a pose of more samples than the
+    internal coordinates broadcasts them."""
+    from batched_nerf.engines.fused.cpu import build as cpu_build
+
+    if layout == "per sample":
+        monkeypatch.setattr(cpu_build, "BLOCK_MIN", 10**9)
+    if layout == "threaded":
+        monkeypatch.setattr(cpu_build, "SERIAL_WORK", 0)
+    table = _tables()[name]
+    b, a, d, fixed = _internal(table, 40, F64, 21)
+    rot, tr = _pose(table, 40, F64, 22)
+    w = torch.randn(40, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(23))
+
+    def grads(method: str) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_(True) for t in (b, a, d, rot, tr)]
+        out = bn.to_cartesian(*leaves[:3], table, fixed_xyz=fixed, method=method, rotation=leaves[3],
+                              translation=leaves[4])  # fmt: skip
+        first = torch.autograd.grad((out * w).sum(), leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), leaves, allow_unused=True)
+        return (out, *first, *(torch.zeros_like(x) if g is None else g for x, g in zip(leaves, second)))
+
+    for got, want in zip(grads("fused"), grads("scan")):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    with torch.no_grad():  # the ICs of one sample, the pose of 40
+        wide = bn.to_cartesian(b[0], a[0], d[0], table, fixed_xyz=fixed, method="fused", rotation=rot,
+                               translation=tr)  # fmt: skip
+    bare = bn.to_cartesian(b[0], a[0], d[0], table, fixed_xyz=fixed, method="scan")
     torch.testing.assert_close(
-        wide, apply_pose(bare[0], table, rotation=rot, translation=tr), rtol=0, atol=1e-12
+        wide, apply_pose(bare, table, rotation=rot, translation=tr), rtol=0, atol=1e-12
     )
 
 
@@ -140,30 +154,32 @@ def test_fused_pose_derivatives(name: str) -> None:
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
-def test_fused_pose_derivatives_equal_the_torch_pose_and_improper_gradients_are_zero() -> None:
+@pytest.mark.parametrize("batch", [3, 40])  # the per-sample and the blocked kernels
+def test_an_improper_rotation_gives_nan_and_no_gradient(batch: int) -> None:
+    """Its component is NaN, and it gets no gradient, first or second order (the reference's where)."""
     table = _tables()["three components, one anchored"]
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=gen, requires_grad=True)
-    rot, tr = _pose(table, 3, F64, 8)
+    b, a, d, fixed = _internal(table, batch, F64, 7)
+    rot, tr = _pose(table, batch, F64, 8)
     rot = rot.clone()
     rot[1, 0] = -rot[1, 0]  # sample 1, component 0: improper
-    rot.requires_grad_(True)
-    tr.requires_grad_(True)
+    w = torch.randn(batch, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(9))
     slot = torch.tensor(bn._pose.pose_info(table).slot)
-    w = torch.randn(3, table.n_atoms, 3, dtype=F64, generator=gen)
 
-    def grads(move):
-        out = move(x, rot, tr, slot)
-        return torch.autograd.grad((out.nan_to_num() * w).sum(), (x, rot, tr), create_graph=True)
+    def grads(method: str) -> tuple[torch.Tensor, ...]:
+        leaves = [t.clone().requires_grad_(True) for t in (b, a, d, rot, tr)]
+        out = bn.to_cartesian(*leaves[:3], table, fixed_xyz=fixed, method=method, rotation=leaves[3],
+                              translation=leaves[4])  # fmt: skip
+        first = torch.autograd.grad((out.nan_to_num() * w).sum(), leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), leaves, allow_unused=True)
+        return (out, *first, *(torch.zeros_like(x) if g is None else g for x, g in zip(leaves, second)))
 
-    got, want = grads(fused_pose.move), grads(fused_pose.reference)
+    got, want = grads("fused"), grads("scan")
+    assert torch.equal(got[0].isnan(), (slot == 0).expand(batch, -1).clone().index_fill_(0, torch.tensor(
+        [i for i in range(batch) if i != 1]), False).unsqueeze(-1).expand(-1, -1, 3))  # fmt: skip
     for g, r in zip(got, want):
-        torch.testing.assert_close(g, r, rtol=0, atol=1e-13)
-    assert got[1][1, 0].eq(0).all() and got[0].isfinite().all()
-    gg = torch.autograd.grad(sum(g.square().sum() for g in got), (x, rot))
-    gg_ref = torch.autograd.grad(sum(g.square().sum() for g in want), (x, rot))
-    for g, r in zip(gg, gg_ref):
-        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-10, equal_nan=True)
+    g_b, g_rot = got[1], got[4]
+    assert g_rot[1, 0].eq(0).all() and g_b[1][slot == 0].eq(0).all() and g_b.isfinite().all()
 
 
 def test_fused_pose_under_torch_func() -> None:
@@ -184,22 +200,6 @@ def test_fused_pose_under_torch_func() -> None:
             torch.testing.assert_close(g, r, rtol=0, atol=1e-10)
     got = torch.func.vmap(f("fused"))(d, rot)
     torch.testing.assert_close(got, torch.func.vmap(f("scan"))(d, rot), rtol=0, atol=1e-12)
-
-
-def test_threaded_pose_kernels_equal_the_serial_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    table = _tables()["three components, one anchored"]
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(64, table.n_atoms, 3, dtype=F64, generator=gen)
-    rot, tr = _pose(table, 64, F64, 12)
-    g = torch.randn_like(x)
-    slot = bn._pose.pose_info(table).slot
-    args = (x.numpy(), rot.contiguous().numpy(), tr.contiguous().numpy(), slot)
-    serial = pose_kernels.move(*args), pose_kernels.move_vjp(g.numpy(), args[0], args[1], slot)
-    monkeypatch.setattr(pose_kernels, "SERIAL_WORK", 0)
-    threaded = pose_kernels.move(*args), pose_kernels.move_vjp(g.numpy(), args[0], args[1], slot)
-    assert (serial[0] == threaded[0]).all()
-    for s, t in zip(serial[1], threaded[1]):
-        assert (s == t).all()
 
 
 def test_flow_inverse_with_pose_takes_the_kernel_and_inverts_the_forward() -> None:

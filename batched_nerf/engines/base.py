@@ -60,6 +60,10 @@ def _as_planned(plan: Any, accumulate_dtype: torch.dtype | None, auto: bool) -> 
     return plan
 
 
+def _never(bonds: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Engine:
     """A named engine: its planner, its builder, and what the table and dispatch ask about it.
@@ -98,6 +102,10 @@ class Engine:
             None when not given; ``auto``: ``method="auto"`` chose the engine);
             engines without options return the plan itself. The fused engine's
             GPU kernels read both (:func:`.fused.configure`).
+        takes_pose: ``bonds -> bool``: ``build(..., pose=(rotation, translation))``
+            builds each seeded component in its pose itself for inputs like
+            ``bonds`` (the fused CPU kernels place the seeds there); otherwise
+            :func:`~batched_nerf.to_cartesian` moves the built coordinates.
     """
 
     name: str
@@ -110,3 +118,4 @@ class Engine:
     nan_bonds: bool = False
     compose: Callable[[Sequence[Any], Topology], Any] | None = None
     configure: Callable[[Any, Any, bool], Any] = _as_planned
+    takes_pose: Callable[[Any], bool] = _never

@@ -9,11 +9,12 @@ added to the index entries (``-1`` kept). That is a handful of whole-array numpy
 passes over the packed atoms, against a planner's tens of passes (and the
 frame tree) for a table planned from scratch.
 
-* :func:`compose_fused` (:class:`~.fused.build.FusedPlan`): the ``(11, N)`` index
+* :func:`compose_fused` (:class:`~.fused.build.FusedPlan`): the ``(12, N)`` index
   arrays concatenated (atom, reference rows, parent and sibling rows and flip
   atom shifted by the part's atom offset, fixed slots by its fixed-atom
-  offset); work units regrouped *on the parts' unit boundaries*: a part's unit
-  ``[s, e)`` starts a new unit of the packed plan where ``s // target`` changes,
+  offset, pose slots by its seeded-component offset); work units regrouped
+  *on the parts' unit boundaries*: a part's unit ``[s, e)`` starts a new unit
+  of the packed plan where ``s // target`` changes,
   ``target = max(UNIT_MIN_ATOMS, ceil(N / UNITS_MAX))``, the rule
   :func:`~.fused.build.fused_plan` applies to component boundaries. Where every part
   is a single component (or a single unit of its own) the composed plan equals
@@ -103,7 +104,7 @@ def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
         )
     n = topo.n_atoms
     fixed_off = _offsets([p.topology.n_fixed for p in parts])
-    index = np.concatenate([p.index for p in parts], axis=1) if parts else np.zeros((11, 0), np.int64)
+    index = np.concatenate([p.index for p in parts], axis=1) if parts else np.zeros((12, 0), np.int64)
     # whole-array passes in place: the concatenation is the one array as large as the plan (fresh
     # large arrays cost page faults, more than the arithmetic); per-part slices cost more in Python
     shift = np.repeat(atom_off[:-1], sizes)
@@ -111,6 +112,9 @@ def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
     _shift_kept(index[2:8], shift)  # reference rows, parent row, sibling row, flip atom
     if int(fixed_off[-1]):
         _shift_kept(index[8], np.repeat(fixed_off[:-1], sizes))  # fixed slots
+    seeded_off = _offsets([p.topology.seed_root.size for p in parts])
+    if int(seeded_off[-1]):
+        _shift_kept(index[11], np.repeat(seeded_off[:-1], sizes))  # pose slots
     # every part's unit starts, in packed rows; a new packed unit where start // target changes
     begins = np.concatenate([p.starts[:-1] + o for p, o in zip(parts, atom_off[:-1])])
     target = max(UNIT_MIN_ATOMS, -(-n // UNITS_MAX))

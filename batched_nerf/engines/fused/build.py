@@ -15,10 +15,10 @@ in float64 too unless the call asks for float32 (``accumulate_dtype``, see
 :func:`configure`); under ``method="auto"`` a Triton compile or launch error
 falls back to the reference engine with one warning (:mod:`..gpu_policy`).
 
-Plan (:func:`fused_plan`, vectorised numpy, once per table): an ``(11, N)``
+Plan (:func:`fused_plan`, vectorised numpy, once per table): a ``(12, N)``
 integer array over the atoms in work order (see ``cpu.samples``' row names:
 atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
-flip atom, fixed slot, anchor sign, third-seed flag) and the unit boundaries.
+flip atom, fixed slot, anchor sign, third-seed flag, pose slot) and the unit boundaries.
 
 The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from :func:`trig`
 (one vectorised float64 loop); the forward's array is kept for the backward
@@ -38,6 +38,7 @@ engine builds directly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,7 +49,7 @@ from torch import Tensor
 
 from ..._geometry import nan_negative_bonds
 from ..._topology import SECOND, THIRD, Topology
-from ..backends import require
+from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
@@ -56,7 +57,11 @@ from ..function import Function, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
+from . import pose as fused_pose
 from . import workspace
+from .arrays import front as _front
+from .arrays import numpy_view as _np
+from .arrays import plain as _plain
 
 __all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
 
@@ -76,11 +81,13 @@ class FusedPlan(Movable):
     """Atoms in work order with everything the kernels read.
 
     Attributes:
-        index: ``(11, N)`` ``int64`` (rows named in ``cpu.samples``): atom, row
+        index: ``(12, N)`` ``int64`` (rows named in ``cpu.samples``): atom, row
             code, bond/angle/dihedral reference row, parent row, sibling row
             whose ``phi_eff`` is added (``-1``: none), atom whose
             ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
-            third-seed flag. Reference rows are positions in this order.
+            third-seed flag, pose slot (the seeded component's index in
+            ``topology.seed_root``; ``-1`` in anchored components). Reference
+            rows are positions in this order.
         starts: ``(U + 1,)`` ``int64`` first row of each work unit.
         topology: the table's topology (the reference engine's plan is made from it on demand).
         width: atoms of the widest unit (at least 1): the kernels' scratch rows.
@@ -194,6 +201,7 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
         slot,
         sign,
         (kind == THIRD).astype(np.int64),
+        np.where(topo.seed_slot < topo.seed_root.size, topo.seed_slot, -1),
     )
     index = np.ascontiguousarray(np.stack(fields)[:, atoms], dtype=np.int64)
     counts = np.bincount(unit, minlength=int(unit.max(initial=-1)) + 1)
@@ -205,10 +213,6 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
 
 
 # ------------------------------------------------------------------ autograd
-def _np(t: Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
-
-
 def trig(angles: Tensor, dihedrals: Tensor, out: np.ndarray | None = None) -> np.ndarray:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
@@ -237,29 +241,72 @@ class Turns:
 _NO_TURNS = Turns(None)
 
 
+@functools.lru_cache(maxsize=64)
+def _identity_rows(n_seeded: int) -> np.ndarray:
+    """``(1, S, 13)`` pose rows of no pose (``R = I``, ``t = 0``, proper), shared by every call (left
+    writeable: numba compiles a read-only array's kernels anew; the kernels only read it)."""
+    rows = np.zeros((1, n_seeded, 13))
+    rows[..., [0, 4, 8, 12]] = 1.0
+    return rows
+
+
+def _pose_rows(plan: FusedPlan, rot: Tensor | None, tr: Tensor | None, nan: bool) -> np.ndarray:
+    """The CPU kernels' pose rows of ``(B, S, 3, 3)`` rotations and ``(B, S, 3)`` translations (both or
+    neither), the identity's without (:func:`.cpu.pose.pose_rows`)."""
+    if rot is None or tr is None:
+        return _identity_rows(plan.topology.seed_root.size)
+    return require("cpu").pose.pose_rows(_np(rot), _np(tr), nan)
+
+
 def _forward_kernel(
-    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, turns: Turns = _NO_TURNS
+    plan: FusedPlan,
+    b: Tensor,
+    a: Tensor,
+    d: Tensor,
+    f: Tensor,
+    rot: Tensor | None = None,
+    tr: Tensor | None = None,
+    turns: Turns = _NO_TURNS,
 ) -> Tensor:
-    """The forward kernel of the inputs' device: numba (numpy views) or triton (device tensors)."""
+    """The forward kernel of the inputs' device: numba (numpy views; the pose inside) or triton
+    (device tensors; the pose after it, in torch)."""
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
         return _guarded(
             plan,
             b,
-            lambda: kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
-            lambda: _reference_build(plan, b, a, d, f),
+            lambda: _posed(
+                plan,
+                kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
+                *_detached(rot, tr),
+            ),
+            lambda: _reference_build(plan, b, a, d, f, rot, tr),
         )
-    out = kernels.forward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), plan.width, plan.reach)
+    pose = _pose_rows(plan, rot, tr, nan=True)
+    out = kernels.forward(
+        plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), pose, plan.width, plan.reach
+    )
     return torch.from_numpy(out)
 
 
 def _backward_kernel(
-    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, turns: Turns = _NO_TURNS
-) -> tuple[Tensor, ...]:
-    """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)``."""
+    plan: FusedPlan,
+    b: Tensor,
+    a: Tensor,
+    d: Tensor,
+    f: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    g: Tensor,
+    turns: Turns = _NO_TURNS,
+) -> tuple[Tensor | None, ...]:
+    """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)`` with respect to ``b, a, d,
+    f`` and, where a pose is given, ``rot, tr``."""
     kernels = require(b.device.type)
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
+        if rot is not None:  # the pose's torch graph after the kernels
+            return _reference_vjp(plan, b, a, d, f, rot, tr, g)
         return tuple(
             _guarded(
                 plan,
@@ -267,15 +314,22 @@ def _backward_kernel(
                 lambda: kernels.backward(
                     plan.topology, *_detached(b, a, d, f), g, accumulate=plan.accumulate
                 ),
-                lambda: _reference_vjp(plan, b, a, d, f, g),
+                lambda: _reference_vjp(plan, b, a, d, f, None, None, g),
             )
         )
-    out = kernels.backward(plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), _np(g), plan.width)
-    return tuple(torch.from_numpy(x) for x in out)
+    pose = _pose_rows(plan, rot, tr, nan=False)
+    *grads, gpose = kernels.backward(
+        plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), pose, _np(g), plan.width, rot is not None
+    )
+    grads = [torch.from_numpy(x) for x in grads]
+    if rot is None or tr is None:
+        return tuple(grads)
+    gp = torch.from_numpy(gpose).to(b.dtype)
+    return (*grads, gp[..., :9].reshape(rot.shape), gp[..., 9:].reshape(tr.shape))
 
 
-def _detached(*tensors: Tensor) -> tuple[Tensor, ...]:
-    return tuple(t.detach() for t in tensors)
+def _detached(*tensors: Tensor | None) -> tuple[Any, ...]:
+    return tuple(None if t is None else t.detach() for t in tensors)
 
 
 def _guarded(plan: FusedPlan, b: Tensor, kernel: Any, reference: Any) -> Any:
@@ -292,114 +346,176 @@ def _guarded(plan: FusedPlan, b: Tensor, kernel: Any, reference: Any) -> Any:
         return fall_back(device, exc, reference)
 
 
-def _reference_build(plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor) -> Tensor:
-    """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``): differentiable torch."""
+def _posed(plan: FusedPlan, x: Tensor, rot: Tensor | None, tr: Tensor | None) -> Tensor:
+    """``x`` moved by ``(B, S, 3, 3)`` rotations and ``(B, S, 3)`` translations (torch; ``x`` itself
+    without)."""
+    if rot is None or tr is None:
+        return x
+    slot = plan._reference.get(("slot", x.device))
+    if slot is None:
+        with _no_functorch():
+            slot = torch.tensor(plan.topology.seed_slot, dtype=torch.long, device=x.device)
+        plan._reference[("slot", x.device)] = slot
+    return fused_pose.reference(x, rot, tr, slot)
+
+
+def _reference_build(
+    plan: FusedPlan,
+    b: Tensor,
+    a: Tensor,
+    d: Tensor,
+    f: Tensor,
+    rot: Tensor | None = None,
+    tr: Tensor | None = None,
+) -> Tensor:
+    """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``), then the pose where
+    given: differentiable torch."""
     ref = plan.reference(b.shape[0], b.device)
     build = build_levels if isinstance(ref, LevelPlan) else build_scan
-    return build(ref, nan_negative_bonds(b), a, d, f if f.shape[-2] else None)
+    return _posed(plan, build(ref, nan_negative_bonds(b), a, d, f if f.shape[-2] else None), rot, tr)
 
 
 def _reference_vjp(
-    plan: FusedPlan, b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    _, vjp = torch.func.vjp(lambda *x: _reference_build(plan, *x), b, a, d, f)
+    plan: FusedPlan,
+    b: Tensor,
+    a: Tensor,
+    d: Tensor,
+    f: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    g: Tensor,
+) -> tuple[Tensor | None, ...]:
+    """Gradients of ``sum(g * build)`` with respect to ``b, a, d, f`` (and ``rot, tr`` where given)."""
+    _, vjp = torch.func.vjp(lambda *x: _reference_build(plan, *x), *_given((b, a, d, f, rot, tr)))
     return vjp(g)
 
 
-def _front(x: Tensor, dim: int | None, size: int) -> Tensor:
-    """``x`` with its vmapped dimension first (expanded when unbatched), leading dims flattened."""
-    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()  # no aliasing rows
+def _tangents(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Zeros for the tangents not given, of the primals that are tensors (a missing pose stays None)."""
+    return tuple(
+        None if p is None else torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)
+    )
+
+
+def _given(values: tuple[Any, ...]) -> tuple[Tensor, ...]:
+    return tuple(v for v in values if v is not None)
+
+
+def _with_none(values: tuple[Any, ...], like: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` (one per non-None entry of ``like``) placed back among ``like``'s Nones."""
+    it = iter(values)
+    return tuple(None if x is None else next(it) for x in like)
 
 
 class FusedBuild(Function):
-    """``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions -> ``(B, N, 3)``."""
+    """``(B, N)`` bonds, angles, dihedrals, ``(B, F, 3)`` fixed positions and the pose (``(B, S, 3, 3)``
+    rotations and ``(B, S, 3)`` translations, or None) -> ``(B, N, 3)``."""
 
     @staticmethod
-    def forward(b: Tensor, a: Tensor, d: Tensor, f: Tensor, plan: FusedPlan, turns: Turns) -> Tensor:  # type: ignore[override]
-        return _forward_kernel(plan, b, a, d, f, turns)
+    def forward(  # type: ignore[override]
+        b: Tensor, a: Tensor, d: Tensor, f: Tensor, rot: Any, tr: Any, plan: FusedPlan, turns: Turns
+    ) -> Tensor:
+        return _forward_kernel(plan, b, a, d, f, rot, tr, turns)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        b, a, d, f, plan, turns = inputs
-        save(ctx, b, a, d, f)
+        *tensors, plan, turns = inputs
+        ctx.posed = tensors[4] is not None
+        save(ctx, *_given(tuple(tensors)))
         ctx.plan, ctx.turns = plan, turns
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        b, a, d, f = ctx.saved_tensors
-        return (*FusedVJP.apply(b, a, d, f, g, ctx.plan, ctx.turns), None, None)
+        grads = FusedVJP.apply(*_saved(ctx), g, ctx.plan, ctx.turns)
+        return (*grads, *(() if ctx.posed else (None, None)), None, None)
 
     @staticmethod
-    def jvp(ctx: Any, tb: Any, ta: Any, td: Any, tf: Any, *_: Any) -> Tensor:
-        primals = ctx.saved_tensors
-        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, (tb, ta, td, tf)))
-        return torch.func.jvp(lambda *x: _reference_build(ctx.plan, *x), primals, tangents)[1]
+    def jvp(ctx: Any, *tangents: Any) -> Tensor:
+        primals = _saved(ctx)
+        tangents = _tangents(primals, tangents[:6])
+        given = _given(primals)
+        return torch.func.jvp(
+            lambda *x: _reference_build(ctx.plan, *_with_none(x, primals)), given, _given(tangents)
+        )[1]
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
         *tensors, plan, _ = args  # the kept turns are for the unbatched shapes: made anew
         size = info.batch_size
-        front = (_front(x, dim, size) for x, dim in zip(tensors, in_dims[:4]))
+        front = (_front(x, dim, size) for x, dim in zip(tensors, in_dims[:6]))
         out = FusedBuild.apply(*front, plan, _NO_TURNS)
         return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
 
 
+def _saved(ctx: Any) -> tuple[Any, ...]:
+    """The saved ``(b, a, d, f, rot, tr)`` (the pose None where none was given)."""
+    saved = ctx.saved_tensors
+    return tuple(saved) if ctx.posed else (*saved[:4], None, None, *saved[4:])
+
+
 class FusedVJP(Function):
-    """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))``; differentiable."""
+    """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))`` (of ``b, a, d, f`` and,
+    where given, of the pose); differentiable."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        b: Tensor, a: Tensor, d: Tensor, f: Tensor, g: Tensor, plan: FusedPlan, turns: Turns
+        b: Tensor,
+        a: Tensor,
+        d: Tensor,
+        f: Tensor,
+        rot: Any,
+        tr: Any,
+        g: Tensor,
+        plan: FusedPlan,
+        turns: Turns,
     ) -> tuple[Tensor, ...]:
-        return _backward_kernel(plan, b, a, d, f, g, turns)
+        return _backward_kernel(plan, b, a, d, f, rot, tr, g, turns)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         *tensors, plan, _ = inputs
-        save(ctx, *tensors)
+        ctx.posed = tensors[4] is not None
+        save(ctx, *_given(tuple(tensors)))
         ctx.plan = plan
 
     @staticmethod
     def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        inputs = ctx.saved_tensors
-        _, vjp = torch.func.vjp(lambda *x: _reference_vjp(ctx.plan, *x), *inputs)
-        return (*vjp(tuple(gg)), None, None)
+        primals = _saved(ctx)
+        _, vjp = torch.func.vjp(
+            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), *_given(primals)
+        )
+        return (*_with_none(vjp(tuple(gg)), primals), None, None)
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
-        primals = ctx.saved_tensors
-        tangents = tuple(torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents[:5]))
-        return torch.func.jvp(lambda *x: _reference_vjp(ctx.plan, *x), primals, tangents)[1]
+        primals = _saved(ctx)
+        tangents = _tangents(primals, tangents[:7])
+        return torch.func.jvp(
+            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), _given(primals), _given(tangents)
+        )[1]
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
         *tensors, plan, _ = args
         size = info.batch_size
-        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:5])), plan, _NO_TURNS)
-        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0, 0, 0, 0)
+        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:7])), plan, _NO_TURNS)
+        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0,) * len(out)
 
 
 # ------------------------------------------------------------------- builder
-def _plain(*tensors: Tensor) -> bool:
-    """No gradient, tangent or torch.func wrapper to serve: the kernel can run directly."""
-    if _IS_FUNCTORCH_WRAPPED is None:
-        return False
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return not grad and not any(
-        _IS_FUNCTORCH_WRAPPED(t) or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
-        for t in tensors
-    )
-
-
 def build_fused(
     plan: FusedPlan,
     bonds: Tensor,
     angles: Tensor,
     dihedrals: Tensor,
     fixed_xyz: Tensor | None,
+    pose: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs (fused kernels).
+
+    ``pose``: ``(rotation (..., S, 3, 3), translation (..., S, 3))`` of the seeded components, of the
+    inputs' batch shape and dtype (checked by the caller): each component is built in its pose
+    (the CPU kernels place the seeds there; ``x = R y + t`` for every atom, NaN where ``det R < 0``).
 
     Raises:
         RuntimeError: numba is not installed, or the device has no fused backend.
@@ -409,7 +525,8 @@ def build_fused(
     if torch.compiler.is_compiling() or bonds.dtype not in (torch.float32, torch.float64):
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
-        return build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
+        x = build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
+        return x if pose is None else _posed(plan, x, *pose)
     triton = getattr(require(bonds.device.type), "TENSORS", False)  # kernels on device tensors
     if triton:  # Triton: NaN for negative bonds here (the numba kernels do it per atom)
         bonds = nan_negative_bonds(bonds)
@@ -419,13 +536,17 @@ def build_fused(
         f = bonds.new_zeros((m, 0, 3))
     else:
         f = fixed_xyz.to(bonds.dtype).reshape(m, -1, 3)
-    if _plain(b, a, d, f):
+    rot = tr = None
+    if pose is not None:
+        s = plan.topology.seed_root.size
+        rot, tr = pose[0].reshape(m, s, 3, 3), pose[1].reshape(m, s, 3)
+    if _plain(b, a, d, f, *_given((rot, tr))):
         if triton:
-            return _forward_kernel(plan, b, a, d, f).reshape(*batch, n, 3)
+            return _forward_kernel(plan, b, a, d, f, rot, tr).reshape(*batch, n, 3)
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
             turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
-            return _forward_kernel(plan, b, a, d, f, turns).reshape(*batch, n, 3)
-    return FusedBuild.apply(b, a, d, f, plan, _turns(a, d)).reshape(*batch, n, 3)
+            return _forward_kernel(plan, b, a, d, f, rot, tr, turns).reshape(*batch, n, 3)
+    return FusedBuild.apply(b, a, d, f, rot, tr, plan, _turns(a, d)).reshape(*batch, n, 3)
 
 
 def _turns(a: Tensor, d: Tensor) -> Turns:
@@ -441,4 +562,9 @@ def _turns(a: Tensor, d: Tensor) -> Turns:
     return Turns(trig(a, d))
 
 
-FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True, configure=configure)
+def _takes_pose(bonds: Tensor) -> bool:
+    """The CPU kernels build in the pose (float32/float64 CPU tensors, numba installed, not traced)."""
+    return fused_pose.kernel_runs(bonds) and available("cpu")
+
+
+FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True, configure=configure, takes_pose=_takes_pose)

@@ -39,6 +39,7 @@ from .samples import (
     FROM_PARENT,
     PARENT,
     PHI_FROM,
+    POSE,
     REF_A,
     REF_B,
     REF_D,
@@ -50,6 +51,7 @@ from .samples import (
     _nerf_adjoint,
     _nerf_frame,
     _placement,
+    pose_row,
 )
 
 __all__ = ["LANES", "backward_call", "forward_call", "lanes"]
@@ -77,6 +79,8 @@ CHUNK = 64
 #: that calls with it share the forward's compiled specialisations (a literal ``-1`` is a type
 #: of its own to numba, and compiled again: 3 kernels, seconds on a cold cache).
 _WHOLE = np.int64(-1)
+#: No pose: ``R = I``, ``t = 0``.
+_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
 
 
 @njit(cache=True)
@@ -219,7 +223,7 @@ def _ring(reach: int, width: int) -> tuple[int, int]:
 
 
 @njit(cache=True)
-def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask):
+def _blocks_items(t, nt, p, starts, bonds, trig, fixed, pose, out, rows, mask):
     """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
     total = -(-n_samples // L) * n_units
@@ -230,27 +234,57 @@ def _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask):
         for c0 in range(s0, s1, CHUNK):  # in, build, out: a chunk of rows at a time
             c1 = min(c0 + CHUNK, s1)
             _block_rows(p, s0, c0, c1, b0, bonds, trig, fixed, Z, M, mask)
-            for k0 in range(c0, c1, TILE):  # in tiles, as the inputs came in
-                for b in range(b0, min(b0 + L, n_samples)):
-                    s, o = b - b0, out[b]
-                    for k in range(k0, min(k0 + TILE, c1)):
-                        i, atom = (k - s0) & mask, p[ATOM, k]
-                        o[atom, 0], o[atom, 1], o[atom, 2] = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
+            _block_out(p, s0, c0, c1, b0, pose, Z, out, mask)
+
+
+@njit(cache=True)
+def _block_out(p, s0, c0, c1, b0, pose, Z, out, mask):
+    """Rows ``[c0, c1)`` from the scratch into ``out``, in tiles (as the inputs came in): an atom of a
+    seeded component as ``R y + t``, the pose held in registers while the rows stay in its
+    component; anchored atoms as built."""
+    for k0 in range(c0, c1, TILE):
+        for b in range(b0, min(b0 + L, out.shape[0])):
+            s, o, held = b - b0, out[b], -1
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, t0, t1, t2 = _IDENTITY
+            for k in range(k0, min(k0 + TILE, c1)):
+                i, atom, slot = (k - s0) & mask, p[ATOM, k], p[POSE, k]
+                y0, y1, y2 = Z[i, s], Z[i, L + s], Z[i, 2 * L + s]
+                if slot >= 0:
+                    if slot != held:
+                        P, held = pose_row(pose, b, slot), slot
+                        r0, r1, r2, r3, r4, r5, r6, r7, r8 = (
+                            P[0],
+                            P[1],
+                            P[2],
+                            P[3],
+                            P[4],
+                            P[5],
+                            P[6],
+                            P[7],
+                            P[8],
+                        )
+                        t0, t1, t2 = P[9], P[10], P[11]
+                    y0, y1, y2 = (
+                        r0 * y0 + r1 * y1 + r2 * y2 + t0,
+                        r3 * y0 + r4 * y1 + r5 * y2 + t1,
+                        r6 * y0 + r7 * y1 + r8 * y2 + t2,
+                    )
+                o[atom, 0], o[atom, 1], o[atom, 2] = y0, y1, y2
 
 
 @njit(cache=True, parallel=True)
-def _blocks_parallel(p, starts, bonds, trig, fixed, out, nt, rows, mask):
+def _blocks_parallel(p, starts, bonds, trig, fixed, pose, out, nt, rows, mask):
     for t in prange(nt):
-        _blocks_items(t, nt, p, starts, bonds, trig, fixed, out, rows, mask)
+        _blocks_items(t, nt, p, starts, bonds, trig, fixed, pose, out, rows, mask)
 
 
-def forward_call(p, starts, bonds, trig, fixed, out, nt, width, reach):  # type: ignore[no-untyped-def]
+def forward_call(p, starts, bonds, trig, fixed, pose, out, nt, width, reach):  # type: ignore[no-untyped-def]
     """``(kernel, args)``: ``kernel(*args)`` writes the positions into ``out`` on ``nt`` threads
     (arguments as :func:`.build.forward`'s)."""
     rows, mask = _ring(reach, width)
     if nt > 1:
-        return _blocks_parallel, (p, starts, bonds, trig, fixed, out, nt, rows, mask)
-    return _blocks_items, (0, 1, p, starts, bonds, trig, fixed, out, rows, mask)  # no thread-pool round trip
+        return _blocks_parallel, (p, starts, bonds, trig, fixed, pose, out, nt, rows, mask)
+    return _blocks_items, (0, 1, p, starts, bonds, trig, fixed, pose, out, rows, mask)  # no pool round trip
 
 
 # ------------------------------------------------------------------ backward
@@ -345,14 +379,59 @@ def _block_nerf_adjoint(Zb, Za, Zd, Yb, Ya, Yd, N):
 
 
 @njit(cache=True)
-def _block_adjoint_start(p, s0, s1, b0, gxyz, Y):
+def _block_adjoint_start(p, s0, s1, b0, gxyz, pose, Z, Y, gpose, Q):
+    """The position adjoints into ``Y``: ``g``, or ``R^T g`` in a seeded component (0 for an improper
+    rotation, the reference's ``where``); the pose gradients ``sum g y^T``, ``sum g`` into ``gpose``
+    where it has rows (summed in ``Q`` while the rows stay in one component)."""
     Y[: s1 - s0, : _G * L] = 0.0  # spare lanes too: their adjoints stay 0
     b1 = min(b0 + L, gxyz.shape[0])
+    ns, want, held = b1 - b0, gpose.shape[0] > 0, -1  # held: the component summed in Q
     for k in range(s0, s1):
-        g, Yi = gxyz[b0:b1, p[ATOM, k]], Y[k - s0]
-        for c in range(3):
-            for s in range(b1 - b0):
-                Yi[c * L + s] = np.float64(g[s, c])
+        g, Yi, Zi, slot = gxyz[b0:b1, p[ATOM, k]], Y[k - s0], Z[k - s0], p[POSE, k]
+        if slot < 0:
+            for c in range(3):
+                for s in range(ns):
+                    Yi[c * L + s] = np.float64(g[s, c])
+            continue
+        if want and slot != held:
+            _flush(Q, gpose, b0, ns, held)
+            held = slot
+        for s in range(ns):
+            g0, g1, g2 = np.float64(g[s, 0]), np.float64(g[s, 1]), np.float64(g[s, 2])
+            P = pose_row(pose, b0 + s, slot)
+            if not P[12] > 0.0:
+                g0, g1, g2 = 0.0, 0.0, 0.0
+            Yi[s] = P[0] * g0 + P[3] * g1 + P[6] * g2
+            Yi[L + s] = P[1] * g0 + P[4] * g1 + P[7] * g2
+            Yi[2 * L + s] = P[2] * g0 + P[5] * g1 + P[8] * g2
+            if want:
+                y0, y1, y2 = Zi[s], Zi[L + s], Zi[2 * L + s]
+                Q[s] += g0 * y0
+                Q[L + s] += g0 * y1
+                Q[2 * L + s] += g0 * y2
+                Q[3 * L + s] += g1 * y0
+                Q[4 * L + s] += g1 * y1
+                Q[5 * L + s] += g1 * y2
+                Q[6 * L + s] += g2 * y0
+                Q[7 * L + s] += g2 * y1
+                Q[8 * L + s] += g2 * y2
+                Q[9 * L + s] += g0
+                Q[10 * L + s] += g1
+                Q[11 * L + s] += g2
+    if want:
+        _flush(Q, gpose, b0, ns, held)
+
+
+@njit(cache=True)
+def _flush(Q, gpose, b0, ns, slot):
+    """Add the sums in ``Q`` (12 fields of LANES) into ``gpose[b0:b0 + ns, slot]`` and zero them (none
+    for ``slot < 0``)."""
+    if slot >= 0:
+        for s in range(ns):
+            q = gpose[b0 + s, slot]
+            for c in range(12):
+                q[c] += Q[c * L + s]
+    Q[:] = 0.0
 
 
 @njit(cache=True)
@@ -413,10 +492,10 @@ def _block_grads_out(p, s0, c0, c1, b0, ns, bonds, Y, gb, ga, gd):
 
 
 @njit(cache=True)
-def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
+def _block_backward(p, s0, s1, b0, bonds, pose, gxyz, gb, ga, gd, gf, gpose, Z, M, Y, N):
     """Input gradients of rows ``[s0, s1)``, samples from ``b0``: walk back over the forward in ``Z``
     (a row's gradients are final once the walk has passed it: out a chunk at a time)."""
-    _block_adjoint_start(p, s0, s1, b0, gxyz, Y)
+    _block_adjoint_start(p, s0, s1, b0, gxyz, pose, Z, Y, gpose, N)  # N: free until the walk
     ns = min(L, bonds.shape[0] - b0)
     for c1 in range(s1, s0, -CHUNK):
         c0 = max(c1 - CHUNK, s0)
@@ -426,12 +505,12 @@ def _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N):
 
 
 @njit(cache=True)
-def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width):
+def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, width):
     """Thread ``t`` of ``nt``: a contiguous run of the (block, unit) items (forward recomputed)."""
     n_units, n_samples = starts.size - 1, bonds.shape[0]
     total = -(-n_samples // L) * n_units
     Z, M = np.zeros((width, FORWARD_FIELDS * L)), np.empty(9 * L)  # zeros: finite spare lanes
-    Y, N = np.empty((width, BACKWARD_FIELDS * L)), np.empty(9 * L)
+    Y, N = np.empty((width, BACKWARD_FIELDS * L)), np.empty(12 * L)  # N: 9 fields, 12 for the pose sums
     whole = _WHOLE  # every row its own scratch row (no ring); an int64, not the literal -1, so
     # that _block_rows and what it calls are the forward's specialisations (not compiled again)
     for item in range(total * t // nt, total * (t + 1) // nt):
@@ -439,19 +518,19 @@ def _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, g
         s0, s1 = starts[u], starts[u + 1]
         for c0 in range(s0, s1, CHUNK):
             _block_rows(p, s0, c0, min(c0 + CHUNK, s1), b0, bonds, trig, fixed, Z, M, whole)
-        _block_backward(p, s0, s1, b0, bonds, gxyz, gb, ga, gd, gf, Z, M, Y, N)
+        _block_backward(p, s0, s1, b0, bonds, pose, gxyz, gb, ga, gd, gf, gpose, Z, M, Y, N)
 
 
 @njit(cache=True, parallel=True)
-def _blocks_backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):
+def _blocks_backward_parallel(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, nt, width):
     for t in prange(nt):
-        _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, width)
+        _blocks_backward_items(t, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, width)
 
 
-def backward_call(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):  # type: ignore[no-untyped-def]
-    """``(kernel, args)``: ``kernel(*args)`` writes the input gradients into ``gb, ga, gd, gf`` on
-    ``nt`` threads (arguments as :func:`.build.backward`'s)."""
-    args = (p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf)
+def backward_call(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, nt, width):  # type: ignore[no-untyped-def]
+    """``(kernel, args)``: ``kernel(*args)`` writes the input gradients into ``gb, ga, gd, gf`` (and
+    ``gpose``) on ``nt`` threads (arguments as :func:`.build.backward`'s)."""
+    args = (p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose)
     if nt > 1:
         return _blocks_backward_parallel, (*args, nt, width)
     return _blocks_backward_items, (0, 1, *args, width)

@@ -83,14 +83,19 @@ def forward(
     bonds: np.ndarray,
     trig: np.ndarray,
     fixed: np.ndarray,
+    pose: np.ndarray,
     width: int,
     reach: int,
 ) -> np.ndarray:
     """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
     ``trig`` ``(4, B, N)`` float64: ``cos(angles), cos(dihedrals), sin(angles),
-    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.build.trig`). ``index``
-    ``(11, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
+    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.build.trig`). ``pose``
+    ``(B or 1, S, 13)`` float64: the pose rows of the seeded components
+    (:func:`.pose.pose_rows`: ``R`` row-major, ``t``, and 1 for a proper
+    rotation; the identity and 0 where no pose is given): each seeded atom
+    is written out as ``R y + t`` of its built position ``y``. ``index`` ``(12, N)``, ``starts`` ``(U + 1,)``,
+    ``width`` and ``reach`` are the plan's
     (:class:`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
     ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
     """
@@ -100,14 +105,16 @@ def forward(
 
     def per_sample() -> None:
         if nt > 1:
-            _forward_parallel(index, starts, bonds, trig, fixed, out, nt, width)
+            _forward_parallel(index, starts, bonds, trig, fixed, pose, out, nt, width)
         else:  # the same loop on this thread: no thread-pool round trip
             X, F, T = np.empty((width, 3)), np.empty((width, 9)), np.empty((width, 4))
-            _forward_items(0, 1, index, starts, bonds, trig, fixed, out, X, F, T)
+            _forward_items(0, 1, index, starts, bonds, trig, fixed, pose, out, X, F, T)
 
     if _blocked(n_samples, width, starts.size - 1, nt, FORWARD_MAX_WIDTH):  # SIMD across a block
         nt_blocks = min(nt, -(-n_samples // LANES) * (starts.size - 1))
-        kernel, blocked_args = forward_call(index, starts, bonds, trig, fixed, out, nt_blocks, width, reach)
+        kernel, blocked_args = forward_call(
+            index, starts, bonds, trig, fixed, pose, out, nt_blocks, width, reach
+        )
         tiers.run(kernel, blocked_args, bonds.dtype, per_sample)
     else:
         per_sample()
@@ -120,18 +127,24 @@ def backward(
     bonds: np.ndarray,
     trig: np.ndarray,
     fixed: np.ndarray,
+    pose: np.ndarray,
     grad_xyz: np.ndarray,
     width: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients ``(g_bonds, g_angles, g_dihedrals, g_fixed)`` of ``sum(grad_xyz * xyz)``.
+    pose_grad: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients ``(g_bonds, g_angles, g_dihedrals, g_fixed, g_pose)`` of ``sum(grad_xyz * xyz)``.
 
-    Shapes as the inputs of :func:`forward`; ``grad_xyz`` ``(B, N, 3)``.
+    Shapes as the inputs of :func:`forward`; ``grad_xyz`` ``(B, N, 3)``; ``pose``
+    here keeps an improper rotation's values (its components get no gradient).
+    ``g_pose`` ``(B, S, 12)`` float64 (``R`` row-major, ``t``) with ``pose_grad``,
+    else ``(0, S, 12)``.
     """
     n_samples, n_atoms = bonds.shape
     gb, ga, gd = (np.empty((n_samples, n_atoms), dtype=bonds.dtype) for _ in range(3))
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
+    gpose = np.zeros((n_samples if pose_grad else 0, pose.shape[1], 12))  # the kernels add into it
     nt = _threads(n_samples, starts.size - 1, n_atoms)
-    args = (index, starts, bonds, trig, fixed, grad_xyz, gb, ga, gd, gf)
+    args = (index, starts, bonds, trig, fixed, pose, grad_xyz, gb, ga, gd, gf, gpose)
 
     def per_sample() -> None:
         if nt > 1:
@@ -147,4 +160,4 @@ def backward(
         tiers.run(kernel, blocked_args, bonds.dtype, per_sample)
     else:
         per_sample()
-    return gb, ga, gd, gf
+    return gb, ga, gd, gf, gpose

@@ -17,7 +17,7 @@ from numba import njit, prange
 from ...._geometry import EPS
 
 # rows of the plan's index array (see fused.FusedPlan.index)
-ATOM, CODE, REF_B, REF_A, REF_D, PARENT, PHI_FROM, FLIP_ON, SLOT, SIGN, THIRD = range(11)
+ATOM, CODE, REF_B, REF_A, REF_D, PARENT, PHI_FROM, FLIP_ON, SLOT, SIGN, THIRD, POSE = range(12)
 # row codes
 FIXED, ROOT, SECOND, ANCHOR, FROM_PARENT, POSITIONS = range(6)
 
@@ -118,39 +118,64 @@ def _frame(p, k, s0, X, F):
     )  # fmt: skip
 
 
+@njit(inline="always")
+def pose_row(pose, b, slot):
+    """The pose row ``(R row-major, t, ok)`` of seeded component ``slot`` in sample ``b`` (``pose``
+    ``(B or 1, S, 13)``: one row broadcasts to every sample)."""
+    return pose[b if pose.shape[0] > 1 else 0, slot]
+
+
+@njit(inline="always")
+def posed(P, y0, y1, y2):
+    """``R y + t`` of pose row ``P``."""
+    return (
+        P[0] * y0 + P[1] * y1 + P[2] * y2 + P[9],
+        P[3] * y0 + P[4] * y1 + P[5] * y2 + P[10],
+        P[6] * y0 + P[7] * y1 + P[8] * y2 + P[11],
+    )
+
+
 @njit(cache=True)
-def _forward_items(t0, nt, p, starts, bonds, trig, fixed, out, X, F, T):
+def _forward_items(t0, nt, p, starts, bonds, trig, fixed, pose, out, X, F, T):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
         s0, s1 = starts[u], starts[u + 1]
         _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
-        for k in range(s0, s1):
-            atom = p[ATOM, k]
-            for c in range(3):
-                out[b, atom, c] = X[k - s0, c]
+        for k in range(s0, s1):  # out in the pose: R y + t (anchored atoms as built)
+            atom, slot, i = p[ATOM, k], p[POSE, k], k - s0
+            if slot < 0:
+                for c in range(3):
+                    out[b, atom, c] = X[i, c]
+            else:
+                out[b, atom, 0], out[b, atom, 1], out[b, atom, 2] = posed(
+                    pose_row(pose, b, slot), X[i, 0], X[i, 1], X[i, 2]
+                )
 
 
 @njit(cache=True, parallel=True)
-def _forward_parallel(p, starts, bonds, trig, fixed, out, nt, width):
+def _forward_parallel(p, starts, bonds, trig, fixed, pose, out, nt, width):
     for t in prange(nt):
         X = np.empty((width, 3))
         F = np.empty((width, 9))
         T = np.empty((width, 4))
-        _forward_items(t, nt, p, starts, bonds, trig, fixed, out, X, F, T)
+        _forward_items(t, nt, p, starts, bonds, trig, fixed, pose, out, X, F, T)
 
 
 @njit(cache=True)
-def _unit_backward(p, s0, s1, b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
-    """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b``."""
+def _unit_backward(p, s0, s1, b, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S):
+    """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b`` (and of its pose, added
+    into ``gpose[b]`` where ``gpose`` has rows)."""
     X, F, GX, GO, GP, T = S
     _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
     for k in range(s0, s1):
         i = k - s0
-        atom = p[ATOM, k]
-        for c in range(3):
-            GX[i, c] = np.float64(gxyz[b, atom, c])
+        atom, slot = p[ATOM, k], p[POSE, k]
+        g0, g1, g2 = np.float64(gxyz[b, atom, 0]), np.float64(gxyz[b, atom, 1]), np.float64(gxyz[b, atom, 2])
+        if slot >= 0:  # x = R y + t: g_y = R^T g, gR += g y^T, gt += g (nothing for an improper R)
+            g0, g1, g2 = _pose_adjoint(pose_row(pose, b, slot), g0, g1, g2, X[i], gpose, b, slot)
+        GX[i, 0], GX[i, 1], GX[i, 2] = g0, g1, g2
         for c in range(9):
             GO[i, c] = 0.0
         GP[i] = 0.0
@@ -301,18 +326,46 @@ def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge
     GX[idd, 2] -= gv2
 
 
+@njit(inline="always")
+def _pose_adjoint(P, g0, g1, g2, y, gpose, b, slot):
+    """``R^T g`` of pose row ``P`` (0 for an improper rotation, the reference's ``where``), adding
+    ``g y^T`` and ``g`` into ``gpose[b, slot]`` where ``gpose`` has rows."""
+    if not P[12] > 0.0:
+        return 0.0, 0.0, 0.0
+    if gpose.shape[0]:
+        q, y0, y1, y2 = gpose[b, slot], y[0], y[1], y[2]
+        q[0] += g0 * y0
+        q[1] += g0 * y1
+        q[2] += g0 * y2
+        q[3] += g1 * y0
+        q[4] += g1 * y1
+        q[5] += g1 * y2
+        q[6] += g2 * y0
+        q[7] += g2 * y1
+        q[8] += g2 * y2
+        q[9] += g0
+        q[10] += g1
+        q[11] += g2
+    return (
+        P[0] * g0 + P[3] * g1 + P[6] * g2,
+        P[1] * g0 + P[4] * g1 + P[7] * g2,
+        P[2] * g0 + P[5] * g1 + P[8] * g2,
+    )
+
+
 @njit(cache=True)
-def _backward_items(t0, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S):
+def _backward_items(t0, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S):
     n_units = starts.size - 1
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
-        _unit_backward(p, starts[u], starts[u + 1], b, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
+        s0, s1 = starts[u], starts[u + 1]
+        _unit_backward(p, s0, s1, b, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S)
 
 
 @njit(cache=True, parallel=True)
-def _backward_parallel(p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, nt, width):
+def _backward_parallel(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, nt, width):
     for t in prange(nt):
         S = (np.empty((width, 3)), np.empty((width, 9)),
              np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4)))  # fmt: skip
-        _backward_items(t, nt, p, starts, bonds, trig, fixed, gxyz, gb, ga, gd, gf, S)
+        _backward_items(t, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S)
