@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
+from ._entries import EntryLayout, gather, spread
 from ._geometry import batch_shape
 from ._logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 from ._pose import extract_pose, pose_info
@@ -25,22 +26,6 @@ from ._table import ConstructionTable
 _LOG_PI = math.log(math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
 _KINDS = ("bond", "angle", "dihedral")
-
-
-#: Entries of at most this many runs of consecutive atoms are sliced and concatenated, not
-#: gathered: one run is a view, and a ``cat`` of a few slices measured ~80 us against ~100 us
-#: for ``index_copy`` (alanine dipeptide x 4,096; both slow on a short last dimension).
-_MAX_RUNS = 8
-
-
-def _runs(atoms: np.ndarray) -> tuple[tuple[int, int], ...] | None:
-    """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms (``None``: more than
-    :data:`_MAX_RUNS`)."""
-    if atoms.size == 0:
-        return ()
-    cut = np.flatnonzero(np.diff(atoms) != 1) + 1
-    lo, hi = atoms[np.r_[0, cut]], atoms[np.r_[cut - 1, atoms.size - 1]] + 1
-    return tuple(zip(lo.tolist(), hi.tolist())) if lo.size <= _MAX_RUNS else None
 
 
 class FlowCoordinates(NamedTuple):
@@ -157,7 +142,7 @@ class InternalCoordinateTransform(nn.Module):
             table.plan(kind)
         # entries that are a few runs of consecutive atoms are sliced and concatenated, not
         # gathered and scattered (_runs); the log-det is summed over the entries directly
-        self._runs = tuple(_runs(getattr(self, f"{k}_atoms").numpy()) for k in _KINDS)
+        self._runs = tuple(EntryLayout.of(getattr(self, f"{k}_atoms"), table.n_atoms).runs for k in _KINDS)
         self._log_det_terms = tuple(
             entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())
             for kind in ("bonds", "angles")
@@ -264,28 +249,18 @@ class InternalCoordinateTransform(nn.Module):
         ld = ld + self._norm_log_det()
         return xyz, ld.expand(xyz.shape[:-2])
 
+    def _layout(self, kind: str) -> EntryLayout:
+        """The entries of ``kind`` (their index on the buffers' device)."""
+        runs = self._runs[_KINDS.index(kind)]
+        return EntryLayout(getattr(self, f"{kind}_atoms"), runs, self.table.n_atoms)
+
     def _entries(self, values: Tensor, kind: str) -> Tensor:
         """``(..., N)`` per-atom values -> ``(..., E)`` entries of ``kind``."""
-        runs = self._runs[_KINDS.index(kind)]
-        if runs is None:
-            return values.index_select(-1, getattr(self, f"{kind}_atoms"))
-        if len(runs) == 1:
-            return values[..., runs[0][0] : runs[0][1]]
-        return torch.cat([values[..., lo:hi] for lo, hi in runs], -1)
+        return gather(values, self._layout(kind))
 
     def _full(self, entries: Tensor, kind: str) -> Tensor:
         """``(..., E)`` entries of ``kind`` -> ``(..., N)`` per-atom values (zero where none)."""
-        runs, n = self._runs[_KINDS.index(kind)], self.table.n_atoms
-        if runs is None:
-            full = entries.new_zeros((*entries.shape[:-1], n))
-            return full.index_copy(-1, getattr(self, f"{kind}_atoms"), entries)
-        zero = entries.new_zeros(()).expand(*entries.shape[:-1], n)
-        pieces, at, k = [], 0, 0  # at: next atom; k: next entry
-        for lo, hi in runs:
-            pieces += [zero[..., at:lo], entries[..., k : k + hi - lo]]
-            at, k = hi, k + hi - lo
-        pieces.append(zero[..., at:n])
-        return torch.cat([p for p in pieces if p.shape[-1]], -1)
+        return spread(entries, self._layout(kind))
 
     def _log_det(self, bonds: Tensor, angles: Tensor) -> Tensor | None:
         """:func:`log_det_jacobian` from the entries (``None``: not expressible on them)."""

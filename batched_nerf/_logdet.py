@@ -60,6 +60,7 @@ from torch import Tensor
 from ._checks import DEG, broadcast_internal, check_table
 from ._table import ConstructionTable
 from ._topology import FULL, SECOND, THIRD, Topology
+from .engines.function import Function
 
 
 @dataclass(frozen=True)
@@ -103,14 +104,53 @@ def _masks(table: ConstructionTable) -> _Masks:
     return table.cached(_mask_layout, _mask_layout)
 
 
-def _weighted_log_sum(x: Tensor, rows: np.ndarray | None, weights: np.ndarray) -> Tensor:
-    """``sum_k w_k log|x[..., rows_k]|``: ``x (..., N)`` -> ``(...)`` (one gather, one product;
-    ``rows=None``: every entry, no gather)."""
+def _slope(x: Tensor, sine: bool) -> Tensor:
+    """The denominator of ``d log|f(x)| / dx``: ``x``, or ``tan x`` for ``f = sin``."""
+    return torch.tan(x) if sine else x
+
+
+class _LogSum(Function):
+    """``sum_k w_k log|f(x_k)|`` over the last dimension, ``f`` the identity or ``sin``: ``x (..., E)``,
+    ``w (E,)`` -> ``(...)``.
+
+    One node instead of autograd through ``abs``, ``log``, ``sin`` and a product (the backward
+    ``g w / x`` or ``g w / tan x`` in two or three operations, not eight): on alanine dipeptide
+    x 4,096 the log-det's backward was ~1.3 ms of the flow layer's inverse. The backward is
+    torch operations on the saved input, so it is differentiable in turn.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, w: Tensor, sine: bool) -> Tensor:  # type: ignore[override]
+        y = torch.sin(x).abs_() if sine else x.abs()  # fresh: the rest in place
+        return torch.matmul(y.log_(), w)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        x, w, ctx.sine = inputs
+        ctx.save_for_backward(x, w)
+        ctx.save_for_forward(x, w)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[no-untyped-def,override]
+        x, w = ctx.saved_tensors
+        return (g.unsqueeze(-1) * w) / _slope(x, ctx.sine), None, None
+
+    @staticmethod
+    def jvp(ctx, t: Tensor, *_: None) -> Tensor:  # type: ignore[no-untyped-def,override]
+        x, w = ctx.saved_tensors
+        return torch.matmul(t / _slope(x, ctx.sine), w)
+
+
+def _weighted_log_sum(x: Tensor, rows: np.ndarray | None, weights: np.ndarray, sine: bool = False) -> Tensor:
+    """``sum_k w_k log|f(x[..., rows_k])|``, ``f`` the identity or ``sin``: ``x (..., N)`` -> ``(...)``
+    (``rows=None``: every entry, no gather)."""
     if weights.size == 0:
         return x.new_zeros(x.shape[:-1])
     picked = x if rows is None else x.index_select(-1, torch.as_tensor(rows, device=x.device))
     w = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
-    return torch.matmul(torch.log(torch.abs(picked)), w)
+    return _LogSum.apply(picked, w, sine)
 
 
 def entry_weights(
@@ -135,13 +175,13 @@ def entry_weights(
 def entries_log_det(bonds: Tensor, angles: Tensor, terms: tuple[Any, Any]) -> Tensor:
     """The log-det from compact entries: ``terms`` the two :func:`entry_weights` of bonds and angles."""
     (br, bw), (sr, sw) = terms
-    return _weighted_log_sum(bonds, br, bw) + _weighted_log_sum(torch.sin(angles), sr, sw)
+    return _weighted_log_sum(bonds, br, bw) + _weighted_log_sum(angles, sr, sw, sine=True)
 
 
 def _log_det(b: Tensor, a: Tensor, m: _Masks, k: int) -> Tensor:
     """Log-det ``k`` (0: ``pose=False``, 1: ``pose=True``, 2: the lift) of ``(..., N)`` bonds, angles."""
     bonds = _weighted_log_sum(b, m.bond_rows[k], m.bond_weights[k])
-    return bonds + _weighted_log_sum(torch.sin(a), m.sin_rows[k], m.sin_weights[k])
+    return bonds + _weighted_log_sum(a, m.sin_rows[k], m.sin_weights[k], sine=True)
 
 
 def log_det_jacobian(

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._table",),
     ("batched_nerf._checks",),
     # public API
-    ("batched_nerf._pose", "batched_nerf._box"),
+    ("batched_nerf._pose", "batched_nerf._box", "batched_nerf._entries"),
     ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._pack"),
     ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses", "batched_nerf._warmup"),
     # on top: files, shipped data, CLI, test helpers

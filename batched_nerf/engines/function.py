@@ -2,14 +2,18 @@
 
 torch's ``Function.apply`` binds its arguments to ``forward``'s signature with
 ``inspect.signature`` on every call where ``setup_context`` is defined (to fill
-in default arguments): 20-40 us per call on the benchmark machine, more than a
-fused kernel takes on small inputs. The engines' Functions take positional
-arguments only, without defaults, so where torch's ``apply`` is Python (torch
-2.3-2.13) :meth:`Function.apply` goes straight to torch's C implementation
-outside ``torch.func`` transforms, as torch's own ``apply`` then does after
-binding; inside a transform it is torch's ``apply``. Where torch's ``apply`` is
-C and binds there (torch 2.14), each ``forward`` carries its signature
-(``__signature__``), so ``inspect.signature`` returns at once (8 of ~13 us).
+in default arguments), and on torch 2.14 does so inside its C ``apply``: 20-40 us
+per call on the benchmark machine (50-100 us on a loaded one), more than a fused
+kernel takes on small inputs, against 5-10 us for a Function in the older style
+(``forward(ctx, ...)``, no ``setup_context``). The engines' Functions are written
+in the ``setup_context`` style, which ``torch.func`` needs, with positional
+arguments only, without defaults. Outside ``torch.func`` transforms
+:meth:`Function.apply` runs them through a twin in the older style, made once per
+class (:func:`_eager_twin`: its ``forward`` calls the class's ``forward`` and then
+its ``setup_context`` on the same ``ctx``, its ``backward`` and ``jvp`` are the
+class's), which is what torch's own ``apply`` does after binding; inside a
+transform it is torch's ``apply`` (each ``forward`` carries its signature,
+``__signature__``, so that ``inspect.signature`` returns at once there).
 """
 
 from __future__ import annotations
@@ -29,21 +33,45 @@ _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 __all__ = ["Function", "save"]
 
 
+def _eager_twin(impl: type) -> type:
+    """A ``forward(ctx, *args)``-style Function doing what ``impl`` (``setup_context`` style) does."""
+
+    def forward(ctx: Any, *args: Any) -> Any:
+        out = impl.forward(*args)
+        impl.setup_context(ctx, args, out)
+        return out
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        return impl.backward(ctx, *grads)
+
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        return impl.jvp(ctx, *tangents)
+
+    attrs = {"forward": staticmethod(forward), "backward": staticmethod(backward), "jvp": staticmethod(jvp)}
+    # the same name, so that a graph's nodes read as the class's (``FusedBuildBackward``)
+    return type(
+        impl.__name__, (torch.autograd.Function,), {**attrs, "__qualname__": f"{impl.__qualname__}.eager"}
+    )
+
+
 class Function(torch.autograd.Function):
     """A ``torch.autograd.Function`` (``forward`` + ``setup_context`` style, positional arguments
-    without defaults) whose ``apply`` skips the per-call signature binding."""
+    without defaults) whose ``apply`` skips the per-call signature binding outside ``torch.func``."""
+
+    _eager: type
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         forward = cls.__dict__.get("forward")
         if isinstance(forward, staticmethod):
             forward.__func__.__signature__ = inspect.signature(forward.__func__)  # type: ignore[attr-defined]
+        cls._eager = _eager_twin(cls)
 
     @classmethod
     def apply(cls, *args: Any) -> Any:  # type: ignore[override]
         if _unwrap is None or _TRANSFORMS_ACTIVE is None or _TRANSFORMS_ACTIVE():
             return super().apply(*args)
-        return super(torch.autograd.Function, cls).apply(*_unwrap(args))  # type: ignore[misc]
+        return cls._eager.apply(*_unwrap(args))
 
 
 def save(ctx: Any, *tensors: Any) -> None:

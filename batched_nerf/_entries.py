@@ -1,0 +1,159 @@
+r"""Per-atom values <-> compact entries: the flow layer's layout, as a pair of linear autograd functions.
+
+The flow layer (:class:`~batched_nerf.InternalCoordinateTransform`) keeps only the
+informative internal coordinates, ordered by atom: the bonds of the atoms with a
+bond reference, and so on. :func:`gather` picks them out of ``(..., N)`` per-atom
+values; :func:`spread` puts ``(..., E)`` entries back, zero at the other atoms.
+The two maps are each other's adjoints, so each one's backward is the other
+(one ``cat`` of a few slices where the entries are a few runs of consecutive
+atoms, one ``index_select``/``index_copy`` otherwise). Autograd through the
+slices themselves would instead zero-fill an ``(..., E)`` array per slice and add
+them up: on alanine dipeptide x 4,096 that backward cost 1.5 ms of the flow
+layer's inverse, against ~0.1 ms for a ``cat``. Both functions are linear, so
+they are differentiable to any order, and pure torch (``vmap``, ``jvp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .engines.function import Function
+
+__all__ = ["EntryLayout", "gather", "spread"]
+
+#: Entries of at most this many runs of consecutive atoms are sliced and concatenated, not
+#: gathered: one run is a view, and a ``cat`` of a few slices measured ~80 us against ~100 us
+#: for ``index_copy`` (alanine dipeptide x 4,096; both slow on a short last dimension).
+MAX_RUNS = 8
+
+
+def _runs(atoms: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+    """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms (``None``: more than
+    :data:`MAX_RUNS`)."""
+    if atoms.size == 0:
+        return ()
+    cut = np.flatnonzero(np.diff(atoms) != 1) + 1
+    lo, hi = atoms[np.r_[0, cut]], atoms[np.r_[cut - 1, atoms.size - 1]] + 1
+    return tuple(zip(lo.tolist(), hi.tolist())) if lo.size <= MAX_RUNS else None
+
+
+@dataclass(frozen=True, eq=False)
+class EntryLayout:
+    """Which of ``n_atoms`` atoms carry an entry: ``atoms`` ``(E,)`` ascending (a long tensor, on the
+    device of the values), and the same as runs of consecutive atoms (``None``: too many runs)."""
+
+    atoms: Tensor
+    runs: tuple[tuple[int, int], ...] | None
+    n_atoms: int
+
+    @classmethod
+    def of(cls, atoms: Tensor, n_atoms: int) -> EntryLayout:
+        """The layout of ``atoms`` (``(E,)``, ascending, distinct) among ``n_atoms`` atoms."""
+        return cls(atoms, _runs(atoms.cpu().numpy()), int(n_atoms))
+
+    def to(self, device: torch.device) -> EntryLayout:
+        """The layout with its index on ``device``."""
+        if self.atoms.device == device:
+            return self
+        return EntryLayout(self.atoms.to(device), self.runs, self.n_atoms)
+
+
+def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
+    runs = layout.runs
+    if runs is None:
+        return values.index_select(-1, layout.atoms)
+    if len(runs) <= 1:
+        return values[..., runs[0][0] : runs[0][1]] if runs else values[..., :0]
+    return torch.cat([values[..., lo:hi] for lo, hi in runs], -1)
+
+
+def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:
+    runs, n = layout.runs, layout.n_atoms
+    if runs is None:
+        full = entries.new_zeros((*entries.shape[:-1], n))
+        return full.index_copy(-1, layout.atoms, entries)
+    zero = entries.new_zeros(()).expand(*entries.shape[:-1], n)
+    pieces, at, k = [], 0, 0  # at: next atom; k: next entry
+    for lo, hi in runs:
+        pieces += [zero[..., at:lo], entries[..., k : k + hi - lo]]
+        at, k = hi, k + hi - lo
+    pieces.append(zero[..., at:n])
+    return torch.cat([p for p in pieces if p.shape[-1]], -1)
+
+
+class _Gather(Function):
+    """:func:`gather` of two or more runs, or by index (a new tensor); its backward is :func:`spread`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(values: Tensor, layout: EntryLayout) -> Tensor:  # type: ignore[override]
+        return _gather(values, layout)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        ctx.layout = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[no-untyped-def,override]
+        return spread(g, ctx.layout), None
+
+    @staticmethod
+    def jvp(ctx, t: Tensor, _: None) -> Tensor:  # type: ignore[no-untyped-def,override]
+        return _gather(t, ctx.layout)
+
+
+class _Spread(Function):
+    """:func:`spread`; its backward is :func:`gather`."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(entries: Tensor, layout: EntryLayout) -> Tensor:  # type: ignore[override]
+        return _spread(entries, layout)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        ctx.layout = inputs[1]
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[no-untyped-def,override]
+        return gather(g, ctx.layout), None
+
+    @staticmethod
+    def jvp(ctx, t: Tensor, _: None) -> Tensor:  # type: ignore[no-untyped-def,override]
+        return _spread(t, ctx.layout)
+
+
+def gather(values: Tensor, layout: EntryLayout) -> Tensor:
+    """The entries of ``values`` ``(..., N)``: ``(..., E)``, entry ``e`` the value of atom
+    ``layout.atoms[e]`` (a view where the entries are one run of atoms).
+
+    Example:
+        >>> import torch
+        >>> from batched_nerf._entries import EntryLayout, gather
+        >>> layout = EntryLayout.of(torch.tensor([0, 2, 3]), 5)
+        >>> gather(torch.arange(10.0).reshape(2, 5), layout)
+        tensor([[0., 2., 3.],
+                [5., 7., 8.]])
+    """
+    if layout.runs is not None and len(layout.runs) <= 1:  # a view: its backward is one copy
+        return _gather(values, layout)
+    return _Gather.apply(values, layout)
+
+
+def spread(entries: Tensor, layout: EntryLayout) -> Tensor:
+    """``(..., E)`` entries -> ``(..., N)`` per-atom values, zero at atoms without an entry (the
+    adjoint of :func:`gather`).
+
+    Example:
+        >>> import torch
+        >>> from batched_nerf._entries import EntryLayout, spread
+        >>> spread(torch.tensor([1.0, 2.0, 3.0]), EntryLayout.of(torch.tensor([0, 2, 3]), 5))
+        tensor([1., 0., 2., 3., 0.])
+    """
+    return _Spread.apply(entries, layout)
