@@ -12,7 +12,7 @@ from . import engines
 from ._box import _matrix, _whole
 from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
 from ._geometry import batch_shape, nan_negative_bonds
-from ._pose import Pose, extract_pose, pose_inputs, posed
+from ._pose import Pose, extract_pose, move, pose_inputs
 from ._table import ConstructionTable
 from .engines.dispatch import auto_method
 from .engines.fused import inverse as fused_inverse
@@ -159,19 +159,19 @@ def to_cartesian(
     engine = engines.get(method)
     if not engine.nan_bonds:
         b = nan_negative_bonds(b)
-    if pose is not None and engine.takes_pose(b):  # built in the pose (the fused CPU kernels)
-        rot, tr, batch = pose
+    in_kernel = pose is not None and engine.takes_pose(b)  # built in the pose (the fused CPU kernels)
+    pose_arg = {}
+    if in_kernel:  # the kernels take one batch shape: the inputs and the pose broadcast to it
+        rot, tr, batch = pose  # type: ignore[misc]
         b, a, d = (t.expand(*batch, t.shape[-1]) for t in (b, a, d))
         fixed = None if fixed is None else fixed.expand(*batch, *fixed.shape[-2:])
-        variant = engine.choose_variant(table.n_atoms, math.prod(batch))
-        plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
-        pose_args = (rot.expand(*batch, *rot.shape[-3:]), tr.expand(*batch, *tr.shape[-2:]))
-        return engine.build(plan, b, a, d, fixed, pose=pose_args).to(out_dtype)
+        samples = math.prod(batch)
+        pose_arg = {"pose": (rot.expand(*batch, *rot.shape[-3:]), tr.expand(*batch, *tr.shape[-2:]))}
     variant = engine.choose_variant(table.n_atoms, samples)
     plan = engine.configure(table.plan(method, b.device, variant), accumulate_dtype, auto)
-    xyz = engine.build(plan, b, a, d, fixed)
-    if pose is not None:
-        xyz = posed(xyz, table, rotation, translation)
+    xyz = engine.build(plan, b, a, d, fixed, **pose_arg)
+    if pose is not None and not in_kernel:
+        xyz = move(xyz, table, pose, rotation is not None)
     return xyz.to(out_dtype)
 
 

@@ -55,12 +55,6 @@ class EntryLayout:
         """The layout of ``atoms`` (``(E,)``, ascending, distinct) among ``n_atoms`` atoms."""
         return cls(atoms, _runs(atoms.cpu().numpy()), int(n_atoms))
 
-    def to(self, device: torch.device) -> EntryLayout:
-        """The layout with its index on ``device``."""
-        if self.atoms.device == device:
-            return self
-        return EntryLayout(self.atoms.to(device), self.runs, self.n_atoms)
-
 
 def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
     runs = layout.runs

@@ -141,7 +141,7 @@ class InternalCoordinateTransform(nn.Module):
         for kind in ("levels", "inverse"):
             table.plan(kind)
         # entries that are a few runs of consecutive atoms are sliced and concatenated, not
-        # gathered and scattered (_runs); the log-det is summed over the entries directly
+        # gathered and scattered (EntryLayout.runs); the log-det is summed over the entries directly
         self._runs = tuple(EntryLayout.of(getattr(self, f"{k}_atoms"), table.n_atoms).runs for k in _KINDS)
         self._log_det_terms = tuple(
             entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())

@@ -240,14 +240,22 @@ def posed(
     x = check_xyz(xyz, check_table(table))
     if rotation is None and translation is None:
         return x
+    return move(x, table, pose_inputs(x, x.shape[:-2], table, rotation, translation), rotation is not None)
+
+
+def move(
+    x: Tensor, table: ConstructionTable, pose: tuple[Tensor, Tensor, torch.Size], rotated: bool
+) -> Tensor:
+    """``x`` ``(..., N, 3)`` moved by a checked pose (:func:`pose_inputs`' ``(rot, tr, batch)``) in torch;
+    ``rotated``: a rotation was given (an improper one gives NaN; the identity needs no check)."""
+    rot, tr, batch = pose
     info = pose_info(table)
-    rot, tr, batch = pose_inputs(x, x.shape[:-2], table, rotation, translation)
     s, dev = info.n_seeded, x.device
     if not info.squeeze:  # R_c x + t_c per atom, NaN for an improper R_c (the kernel's reference)
         rot, tr = rot.expand(*batch, s, 3, 3), tr.expand(*batch, s, 3)
         return fused_pose.reference(x, rot, tr, _slot(info, dev))
     out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
-    if rotation is None:
+    if not rotated:
         return out
     # an improper rotation (det < 0) would mirror its component: NaN, not a silent reflection
     proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., 1): det as a triple product

@@ -104,7 +104,7 @@ class Engine:
             GPU kernels read both (:func:`.fused.configure`).
         takes_pose: ``bonds -> bool``: ``build(..., pose=(rotation, translation))``
             builds each seeded component in its pose itself for inputs like
-            ``bonds`` (the fused CPU kernels place the seeds there); otherwise
+            ``bonds`` (the fused CPU kernels write ``R y + t`` out); otherwise
             :func:`~batched_nerf.to_cartesian` moves the built coordinates.
     """
 

@@ -514,8 +514,9 @@ def build_fused(
     """Cartesian coordinates ``(..., N, 3)`` from broadcast ``(..., N)`` inputs (fused kernels).
 
     ``pose``: ``(rotation (..., S, 3, 3), translation (..., S, 3))`` of the seeded components, of the
-    inputs' batch shape and dtype (checked by the caller): each component is built in its pose
-    (the CPU kernels place the seeds there; ``x = R y + t`` for every atom, NaN where ``det R < 0``).
+    inputs' batch shape and dtype (checked by the caller): each component is built in its pose, ``x =
+    R y + t`` for every atom of a seeded component, NaN where ``det R < 0`` (the CPU kernels write
+    it out that way; elsewhere :func:`.pose.reference` follows the build).
 
     Raises:
         RuntimeError: numba is not installed, or the device has no fused backend.

@@ -93,9 +93,9 @@ def forward(
     sin(dihedrals)`` (:func:`batched_nerf.engines.fused.build.trig`). ``pose``
     ``(B or 1, S, 13)`` float64: the pose rows of the seeded components
     (:func:`.pose.pose_rows`: ``R`` row-major, ``t``, and 1 for a proper
-    rotation; the identity and 0 where no pose is given): each seeded atom
-    is written out as ``R y + t`` of its built position ``y``. ``index`` ``(12, N)``, ``starts`` ``(U + 1,)``,
-    ``width`` and ``reach`` are the plan's
+    rotation; the identity's rows where no pose is given): each seeded atom
+    is written out as ``R y + t`` of its built position ``y``. ``index``
+    ``(12, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
     (:class:`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
     ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
     """
