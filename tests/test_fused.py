@@ -436,3 +436,20 @@ def test_gpu_backend_is_triton_or_a_clear_error() -> None:
         assert backends.require("cuda").__name__ == "batched_nerf.engines.fused.cuda.build"
     with pytest.raises(RuntimeError, match="no fused backend exists for device type 'mps'"):
         backends.require("mps")
+
+
+def test_forward_mode_of_broadcast_inputs():
+    """``torch.func.jvp`` through the fused build with expanded (broadcast) inputs: the reference's
+    dual tensors are made of dense copies (an expanded view cannot be a dual tensor)."""
+    table = bn.ConstructionTable.chain(6)
+    bonds = torch.full((6,), 1.5, dtype=torch.float64).expand(3, 6)
+    angles = torch.full((3, 6), 1.9, dtype=torch.float64)
+    dihedrals = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    tangent = torch.ones_like(dihedrals)
+
+    def jvp(method):
+        return torch.func.jvp(
+            lambda d: bn.to_cartesian(bonds, angles, d, table, method=method), (dihedrals,), (tangent,)
+        )[1]
+
+    torch.testing.assert_close(jvp("fused"), jvp("scan"), rtol=0, atol=1e-10)

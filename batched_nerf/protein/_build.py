@@ -16,6 +16,10 @@ from .._convert import to_cartesian
 from .._geometry import batch_shape
 from .._pack import pack_tables
 from .._table import _static_tensors, outside_inference_mode
+from ..engines.dispatch import auto_method
+from ..engines.fused.build import configure
+from ..engines.fused.torsions import TorsionBuild
+from ..engines.fused.torsions import serves as _serves
 from ._sequence import protein_table
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -278,6 +282,10 @@ def build(
     """
     t = protein_table(sequence, hydrogens=hydrogens)
     given = None if geometry is not None else _given_torsions(phi, psi, omega, chi, t.n_residues)
+    if given is not None and rotors is None and accumulate_dtype is None and method in ("auto", "fused"):
+        xyz = _bound(t, given, degrees, method)  # the kernels with no per-call checks, where they serve
+        if xyz is not None:
+            return Protein(xyz, t.atom_names, t.residue_index, t.elements, t.sequence, _mask(t, xyz.device))
     if given is not None:  # the common call: one gather, no broadcasting or casts to make
         bonds, angles, template = templates(t, phi.dtype, phi.device)[:3]
         dihedrals = _gather(t, template, given, degrees)
@@ -292,7 +300,7 @@ def build(
 
 
 def _given_torsions(phi: Any, psi: Any, omega: Any, chi: Any, n_residues: int) -> list[Tensor] | None:
-    """``[phi, psi, omega or None, chi (..., 4L) or None]`` when they need no cast, broadcast or check.
+    """``[phi, psi, omega or None, chi (..., L, 4) or None]`` when they need no cast, broadcast or check.
 
     That is: floating tensors of one dtype and device, ``phi`` and ``psi`` (and
     ``omega``) of one shape ``(..., L)``, ``chi`` ``(..., L, 4)`` with the same
@@ -311,7 +319,42 @@ def _given_torsions(phi: Any, psi: Any, omega: Any, chi: Any, n_residues: int) -
             return None
         if value.dtype != phi.dtype or value.device != phi.device:
             return None
-    return [phi, psi, omega, None if chi is None else chi.flatten(-2)]
+    return [phi, psi, omega, chi]
+
+
+def _bound(t: Any, given: list[Tensor | None], degrees: bool, method: str) -> Tensor | None:
+    """``(..., N, 3)`` heavy atoms of ``given`` torsions (:func:`_given_torsions`) through the table's
+    :class:`~batched_nerf.engines.fused.torsions.TorsionBuild`, or None where it does not serve the call
+    (not a CPU float tensor, numba absent, a ``torch.func`` transform or forward-mode level active, or
+    ``method="auto"`` choosing another engine for this batch): the general path then builds it."""
+    phi = given[0]
+    if not _serves(phi):
+        return None
+    key = (given[2] is not None, given[3] is not None)
+    bound = t.__dict__.setdefault("_bound", {})
+    tb = bound.get(key)
+    if tb is None:
+        tb = bound[key] = _torsion_build(t, *key)
+    if method == "auto":
+        m = phi.numel() // max(t.n_residues, 1)
+        chosen = bound.get(("auto", m))
+        if chosen is None:
+            if len(bound) > 64:  # batch sizes seen: keep the dict small
+                for k in [k for k in bound if k[0] == "auto"]:
+                    del bound[k]
+            chosen = bound[("auto", m)] = auto_method(t.table, m, "cpu")
+        if chosen != "fused":
+            return None
+    parts = [v if not degrees else v * _DEG for v in given if v is not None]
+    return tb(*parts)
+
+
+def _torsion_build(t: Any, omega: bool, chi: bool) -> TorsionBuild:
+    """The :class:`TorsionBuild` of ``t`` reading ``cat([phi, psi, omega?, chi?])`` (one per layout)."""
+    plan = configure(t.table.plan("fused", torch.device("cpu")), None, True)
+    k = (2 + omega + 4 * chi) * t.n_residues
+    values = (x.numpy().astype(np.float64) for x in (t.bonds, t.angles, t.dihedrals))
+    return TorsionBuild(plan, *values, _remapped(t, omega, chi).numpy(), k)
 
 
 def _gather(t: Any, template: Tensor, given: list[Tensor | None], degrees: bool) -> Tensor:
@@ -321,7 +364,10 @@ def _gather(t: Any, template: Tensor, given: list[Tensor | None], degrees: bool)
     through :func:`_source` (rows of an omitted omega or chi keep the
     template's value: its default).
     """
-    parts = [v if not degrees else v * _DEG for v in given if v is not None]
+    parts = [v if not degrees else v * _DEG for v in given[:3] if v is not None]
+    if given[3] is not None:
+        chi = given[3].flatten(-2)
+        parts.append(chi * _DEG if degrees else chi)
     batch = parts[0].shape[:-1]
     source = _source(t, given[2] is not None, given[3] is not None, template.device)
     return torch.cat([template.expand(*batch, template.shape[-1]), *parts], dim=-1).index_select(-1, source)

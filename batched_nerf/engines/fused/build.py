@@ -401,6 +401,12 @@ def _given(values: tuple[Any, ...]) -> tuple[Tensor, ...]:
     return tuple(v for v in values if v is not None)
 
 
+def _dense(values: tuple[Any, ...]) -> tuple[Tensor, ...]:
+    """The given values, each in its own memory: ``torch.func.jvp`` cannot make a dual tensor of an
+    expanded view (a broadcast input)."""
+    return tuple(v.contiguous() for v in values if v is not None)
+
+
 def _with_none(values: tuple[Any, ...], like: tuple[Any, ...]) -> tuple[Any, ...]:
     """``values`` (one per non-None entry of ``like``) placed back among ``like``'s Nones."""
     it = iter(values)
@@ -433,9 +439,8 @@ class FusedBuild(Function):
     def jvp(ctx: Any, *tangents: Any) -> Tensor:
         primals = _saved(ctx)
         tangents = _tangents(primals, tangents[:6])
-        given = _given(primals)
         return torch.func.jvp(
-            lambda *x: _reference_build(ctx.plan, *_with_none(x, primals)), given, _given(tangents)
+            lambda *x: _reference_build(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
         )[1]
 
     @staticmethod
@@ -491,7 +496,7 @@ class FusedVJP(Function):
         primals = _saved(ctx)
         tangents = _tangents(primals, tangents[:7])
         return torch.func.jvp(
-            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), _given(primals), _given(tangents)
+            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
         )[1]
 
     @staticmethod

@@ -1,0 +1,236 @@
+"""The fused CPU build of a table with fixed bonds and angles from its torsions alone, bound once.
+
+Protein builders call :func:`batched_nerf.to_cartesian` with the same ideal
+bonds and angles on every step and only the torsions new: the dihedrals are a
+template with some rows replaced, ``dihedrals[j] = cat([template, values])[source[j]]``.
+Through the general path each call checks, broadcasts and gathers its inputs
+in torch and then re-derives the plan (about 150 Python calls around an 8 us
+kernel for a 10-residue chain). A :class:`TorsionBuild` is made once per table
+and layout of the values: it holds the fused plan, the bonds and angles as
+numpy arrays per batch size, and the ``source`` split into the template rows
+and the rows that read a value. A call is one torch gather of the values, the
+``cos``/``sin`` loop and the build kernel (:mod:`.cpu`).
+
+Derivatives: :class:`TorsionFn` runs the forward kernel and, for a first-order
+backward, the backward kernel, whose dihedral gradients it reads back into the
+values' columns (each value feeds at most one row: a gather, not a scatter).
+Under ``create_graph=True`` its backward goes through :class:`.build.FusedVJP`
+on the torch gather of the values, which is differentiable to any order.
+Forward mode, ``torch.func`` transforms and ``torch.compile`` never take this
+path: :func:`serves` says no and the caller takes the general one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..backends import available, require
+from ..function import Function
+from . import workspace
+from .build import FusedPlan, FusedVJP, Turns, _identity_rows
+
+__all__ = ["TorsionBuild", "TorsionFn", "serves"]
+
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+_FLOATS = (torch.float32, torch.float64)
+#: Batch sizes whose bonds and angles arrays a :class:`TorsionBuild` keeps (per dtype).
+KEPT_SIZES = 4
+
+
+def _forward_ad_active() -> bool:
+    return torch.autograd.forward_ad._current_level >= 0
+
+
+def serves(values: Tensor) -> bool:
+    """Whether a :class:`TorsionBuild` can take ``values``: a CPU float32/float64 tensor, numba installed,
+    no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active."""
+    return (
+        values.device.type == "cpu"
+        and values.dtype in _FLOATS
+        and not torch.compiler.is_compiling()
+        and _TRANSFORMS_ACTIVE is not None
+        and not _TRANSFORMS_ACTIVE()
+        and not _forward_ad_active()
+        and available("cpu")
+    )
+
+
+class TorsionBuild:
+    """One table's fused CPU build with fixed ``bonds``, ``angles`` and template dihedrals.
+
+    Args:
+        plan: the table's :class:`~.build.FusedPlan`.
+        bonds, angles, template: ``(N,)`` float64 (A, radians, radians).
+        source: ``(N,)`` int: row ``j``'s dihedral is ``template[j]`` where
+            ``source[j] < N`` (then ``source[j] == j``), else value ``source[j] - N``.
+        n_values: ``K``, the values per sample.
+
+    Raises:
+        ValueError: a template row reading another row's template, or a value read
+            by two rows (the backward reads gradients back by a gather).
+    """
+
+    def __init__(
+        self,
+        plan: FusedPlan,
+        bonds: np.ndarray,
+        angles: np.ndarray,
+        template: np.ndarray,
+        source: np.ndarray,
+        n_values: int,
+    ) -> None:
+        n = template.shape[0]
+        source = np.asarray(source, dtype=np.int64)
+        own = source < n
+        if (source[own] != np.arange(n)[own]).any():
+            raise ValueError("a template row must read its own template value")
+        self.rows = np.flatnonzero(~own)  # (R,) rows reading a value
+        self.slots = source[self.rows] - n  # (R,) the value each reads
+        if np.unique(self.slots).size != self.slots.size:
+            raise ValueError("each value may be read by one row at most")
+        self.plan, self.n_atoms, self.n_values = plan, n, int(n_values)
+        self._values = {"bonds": bonds, "angles": angles, "template": template}
+        self._arrays: dict[tuple[Any, int], tuple[np.ndarray, ...]] = {}
+        self._torch: dict[Any, tuple[Tensor, ...]] = {}
+
+    def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
+        """``(bonds, angles)`` ``(m, N)`` of ``dtype`` and ``fixed`` ``(m, 0, 3)``, kept for the
+        last :data:`KEPT_SIZES` batch sizes (the kernels read them, never write)."""
+        key = (dtype, m)
+        kept = self._arrays.pop(key, None)
+        if kept is None:
+            v = self._values
+            bonds, angles = (
+                np.ascontiguousarray(np.broadcast_to(v[k].astype(dtype), (m, self.n_atoms)))
+                for k in ("bonds", "angles")
+            )
+            kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype))
+            while len(self._arrays) >= KEPT_SIZES:
+                self._arrays.pop(next(iter(self._arrays)))
+        self._arrays[key] = kept  # most recent last
+        return kept
+
+    def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
+        """``(m, N)`` dihedrals (numpy, the parts' dtype): the template with each value row's value (one
+        torch gather, on the caller's threads; nothing recorded for autograd)."""
+        template, source = self.torch_inputs(parts[0].dtype)[2:4]
+        with torch.no_grad():
+            cat = torch.cat([template.expand(m, self.n_atoms), *(x.reshape(m, -1) for x in parts)], dim=-1)
+            return cat.index_select(-1, source).numpy()
+
+    def __call__(self, *parts: Tensor) -> Tensor:
+        """Cartesian coordinates ``(..., N, 3)`` of the values, given in parts of one dtype and batch
+        shape ``(...)`` whose trailing dimensions hold ``K`` values together, in order (radians);
+        differentiable. Call only where :func:`serves` holds.
+
+        Example:
+            >>> import torch, batched_nerf as bn
+            >>> t = bn.protein.protein_table("GA")
+            >>> phi, psi = torch.zeros(2), torch.zeros(2)
+            >>> bn.protein.build("GA", phi, psi).xyz.shape  # through a TorsionBuild of t
+            torch.Size([10, 3])
+        """
+        first = parts[0]
+        m = first.numel() // first.shape[-1] if first.ndim else 1
+        batch = first.shape[: first.ndim - 1] if first.ndim else ()
+        d = self.dihedrals(parts, m)
+        bonds, angles, _ = self.arrays(d.dtype, m)
+        trig = require("cpu").trig
+        if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
+            out = TorsionFn.apply(self, Turns(trig(angles, d)), *parts)
+        else:
+            with workspace.borrowed(self.plan.topology, 4 * m * self.n_atoms) as buf:
+                out = torch.from_numpy(self.forward(d.dtype, trig(angles, d, buf)))
+        return out.view(*batch, self.n_atoms, 3)
+
+    def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
+        """``(m, N, 3)`` positions of ``dtype`` from the ``(4, m, N)`` trig array of angles and
+        dihedrals (:func:`.build.trig`)."""
+        bonds, _, fixed = self.arrays(dtype, cs.shape[1])
+        plan = self.plan
+        pose = _identity_rows(plan.topology.seed_root.size)
+        return require("cpu").forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach)
+
+    def backward(self, cs: np.ndarray, g: Tensor, dtype: np.dtype) -> np.ndarray:
+        """``(m, K)`` gradient of ``sum(g * xyz)`` with respect to the values (first order, numpy)."""
+        m = cs.shape[1]
+        bonds, _, fixed = self.arrays(dtype, m)
+        plan = self.plan
+        pose = _identity_rows(plan.topology.seed_root.size)
+        gx = g.detach().reshape(m, self.n_atoms, 3).contiguous().numpy().astype(dtype, copy=False)
+        _, _, gd, _, _ = require("cpu").backward(
+            plan.index, plan.starts, bonds, cs, fixed, pose, gx, plan.width, False
+        )
+        gv = np.zeros((m, self.n_values), dtype=gd.dtype)
+        gv[:, self.slots] = gd[:, self.rows]
+        return gv
+
+    def torch_inputs(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
+        """``(bonds, angles, template, source)`` ``(N,)``, ``slots`` and ``rows`` ``(R,)`` as plain CPU
+        tensors (the gather of the values, and the differentiable backward), made once per dtype."""
+        kept = self._torch.get(dtype)
+        if kept is None:
+            v = self._values
+            source = np.arange(self.n_atoms)
+            source[self.rows] = self.n_atoms + self.slots
+            with torch.inference_mode(False), torch.no_grad():
+                kept = tuple(torch.tensor(v[k], dtype=dtype) for k in ("bonds", "angles", "template"))
+                kept += (torch.from_numpy(source), torch.from_numpy(self.slots), torch.from_numpy(self.rows))
+            self._torch[dtype] = kept
+        return kept
+
+
+def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
+    """``(m, K)`` gradients (numpy or torch) -> one per part, of its shape (numpy: each copied out
+    whole, then wrapped)."""
+    out, at = [], 0
+    for x in parts:
+        k = x.numel() // flat.shape[0]
+        g = flat[:, at : at + k]
+        if isinstance(g, np.ndarray):
+            out.append(torch.from_numpy(np.ascontiguousarray(g).reshape(x.shape)))
+        else:
+            out.append(g.reshape(x.shape))
+        at += k
+    return out
+
+
+class TorsionFn(Function):
+    """``parts`` -> ``(m, N, 3)`` positions of a :class:`TorsionBuild`, from the values' trig array
+    (``turns``, made by the caller); the backward kernel for a first-order backward,
+    :class:`.build.FusedVJP` (differentiable) under ``create_graph=True``."""
+
+    @staticmethod
+    def forward(tb: TorsionBuild, turns: Turns, *parts: Tensor) -> Tensor:  # type: ignore[override]
+        return torch.from_numpy(tb.forward(np.dtype(_NP[parts[0].dtype]), turns.cs))
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        tb, turns, *parts = inputs
+        ctx.save_for_backward(*parts)
+        ctx.tb, ctx.turns = tb, turns
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        parts = ctx.saved_tensors
+        tb: TorsionBuild = ctx.tb
+        dtype = parts[0].dtype
+        if not torch.is_grad_enabled():
+            return (None, None, *_split(tb.backward(ctx.turns.cs, g, np.dtype(_NP[dtype])), parts))
+        # create_graph: the gather in torch and the fused VJP, both differentiable
+        bonds, angles, template, source, slots, rows = tb.torch_inputs(dtype)
+        m, n = ctx.turns.cs.shape[1], tb.n_atoms
+        values = torch.cat([x.reshape(m, -1) for x in parts], dim=-1)
+        d = torch.cat([template.expand(m, n), values], dim=-1).index_select(-1, source)
+        b, a = bonds.expand(m, n).contiguous(), angles.expand(m, n).contiguous()
+        f = values.new_zeros((m, 0, 3))
+        gd = FusedVJP.apply(b, a, d, f, None, None, g.reshape(m, n, 3).to(dtype), tb.plan, ctx.turns)[2]
+        gv = gd.new_zeros((m, tb.n_values)).index_copy(-1, slots, gd.index_select(-1, rows))
+        return (None, None, *_split(gv, parts))
+
+
+_NP = {torch.float32: np.float32, torch.float64: np.float64}

@@ -1,0 +1,159 @@
+"""protein.build's bound path (engines.fused.torsions): the fused CPU kernels with no per-call checks.
+
+Every test compares with the scan engine (``method="scan"``, which never takes
+the bound path) and checks which path ran from the graph's node names.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import batched_nerf as bn
+from batched_nerf.engines.backends import available
+from batched_nerf.engines.fused.torsions import KEPT_SIZES, TorsionBuild
+
+pytestmark = pytest.mark.skipif(not available("cpu"), reason="the bound path needs numba")
+
+SEQ = "ACDEFGHIKW"
+LAYOUTS = [(True, True), (False, True), (True, False), (False, False)]
+
+
+def _torsions(shape, dtype=torch.float64, seed=0, omega=True, chi=True):
+    g = torch.Generator().manual_seed(seed)
+    n = len(SEQ)
+    phi, psi, om = (torch.rand(*shape, n, generator=g, dtype=dtype) * 6 - 3 for _ in range(3))
+    ch = torch.rand(*shape, n, 4, generator=g, dtype=dtype) * 6 - 3
+    return [phi, psi, om if omega else None, ch if chi else None]
+
+
+def _names(t: torch.Tensor) -> set[str]:
+    """Node names of ``t``'s graph."""
+    seen, stack = set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(f for f, _ in fn.next_functions)
+    return {type(f).__name__ for f in seen}
+
+
+@pytest.mark.parametrize("omega, chi", LAYOUTS)
+@pytest.mark.parametrize("shape", [(), (3,), (2, 17)])
+def test_values_and_gradients_match_the_scan_engine(shape, omega, chi):
+    args = [a.requires_grad_(True) if a is not None else None for a in _torsions(shape, omega=omega, chi=chi)]
+    given = [a for a in args if a is not None]
+    fast = bn.protein.build(SEQ, *args).xyz
+    ref = bn.protein.build(SEQ, *args, method="scan").xyz
+    assert "TorsionFnBackward" in _names(fast)
+    assert fast.shape == ref.shape == (*shape, bn.protein.protein_table(SEQ).n_atoms, 3)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
+    w = torch.randn_like(ref)
+    for a, b in zip(
+        torch.autograd.grad((fast * w).sum(), given), torch.autograd.grad((ref * w).sum(), given)
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+def test_float32_without_gradients_degrees_and_hydrogens():
+    degrees = [a * 50 for a in _torsions((4,), dtype=torch.float32)]
+    for hydrogens in (False, True):
+        with torch.no_grad():
+            fast = bn.protein.build(SEQ, *degrees, degrees=True, hydrogens=hydrogens)
+        ref = bn.protein.build(SEQ, *degrees, degrees=True, hydrogens=hydrogens, method="scan")
+        assert fast.xyz.dtype == torch.float32
+        torch.testing.assert_close(fast.xyz, ref.xyz, rtol=0, atol=2e-4)
+
+
+def test_second_order():
+    phi, psi, _, chi = (
+        a.requires_grad_(True) if a is not None else None for a in _torsions((2,), omega=False)
+    )
+
+    def f(a, b, c):
+        return bn.protein.build("ACDW", a[..., :4], b[..., :4], None, c[..., :4, :]).xyz
+
+    assert torch.autograd.gradcheck(f, (phi, psi, chi))
+    assert torch.autograd.gradgradcheck(f, (phi, psi, chi))
+
+
+def test_create_graph_loss_matches_the_scan_engine():
+    def loss(method):
+        phi, psi, omega, chi = (a.requires_grad_(True) for a in _torsions((3,)))
+        xyz = bn.protein.build(SEQ, phi, psi, omega, chi, method=method).xyz
+        (g,) = torch.autograd.grad((xyz * xyz.detach().sin()).sum(), phi, create_graph=True)
+        (g.square().sum()).backward()
+        return g.detach(), phi.grad, psi.grad, chi.grad
+
+    for a, b in zip(loss("auto"), loss("scan")):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-8)
+
+
+def test_transforms_take_the_general_path():
+    phi, psi, omega, chi = _torsions((3,))
+
+    def f(a):
+        return bn.protein.build(SEQ, a, psi[0], omega[0], chi[0]).xyz
+
+    def f_scan(a):
+        return bn.protein.build(SEQ, a, psi[0], omega[0], chi[0], method="scan").xyz
+
+    torch.testing.assert_close(torch.func.vmap(f)(phi), torch.func.vmap(f_scan)(phi), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        torch.func.jacrev(f)(phi[0]), torch.func.jacfwd(f_scan)(phi[0]), rtol=0, atol=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"method": "levels"}, {"accumulate_dtype": torch.float64}, {"rotors": None, "geometry": "template"}],
+)
+def test_other_calls_take_the_general_path(kwargs):
+    phi, psi, omega, chi = (a.requires_grad_(True) for a in _torsions(()))
+    if kwargs.get("geometry") == "template":
+        t = bn.protein.protein_table(SEQ)
+        kwargs = {"geometry": (t.bonds, t.angles, t.dihedrals)}
+    xyz = bn.protein.build(SEQ, phi, psi, omega, chi, **kwargs).xyz
+    assert "TorsionFnBackward" not in _names(xyz)
+    torch.testing.assert_close(
+        xyz, bn.protein.build(SEQ, phi, psi, omega, chi, method="scan").xyz, atol=1e-9, rtol=0
+    )
+
+
+def test_first_use_under_inference_mode_then_training():
+    seq = "MKVLA"
+    phi, psi = torch.zeros(5), torch.full((5,), -0.8)
+    with torch.inference_mode():
+        bn.protein.build(seq, phi, psi)
+    leaf = phi.clone().requires_grad_(True)
+    bn.protein.build(seq, leaf, psi).xyz.sum().backward()
+    assert torch.isfinite(leaf.grad).all() and leaf.grad.abs().sum() > 0
+
+
+def test_nan_in_gives_nan_out():
+    phi, psi, omega, chi = _torsions(())
+    psi = psi.clone()
+    psi[3] = float("nan")
+    xyz = bn.protein.build(SEQ, phi, psi, omega, chi).xyz
+    ref = bn.protein.build(SEQ, phi, psi, omega, chi, method="scan").xyz
+    assert torch.isnan(xyz).any()
+    assert torch.equal(torch.isnan(xyz), torch.isnan(ref))
+
+
+def test_kept_arrays_are_bounded():
+    t = bn.protein.protein_table(SEQ)
+    for m in range(1, KEPT_SIZES + 4):
+        bn.protein.build(SEQ, *_torsions((m,), omega=True, chi=True))
+    tb = t.__dict__["_bound"][(True, True)]
+    assert len(tb._arrays) <= KEPT_SIZES
+
+
+def test_bad_sources_raise():
+    plan = bn.ConstructionTable.chain(3).plan("fused")
+    x = np.zeros(3)
+    with pytest.raises(ValueError, match="a template row must read its own template value"):
+        TorsionBuild(plan, x, x, x, np.array([1, 1, 3]), 1)
+    with pytest.raises(ValueError, match="each value may be read by one row at most"):
+        TorsionBuild(plan, x, x, x, np.array([0, 3, 3]), 1)
