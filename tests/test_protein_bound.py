@@ -157,3 +157,48 @@ def test_bad_sources_raise():
         TorsionBuild(plan, x, x, x, np.array([1, 1, 3]), 1)
     with pytest.raises(ValueError, match="each value may be read by one row at most"):
         TorsionBuild(plan, x, x, x, np.array([0, 3, 3]), 1)
+
+
+MIXED = ["ACDW", "GK", "MKVLAE"]
+
+
+def _mixed(shape, omega=True, chi=True, pad=0):
+    g = torch.Generator().manual_seed(1)
+    n = max(len(s) for s in MIXED) + pad
+    phi, psi, om = (
+        torch.rand(*shape, len(MIXED), n, generator=g, dtype=torch.float64) * 6 - 3 for _ in range(3)
+    )
+    ch = torch.rand(*shape, len(MIXED), n, 4, generator=g, dtype=torch.float64) * 6 - 3
+    return [phi, psi, om if omega else None, ch if chi else None]
+
+
+@pytest.mark.parametrize("omega, chi", LAYOUTS)
+@pytest.mark.parametrize("shape", [(), (5,)])
+def test_mixed_batch_writes_the_padded_layout(shape, omega, chi):
+    args = [a.requires_grad_(True) if a is not None else None for a in _mixed(shape, omega, chi)]
+    given = [a for a in args if a is not None]
+    fast = bn.protein.build_batch(MIXED, *args)
+    ref = bn.protein.build_batch(MIXED, *args, method="scan")
+    assert "TorsionFnBackward" in _names(fast.xyz)
+    torch.testing.assert_close(fast.xyz, ref.xyz, rtol=0, atol=1e-10)
+    assert (fast.xyz[..., ~fast.mask, :] == 0).all() and torch.equal(fast.mask, ref.mask)
+    w = torch.randn_like(ref.xyz)
+    fast_grads = torch.autograd.grad((fast.xyz * w).sum(), given)
+    for a, b in zip(fast_grads, torch.autograd.grad((ref.xyz * w).sum(), given)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+def test_mixed_batch_second_order_and_wider_padding():
+    phi, psi, _, chi = (a.requires_grad_(True) if a is not None else None for a in _mixed((), omega=False))
+
+    def f(a, b, c):
+        return bn.protein.build_batch(MIXED, a, b, None, c).xyz
+
+    assert "TorsionFnBackward" in _names(f(phi, psi, chi))
+    assert torch.autograd.gradgradcheck(f, (phi, psi, chi))
+    wide = _mixed((2,), pad=3)  # L_pad > L_max: the checked path
+    xyz = bn.protein.build_batch(MIXED, *[a.requires_grad_(True) for a in wide]).xyz
+    assert "TorsionFnBackward" not in _names(xyz)
+    torch.testing.assert_close(
+        xyz, bn.protein.build_batch(MIXED, *wide, method="scan").xyz, rtol=0, atol=1e-10
+    )

@@ -335,18 +335,21 @@ def _bound(t: Any, given: list[Tensor | None], degrees: bool, method: str) -> Te
     tb = bound.get(key)
     if tb is None:
         tb = bound[key] = _torsion_build(t, *key)
-    if method == "auto":
-        m = phi.numel() // max(t.n_residues, 1)
-        chosen = bound.get(("auto", m))
-        if chosen is None:
-            if len(bound) > 64:  # batch sizes seen: keep the dict small
-                for k in [k for k in bound if k[0] == "auto"]:
-                    del bound[k]
-            chosen = bound[("auto", m)] = auto_method(t.table, m, "cpu")
-        if chosen != "fused":
-            return None
+    if method == "auto" and _auto(bound, t.table, phi.numel() // max(t.n_residues, 1)) != "fused":
+        return None
     parts = [v if not degrees else v * _DEG for v in given if v is not None]
     return tb(*parts)
+
+
+def _auto(bound: dict, table: Any, m: int) -> str:
+    """``method="auto"``'s engine for ``table`` at ``m`` samples (kept in ``bound`` per batch size)."""
+    chosen = bound.get(("auto", m))
+    if chosen is None:
+        if len(bound) > 64:  # batch sizes seen: keep the dict small
+            for k in [k for k in bound if k[0] == "auto"]:
+                del bound[k]
+        chosen = bound[("auto", m)] = auto_method(table, m, "cpu")
+    return chosen
 
 
 def _torsion_build(t: Any, omega: bool, chi: bool) -> TorsionBuild:
@@ -547,7 +550,15 @@ def packed_proteins(sequences: Sequence[str | Sequence[str]], *, hydrogens: bool
     """
     if isinstance(sequences, str) or not len(sequences):
         raise ValueError("sequences must be a non-empty list of sequences (one string per chain)")
-    return _packed(tuple(protein_table(s).sequence for s in sequences), bool(hydrogens))
+    given = tuple(sequences)
+    if all(isinstance(s, str) for s in given):  # a training loop's batch again: no per-sequence parsing
+        return _packed_strings(given, bool(hydrogens))
+    return _packed(tuple(protein_table(s).sequence for s in given), bool(hydrogens))
+
+
+@functools.lru_cache(maxsize=PACK_CACHE_SIZE)
+def _packed_strings(sequences: tuple[str, ...], hydrogens: bool) -> PackedProteins:
+    return _packed(tuple(protein_table(s).sequence for s in sequences), hydrogens)
 
 
 def build_batch(
@@ -590,23 +601,58 @@ def build_batch(
     """
     packed = packed_proteins(sequences, hydrogens=hydrogens)
     shape = (len(packed.tables), packed.l_max)
-    torsions = _torsion_values(phi, psi, omega, chi, shape, packed, degrees)
-    bonds, angles, dihedrals = _assemble(
-        packed,
-        None,
-        packed.table.n_atoms,
-        torsions,
-        packed.source,
-        False,
-    )
-    xyz = to_cartesian(
-        bonds, angles, dihedrals, packed.table, method=method, accumulate_dtype=accumulate_dtype
-    )
+    padded = None
+    if accumulate_dtype is None and method in ("auto", "fused"):
+        padded = _bound_batch(packed, phi, psi, omega, chi, degrees, method)
+    if padded is None:
+        torsions = _torsion_values(phi, psi, omega, chi, shape, packed, degrees)
+        bonds, angles, dihedrals = _assemble(
+            packed, None, packed.table.n_atoms, torsions, packed.source, False
+        )
+        xyz = to_cartesian(
+            bonds, angles, dihedrals, packed.table, method=method, accumulate_dtype=accumulate_dtype
+        )
+        padded = packed.padded(xyz)
     return Protein(
-        packed.padded(xyz),
+        padded,
         tuple(t.atom_names for t in packed.tables),
-        packed.residue_index.to(xyz.device),
+        packed.residue_index.to(padded.device),
         tuple(t.elements for t in packed.tables),
         packed.sequences,
-        packed.mask.to(xyz.device),
+        packed.mask.to(padded.device),
     )
+
+
+def _bound_batch(
+    packed: PackedProteins, phi: Any, psi: Any, omega: Any, chi: Any, degrees: bool, method: str
+) -> Tensor | None:
+    """``(..., B, N_max, 3)`` padded coordinates through the packed table's bound build (written in the
+    padded layout by the kernels), or None where it does not serve the call: torsions that are not
+    tensors of one dtype, device and shape ``(..., B, L_max)`` (chi ``(..., B, L_max, 4)``), or see
+    :func:`_bound`."""
+    b, length = len(packed.tables), packed.l_max
+    given = _given_torsions(phi, psi, omega, chi, length)
+    if given is None or phi.ndim < 2 or phi.shape[-2] != b or not _serves(phi):
+        return None
+    batch = tuple(phi.shape[:-2])
+    bound = packed.__dict__.setdefault("_bound", {})
+    if method == "auto" and _auto(bound, packed.table, math.prod(batch)) != "fused":
+        return None
+    tb = bound.get("build")
+    if tb is None:
+        tb = bound["build"] = _packed_build(packed)
+    if given[2] is None or given[3] is None:  # the template's trans omega and default chi
+        _, _, _, default_omega, default_chi = templates(packed, phi.dtype, phi.device)
+        given[2] = default_omega.expand(*batch, b, length) if given[2] is None else given[2]
+        given[3] = default_chi.expand(*batch, b, length, 4) if given[3] is None else given[3]
+    parts = [v * _DEG if degrees else v for v in given]
+    return tb(*parts, batch=batch).unflatten(-2, (b, packed.n_max))
+
+
+def _packed_build(packed: PackedProteins) -> TorsionBuild:
+    """The :class:`TorsionBuild` of a packed table, writing the padded ``(B N_max)`` layout."""
+    plan = configure(packed.table.plan("fused", torch.device("cpu")), None, True)
+    values = (x.numpy().astype(np.float64) for x in (packed.bonds, packed.angles, packed.dihedrals))
+    k = 7 * len(packed.tables) * packed.l_max
+    n_out = len(packed.tables) * packed.n_max
+    return TorsionBuild(plan, *values, packed.source.numpy(), k, atoms=packed.unpad.numpy(), n_out=n_out)

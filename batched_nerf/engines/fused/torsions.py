@@ -22,6 +22,8 @@ path: :func:`serves` says no and the caller takes the general one.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -68,6 +70,9 @@ class TorsionBuild:
         source: ``(N,)`` int: row ``j``'s dihedral is ``template[j]`` where
             ``source[j] < N`` (then ``source[j] == j``), else value ``source[j] - N``.
         n_values: ``K``, the values per sample.
+        atoms: ``(N,)`` distinct positions of the table's atoms in an output of
+            ``n_out`` positions (a padded layout: the kernels write each atom there,
+            the other positions are zeros); default the table's own order.
 
     Raises:
         ValueError: a template row reading another row's template, or a value read
@@ -82,6 +87,8 @@ class TorsionBuild:
         template: np.ndarray,
         source: np.ndarray,
         n_values: int,
+        atoms: np.ndarray | None = None,
+        n_out: int | None = None,
     ) -> None:
         n = template.shape[0]
         source = np.asarray(source, dtype=np.int64)
@@ -93,19 +100,40 @@ class TorsionBuild:
         if np.unique(self.slots).size != self.slots.size:
             raise ValueError("each value may be read by one row at most")
         self.plan, self.n_atoms, self.n_values = plan, n, int(n_values)
-        self._values = {"bonds": bonds, "angles": angles, "template": template}
+        self.kernel_plan, self.n_out, self.atoms, self.pad = (
+            plan,
+            n,
+            None,
+            np.empty(0, dtype=np.int64),
+        )  # pad: empty positions
+        values = {"bonds": bonds, "angles": angles, "template": template}
+        out_rows = self.rows
+        if atoms is not None:  # the kernels read and write the padded layout: remap the atom rows
+            self.atoms, self.n_out = np.asarray(atoms, dtype=np.int64), int(n_out or n)
+            index = plan.index.copy()
+            index[0] = self.atoms[index[0]]
+            index[7] = np.where(index[7] >= 0, self.atoms[np.maximum(index[7], 0)], -1)  # FLIP_ON: an atom
+            self.kernel_plan = replace(plan, index=index, _reference={}, _configured={})
+            self.pad = np.setdiff1d(np.arange(self.n_out), self.atoms)
+            out_rows = self.atoms[self.rows]
+            for k, v in values.items():
+                values[k] = np.zeros(self.n_out)
+                values[k][self.atoms] = v
+        self.out_rows = out_rows  # (R,) positions of the rows reading a value in the output
+        self._values = values
+        self._table = {"bonds": bonds, "angles": angles, "template": template}
         self._arrays: dict[tuple[Any, int], tuple[np.ndarray, ...]] = {}
         self._torch: dict[Any, tuple[Tensor, ...]] = {}
 
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
-        """``(bonds, angles)`` ``(m, N)`` of ``dtype`` and ``fixed`` ``(m, 0, 3)``, kept for the
+        """``(bonds, angles)`` ``(m, n_out)`` of ``dtype`` and ``fixed`` ``(m, 0, 3)``, kept for the
         last :data:`KEPT_SIZES` batch sizes (the kernels read them, never write)."""
         key = (dtype, m)
         kept = self._arrays.pop(key, None)
         if kept is None:
             v = self._values
             bonds, angles = (
-                np.ascontiguousarray(np.broadcast_to(v[k].astype(dtype), (m, self.n_atoms)))
+                np.tile(v[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
                 for k in ("bonds", "angles")
             )
             kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype))
@@ -115,17 +143,18 @@ class TorsionBuild:
         return kept
 
     def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
-        """``(m, N)`` dihedrals (numpy, the parts' dtype): the template with each value row's value (one
-        torch gather, on the caller's threads; nothing recorded for autograd)."""
-        template, source = self.torch_inputs(parts[0].dtype)[2:4]
+        """``(m, n_out)`` dihedrals (numpy, the parts' dtype): the template with each value row's value
+        (one torch gather, on the caller's threads; nothing recorded for autograd)."""
+        template, source = self.torch_inputs(parts[0].dtype, out=True)[2:4]
         with torch.no_grad():
-            cat = torch.cat([template.expand(m, self.n_atoms), *(x.reshape(m, -1) for x in parts)], dim=-1)
+            cat = torch.cat([template.expand(m, self.n_out), *(x.reshape(m, -1) for x in parts)], dim=-1)
             return cat.index_select(-1, source).numpy()
 
-    def __call__(self, *parts: Tensor) -> Tensor:
-        """Cartesian coordinates ``(..., N, 3)`` of the values, given in parts of one dtype and batch
-        shape ``(...)`` whose trailing dimensions hold ``K`` values together, in order (radians);
-        differentiable. Call only where :func:`serves` holds.
+    def __call__(self, *parts: Tensor, batch: tuple[int, ...] | None = None) -> Tensor:
+        """Cartesian coordinates ``(*batch, n_out, 3)`` of the values, given in parts of one dtype and
+        batch shape ``batch`` (default all but the first part's last dimension) whose other dimensions
+        hold ``K`` values together, in order (radians); differentiable. Call only where
+        :func:`serves` holds.
 
         Example:
             >>> import torch, batched_nerf as bn
@@ -135,52 +164,62 @@ class TorsionBuild:
             torch.Size([10, 3])
         """
         first = parts[0]
-        m = first.numel() // first.shape[-1] if first.ndim else 1
-        batch = first.shape[: first.ndim - 1] if first.ndim else ()
+        if batch is None:
+            batch = tuple(first.shape[:-1])
+        m = math.prod(batch)
         d = self.dihedrals(parts, m)
         bonds, angles, _ = self.arrays(d.dtype, m)
         trig = require("cpu").trig
         if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
             out = TorsionFn.apply(self, Turns(trig(angles, d)), *parts)
         else:
-            with workspace.borrowed(self.plan.topology, 4 * m * self.n_atoms) as buf:
+            with workspace.borrowed(self.plan.topology, 4 * m * self.n_out) as buf:
                 out = torch.from_numpy(self.forward(d.dtype, trig(angles, d, buf)))
-        return out.view(*batch, self.n_atoms, 3)
+        return out.view(*batch, self.n_out, 3)
 
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
-        """``(m, N, 3)`` positions of ``dtype`` from the ``(4, m, N)`` trig array of angles and
-        dihedrals (:func:`.build.trig`)."""
+        """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
+        dihedrals (:func:`.build.trig`); zeros where no atom is."""
         bonds, _, fixed = self.arrays(dtype, cs.shape[1])
-        plan = self.plan
+        plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
-        return require("cpu").forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach)
+        # zeros where no atom is: fresh zeroed pages (calloc) cost no more than an empty array
+        out = np.zeros((cs.shape[1], self.n_out, 3), dtype=dtype) if self.pad.size else None
+        kernels = require("cpu")
+        return kernels.forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach, out)
 
     def backward(self, cs: np.ndarray, g: Tensor, dtype: np.dtype) -> np.ndarray:
         """``(m, K)`` gradient of ``sum(g * xyz)`` with respect to the values (first order, numpy)."""
         m = cs.shape[1]
         bonds, _, fixed = self.arrays(dtype, m)
-        plan = self.plan
+        plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
-        gx = g.detach().reshape(m, self.n_atoms, 3).contiguous().numpy().astype(dtype, copy=False)
+        gx = g.detach().reshape(m, self.n_out, 3).contiguous().numpy().astype(dtype, copy=False)
         _, _, gd, _, _ = require("cpu").backward(
             plan.index, plan.starts, bonds, cs, fixed, pose, gx, plan.width, False
         )
         gv = np.zeros((m, self.n_values), dtype=gd.dtype)
-        gv[:, self.slots] = gd[:, self.rows]
+        gv[:, self.slots] = gd[:, self.out_rows]
         return gv
 
-    def torch_inputs(self, dtype: torch.dtype) -> tuple[Tensor, ...]:
-        """``(bonds, angles, template, source)`` ``(N,)``, ``slots`` and ``rows`` ``(R,)`` as plain CPU
-        tensors (the gather of the values, and the differentiable backward), made once per dtype."""
-        kept = self._torch.get(dtype)
+    def torch_inputs(self, dtype: torch.dtype, out: bool = False) -> tuple[Tensor, ...]:
+        """``(bonds, angles, template, source)``, ``slots``, ``rows`` and ``atoms`` as plain CPU tensors,
+        made once per dtype: of the table (``(N,)``; ``atoms`` the output position of each atom, None
+        without a layout) for the differentiable backward, or of the output layout (``out``,
+        ``(n_out,)``) for the gather of the values."""
+        key = (dtype, out)
+        kept = self._torch.get(key)
         if kept is None:
-            v = self._values
-            source = np.arange(self.n_atoms)
-            source[self.rows] = self.n_atoms + self.slots
+            v, n, rows = (
+                (self._values, self.n_out, self.out_rows) if out else (self._table, self.n_atoms, self.rows)
+            )
+            source = np.arange(n)
+            source[rows] = n + self.slots
             with torch.inference_mode(False), torch.no_grad():
                 kept = tuple(torch.tensor(v[k], dtype=dtype) for k in ("bonds", "angles", "template"))
-                kept += (torch.from_numpy(source), torch.from_numpy(self.slots), torch.from_numpy(self.rows))
-            self._torch[dtype] = kept
+                kept += (torch.from_numpy(source), torch.from_numpy(self.slots), torch.from_numpy(rows))
+                kept += (None if self.atoms is None else torch.from_numpy(self.atoms),)
+            self._torch[key] = kept
         return kept
 
 
@@ -200,9 +239,9 @@ def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
 
 
 class TorsionFn(Function):
-    """``parts`` -> ``(m, N, 3)`` positions of a :class:`TorsionBuild`, from the values' trig array
+    """``parts`` -> ``(m, n_out, 3)`` positions of a :class:`TorsionBuild`, from the values' trig array
     (``turns``, made by the caller); the backward kernel for a first-order backward,
-    :class:`.build.FusedVJP` (differentiable) under ``create_graph=True``."""
+    :class:`.build.FusedVJP` (differentiable, on the table's own layout) under ``create_graph=True``."""
 
     @staticmethod
     def forward(tb: TorsionBuild, turns: Turns, *parts: Tensor) -> Tensor:  # type: ignore[override]
@@ -222,13 +261,17 @@ class TorsionFn(Function):
         if not torch.is_grad_enabled():
             return (None, None, *_split(tb.backward(ctx.turns.cs, g, np.dtype(_NP[dtype])), parts))
         # create_graph: the gather in torch and the fused VJP, both differentiable
-        bonds, angles, template, source, slots, rows = tb.torch_inputs(dtype)
+        bonds, angles, template, source, slots, rows, atoms = tb.torch_inputs(dtype)
         m, n = ctx.turns.cs.shape[1], tb.n_atoms
         values = torch.cat([x.reshape(m, -1) for x in parts], dim=-1)
         d = torch.cat([template.expand(m, n), values], dim=-1).index_select(-1, source)
         b, a = bonds.expand(m, n).contiguous(), angles.expand(m, n).contiguous()
         f = values.new_zeros((m, 0, 3))
-        gd = FusedVJP.apply(b, a, d, f, None, None, g.reshape(m, n, 3).to(dtype), tb.plan, ctx.turns)[2]
+        g = g.reshape(m, tb.n_out, 3).to(dtype)
+        turns = ctx.turns
+        if atoms is not None:  # the kept trig array is of the output layout: the table's is made anew
+            g, turns = g.index_select(1, atoms), Turns(None)
+        gd = FusedVJP.apply(b, a, d, f, None, None, g, tb.plan, turns)[2]
         gv = gd.new_zeros((m, tb.n_values)).index_copy(-1, slots, gd.index_select(-1, rows))
         return (None, None, *_split(gv, parts))
 

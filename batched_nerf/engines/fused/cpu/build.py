@@ -86,6 +86,7 @@ def forward(
     pose: np.ndarray,
     width: int,
     reach: int,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
@@ -97,10 +98,13 @@ def forward(
     is written out as ``R y + t`` of its built position ``y``. ``index``
     ``(12, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
     (:class:`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
-    ``bonds`` and ``fixed`` of one float dtype, which the output keeps.
+    ``bonds`` and ``fixed`` of one float dtype, which the output keeps. ``out``: a
+    ``(B, N, 3)`` array of that dtype to write the atoms of the plan into (the other
+    positions keep their values); default a new one.
     """
     n_samples, n_atoms = bonds.shape
-    out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
+    if out is None:
+        out = np.empty((n_samples, n_atoms, 3), dtype=bonds.dtype)
     nt = _threads(n_samples, starts.size - 1, n_atoms)
 
     def per_sample() -> None:
