@@ -177,6 +177,7 @@ def _mixed(shape, omega=True, chi=True, pad=0):
 def test_mixed_batch_writes_the_padded_layout(shape, omega, chi):
     args = [a.requires_grad_(True) if a is not None else None for a in _mixed(shape, omega, chi)]
     given = [a for a in args if a is not None]
+    bn.protein.build_batch(MIXED, *args)  # a tuple's first call takes the checked path (see below)
     fast = bn.protein.build_batch(MIXED, *args)
     ref = bn.protein.build_batch(MIXED, *args, method="scan")
     assert "TorsionFnBackward" in _names(fast.xyz)
@@ -194,6 +195,7 @@ def test_mixed_batch_second_order_and_wider_padding():
     def f(a, b, c):
         return bn.protein.build_batch(MIXED, a, b, None, c).xyz
 
+    f(phi, psi, chi)
     assert "TorsionFnBackward" in _names(f(phi, psi, chi))
     assert torch.autograd.gradgradcheck(f, (phi, psi, chi))
     wide = _mixed((2,), pad=3)  # L_pad > L_max: the checked path
@@ -202,3 +204,14 @@ def test_mixed_batch_second_order_and_wider_padding():
     torch.testing.assert_close(
         xyz, bn.protein.build_batch(MIXED, *wide, method="scan").xyz, rtol=0, atol=1e-10
     )
+
+
+def test_mixed_batch_binds_on_its_second_call():
+    """A new combination of sequences (every step of a shuffled epoch) builds through the checked
+    path; the bound build is made when the same tuple comes back."""
+    seqs = ["WY", "ACDEF", "GG"]
+    phi = torch.zeros(3, 5, requires_grad=True)
+    first, second = (bn.protein.build_batch(seqs, phi, phi).xyz for _ in range(2))
+    assert "TorsionFnBackward" not in _names(first)
+    assert "TorsionFnBackward" in _names(second)
+    torch.testing.assert_close(first, second, rtol=0, atol=1e-5)

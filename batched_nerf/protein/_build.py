@@ -628,8 +628,9 @@ def _bound_batch(
 ) -> Tensor | None:
     """``(..., B, N_max, 3)`` padded coordinates through the packed table's bound build (written in the
     padded layout by the kernels), or None where it does not serve the call: torsions that are not
-    tensors of one dtype, device and shape ``(..., B, L_max)`` (chi ``(..., B, L_max, 4)``), or see
-    :func:`_bound`."""
+    tensors of one dtype, device and shape ``(..., B, L_max)`` (chi ``(..., B, L_max, 4)``), the
+    first call of this tuple of sequences (binding costs about as much as the call saves: a training
+    step on a new combination pays neither), or see :func:`_bound`."""
     b, length = len(packed.tables), packed.l_max
     given = _given_torsions(phi, psi, omega, chi, length)
     if given is None or phi.ndim < 2 or phi.shape[-2] != b or not _serves(phi):
@@ -639,7 +640,10 @@ def _bound_batch(
     if method == "auto" and _auto(bound, packed.table, math.prod(batch)) != "fused":
         return None
     tb = bound.get("build")
-    if tb is None:
+    if tb is None:  # bound on the second call: a batch built once (a new combination) skips the binding
+        if not bound.pop("seen", False):
+            bound["seen"] = True
+            return None
         tb = bound["build"] = _packed_build(packed)
     if given[2] is None or given[3] is None:  # the template's trans omega and default chi
         _, _, _, default_omega, default_chi = templates(packed, phi.dtype, phi.device)

@@ -97,7 +97,7 @@ class TorsionBuild:
             raise ValueError("a template row must read its own template value")
         self.rows = np.flatnonzero(~own)  # (R,) rows reading a value
         self.slots = source[self.rows] - n  # (R,) the value each reads
-        if np.unique(self.slots).size != self.slots.size:
+        if self.slots.size and np.bincount(self.slots).max() > 1:  # O(R): a new batch makes one
             raise ValueError("each value may be read by one row at most")
         self.plan, self.n_atoms, self.n_values = plan, n, int(n_values)
         self.kernel_plan, self.n_out, self.atoms, self.pad = (
@@ -114,7 +114,9 @@ class TorsionBuild:
             index[0] = self.atoms[index[0]]
             index[7] = np.where(index[7] >= 0, self.atoms[np.maximum(index[7], 0)], -1)  # FLIP_ON: an atom
             self.kernel_plan = replace(plan, index=index, _reference={}, _configured={})
-            self.pad = np.setdiff1d(np.arange(self.n_out), self.atoms)
+            taken = np.zeros(self.n_out, dtype=bool)
+            taken[self.atoms] = True
+            self.pad = np.flatnonzero(~taken)
             out_rows = self.atoms[self.rows]
             for k, v in values.items():
                 values[k] = np.zeros(self.n_out)
