@@ -6,13 +6,15 @@ the bound path) and checks which path ran from the graph's node names.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 import batched_nerf as bn
 from batched_nerf.engines.backends import available
-from batched_nerf.engines.fused.torsions import KEPT_SIZES, TorsionBuild
+from batched_nerf.engines.fused.torsions import KEPT_SIZES, SMALL_VALUES, TorsionBuild
 
 pytestmark = pytest.mark.skipif(not available("cpu"), reason="the bound path needs numba")
 
@@ -41,14 +43,16 @@ def _names(t: torch.Tensor) -> set[str]:
 
 
 @pytest.mark.parametrize("omega, chi", LAYOUTS)
-@pytest.mark.parametrize("shape", [(), (3,), (2, 17)])
+@pytest.mark.parametrize("shape", [(), (3,), (2, 17), (800,)])  # (800,): the torch gather (SMALL_VALUES)
 def test_values_and_gradients_match_the_scan_engine(shape, omega, chi):
     args = [a.requires_grad_(True) if a is not None else None for a in _torsions(shape, omega=omega, chi=chi)]
     given = [a for a in args if a is not None]
     fast = bn.protein.build(SEQ, *args).xyz
     ref = bn.protein.build(SEQ, *args, method="scan").xyz
     assert "TorsionFnBackward" in _names(fast)
-    assert fast.shape == ref.shape == (*shape, bn.protein.protein_table(SEQ).n_atoms, 3)
+    n = bn.protein.protein_table(SEQ).n_atoms
+    assert fast.shape == ref.shape == (*shape, n, 3)
+    assert (math.prod(shape) * n > SMALL_VALUES) == (shape == (800,))
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
     w = torch.randn_like(ref)
     for a, b in zip(

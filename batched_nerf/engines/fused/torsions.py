@@ -41,6 +41,8 @@ _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 _FLOATS = (torch.float32, torch.float64)
 #: Batch sizes whose bonds and angles arrays a :class:`TorsionBuild` keeps (per dtype).
 KEPT_SIZES = 4
+#: Up to this many dihedrals per call the values are gathered in numpy, above with torch.
+SMALL_VALUES = 1 << 16
 
 
 def _forward_ad_active() -> bool:
@@ -128,25 +130,34 @@ class TorsionBuild:
         self._torch: dict[Any, tuple[Tensor, ...]] = {}
 
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
-        """``(bonds, angles)`` ``(m, n_out)`` of ``dtype`` and ``fixed`` ``(m, 0, 3)``, kept for the
-        last :data:`KEPT_SIZES` batch sizes (the kernels read them, never write)."""
+        """``(bonds, angles)`` ``(m, n_out)`` of ``dtype``, ``fixed`` ``(m, 0, 3)`` and the template
+        dihedrals ``(m, n_out)``, kept for the last :data:`KEPT_SIZES` batch sizes (read, never
+        written)."""
         key = (dtype, m)
         kept = self._arrays.pop(key, None)
         if kept is None:
             v = self._values
-            bonds, angles = (
+            bonds, angles, template = (
                 np.tile(v[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
-                for k in ("bonds", "angles")
+                for k in ("bonds", "angles", "template")
             )
-            kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype))
+            kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype), template)
             while len(self._arrays) >= KEPT_SIZES:
                 self._arrays.pop(next(iter(self._arrays)))
         self._arrays[key] = kept  # most recent last
         return kept
 
     def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
-        """``(m, n_out)`` dihedrals (numpy, the parts' dtype): the template with each value row's value
-        (one torch gather, on the caller's threads; nothing recorded for autograd)."""
+        """``(m, n_out)`` dihedrals (numpy, the parts' dtype): the template with each value row's value.
+
+        Small calls gather in numpy (fewer dispatches), large ones with one torch ``index_select`` (on
+        torch's threads); nothing is recorded for autograd.
+        """
+        if m * self.n_out <= SMALL_VALUES:
+            values = np.concatenate([x.detach().numpy().reshape(m, -1) for x in parts], axis=1)
+            d = self.arrays(values.dtype, m)[3].copy()
+            d[:, self.out_rows] = values[:, self.slots]
+            return d
         template, source = self.torch_inputs(parts[0].dtype, out=True)[2:4]
         with torch.no_grad():
             cat = torch.cat([template.expand(m, self.n_out), *(x.reshape(m, -1) for x in parts)], dim=-1)
@@ -170,7 +181,7 @@ class TorsionBuild:
             batch = tuple(first.shape[:-1])
         m = math.prod(batch)
         d = self.dihedrals(parts, m)
-        bonds, angles, _ = self.arrays(d.dtype, m)
+        bonds, angles = self.arrays(d.dtype, m)[:2]
         trig = require("cpu").trig
         if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
             out = TorsionFn.apply(self, Turns(trig(angles, d)), *parts)
@@ -182,7 +193,7 @@ class TorsionBuild:
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
         """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
         dihedrals (:func:`.build.trig`); zeros where no atom is."""
-        bonds, _, fixed = self.arrays(dtype, cs.shape[1])
+        bonds, _, fixed, _ = self.arrays(dtype, cs.shape[1])
         plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
         # zeros where no atom is: fresh zeroed pages (calloc) cost no more than an empty array
@@ -193,7 +204,7 @@ class TorsionBuild:
     def backward(self, cs: np.ndarray, g: Tensor, dtype: np.dtype) -> np.ndarray:
         """``(m, K)`` gradient of ``sum(g * xyz)`` with respect to the values (first order, numpy)."""
         m = cs.shape[1]
-        bonds, _, fixed = self.arrays(dtype, m)
+        bonds, _, fixed, _ = self.arrays(dtype, m)
         plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
         gx = g.detach().reshape(m, self.n_out, 3).contiguous().numpy().astype(dtype, copy=False)
