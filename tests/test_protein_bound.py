@@ -219,3 +219,12 @@ def test_mixed_batch_binds_on_its_second_call():
     assert "TorsionFnBackward" not in _names(first)
     assert "TorsionFnBackward" in _names(second)
     torch.testing.assert_close(first, second, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("omega, chi", LAYOUTS)
+def test_mixed_batch_in_degrees_keeps_the_defaults_in_radians(omega, chi):
+    args = [None if a is None else a * 40 for a in _mixed((2,), omega, chi)]
+    bn.protein.build_batch(MIXED, *args, degrees=True)
+    fast = bn.protein.build_batch(MIXED, *args, degrees=True)  # the bound path (second call)
+    ref = bn.protein.build_batch(MIXED, *args, degrees=True, method="scan")
+    torch.testing.assert_close(fast.xyz, ref.xyz, rtol=0, atol=1e-10)

@@ -330,13 +330,13 @@ def _bound(t: Any, given: list[Tensor | None], degrees: bool, method: str) -> Te
     phi = given[0]
     if not _serves(phi):
         return None
-    key = (given[2] is not None, given[3] is not None)
     bound = t.__dict__.setdefault("_bound", {})
+    if method == "auto" and _auto(bound, t.table, phi.numel() // max(t.n_residues, 1)) != "fused":
+        return None
+    key = (given[2] is not None, given[3] is not None)
     tb = bound.get(key)
     if tb is None:
         tb = bound[key] = _torsion_build(t, *key)
-    if method == "auto" and _auto(bound, t.table, phi.numel() // max(t.n_residues, 1)) != "fused":
-        return None
     parts = [v if not degrees else v * _DEG for v in given if v is not None]
     return tb(*parts)
 
@@ -645,11 +645,11 @@ def _bound_batch(
             bound["seen"] = True
             return None
         tb = bound["build"] = _packed_build(packed)
-    if given[2] is None or given[3] is None:  # the template's trans omega and default chi
+    parts = [v * _DEG if degrees and v is not None else v for v in given]
+    if parts[2] is None or parts[3] is None:  # the template's trans omega and default chi (radians)
         _, _, _, default_omega, default_chi = templates(packed, phi.dtype, phi.device)
-        given[2] = default_omega.expand(*batch, b, length) if given[2] is None else given[2]
-        given[3] = default_chi.expand(*batch, b, length, 4) if given[3] is None else given[3]
-    parts = [v * _DEG if degrees else v for v in given]
+        parts[2] = default_omega.expand(*batch, b, length) if parts[2] is None else parts[2]
+        parts[3] = default_chi.expand(*batch, b, length, 4) if parts[3] is None else parts[3]
     return tb(*parts, batch=batch).unflatten(-2, (b, packed.n_max))
 
 
