@@ -7,6 +7,7 @@ the bound path) and checks which path ran from the graph's node names.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ import torch
 
 import batched_nerf as bn
 from batched_nerf.engines.backends import available
-from batched_nerf.engines.fused.torsions import KEPT_SIZES, SMALL_VALUES, TorsionBuild
+from batched_nerf.engines.fused import torsions
+from batched_nerf.engines.fused.torsions import SMALL_VALUES, TorsionBuild
 
 pytestmark = pytest.mark.skipif(not available("cpu"), reason="the bound path needs numba")
 
@@ -146,12 +148,18 @@ def test_nan_in_gives_nan_out():
     assert torch.equal(torch.isnan(xyz), torch.isnan(ref))
 
 
-def test_kept_arrays_are_bounded():
-    t = bn.protein.protein_table(SEQ)
-    for m in range(1, KEPT_SIZES + 4):
-        bn.protein.build(SEQ, *_torsions((m,), omega=True, chi=True))
-    tb = t.__dict__["_bound"][(True, True)]
-    assert len(tb._arrays) <= KEPT_SIZES
+def test_kept_arrays_are_bounded(monkeypatch):
+    """Many batch sizes keep at most KEPT_BYTES of broadcast arrays, the least recently used dropped
+    first; a call needing more than a quarter of it keeps nothing."""
+    n = bn.protein.protein_table(SEQ).n_atoms
+    unit = 3 * 4 * n  # float32 bonds, angles and template of one sample
+    monkeypatch.setattr(torsions, "KEPT_BYTES", 160 * unit)
+    monkeypatch.setattr(torsions, "_kept", OrderedDict())
+    for m in (10, 20, 30, 40, 50, 35, 38):
+        bn.protein.build(SEQ, *_torsions((m,), dtype=torch.float32))
+        assert torsions.kept_bytes() <= 160 * unit
+    assert sorted(key[2] for key in torsions._kept) == [30, 35, 38, 40]  # 50: over a quarter
+    assert torsions.kept_bytes() == (30 + 35 + 38 + 40) * unit
 
 
 def test_bad_sources_raise():

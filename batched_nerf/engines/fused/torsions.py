@@ -6,10 +6,11 @@ template with some rows replaced, ``dihedrals[j] = cat([template, values])[sourc
 Through the general path each call checks, broadcasts and gathers its inputs
 in torch and then re-derives the plan (about 150 Python calls around an 8 us
 kernel for a 10-residue chain). A :class:`TorsionBuild` is made once per table
-and layout of the values: it holds the fused plan, the bonds and angles as
-numpy arrays per batch size, and the ``source`` split into the template rows
-and the rows that read a value. A call is one torch gather of the values, the
-``cos``/``sin`` loop and the build kernel (:mod:`.cpu`).
+and layout of the values: it holds the fused plan, the bonds, angles and template
+dihedrals as numpy arrays per batch size (within :data:`KEPT_BYTES` over all of
+them), and the ``source`` split into the template rows and the rows that read a
+value. A call is one gather of the values (numpy for small calls, torch for large
+ones), the ``cos``/``sin`` loop and the build kernel (:mod:`.cpu`).
 
 Derivatives: :class:`TorsionFn` runs the forward kernel and, for a first-order
 backward, the backward kernel, whose dihedral gradients it reads back into the
@@ -23,6 +24,8 @@ path: :func:`serves` says no and the caller takes the general one.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
@@ -35,14 +38,24 @@ from ..function import Function
 from . import workspace
 from .build import FusedPlan, FusedVJP, Turns, _identity_rows
 
-__all__ = ["TorsionBuild", "TorsionFn", "serves"]
+__all__ = ["KEPT_BYTES", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 _FLOATS = (torch.float32, torch.float64)
-#: Batch sizes whose bonds and angles arrays a :class:`TorsionBuild` keeps (per dtype).
-KEPT_SIZES = 4
+#: Bytes of broadcast bonds, angles and template arrays kept over all :class:`TorsionBuild` objects (least
+#: recently used dropped first); a call needing more than a quarter of it makes its own.
+KEPT_BYTES = 256 << 20
+
+_kept: OrderedDict[tuple[Any, ...], tuple[np.ndarray, ...]] = OrderedDict()
+_kept_lock = threading.Lock()
 #: Up to this many dihedrals per call the values are gathered in numpy, above with torch.
 SMALL_VALUES = 1 << 16
+
+
+def kept_bytes() -> int:
+    """Bytes of the arrays the :class:`TorsionBuild` objects keep now (at most :data:`KEPT_BYTES`)."""
+    with _kept_lock:
+        return sum(a[0].nbytes * 3 for a in _kept.values())
 
 
 def _forward_ad_active() -> bool:
@@ -126,25 +139,28 @@ class TorsionBuild:
         self.out_rows = out_rows  # (R,) positions of the rows reading a value in the output
         self._values = values
         self._table = {"bonds": bonds, "angles": angles, "template": template}
-        self._arrays: dict[tuple[Any, int], tuple[np.ndarray, ...]] = {}
         self._torch: dict[Any, tuple[Tensor, ...]] = {}
 
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
         """``(bonds, angles)`` ``(m, n_out)`` of ``dtype``, ``fixed`` ``(m, 0, 3)`` and the template
-        dihedrals ``(m, n_out)``, kept for the last :data:`KEPT_SIZES` batch sizes (read, never
-        written)."""
-        key = (dtype, m)
-        kept = self._arrays.pop(key, None)
-        if kept is None:
-            v = self._values
-            bonds, angles, template = (
-                np.tile(v[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
-                for k in ("bonds", "angles", "template")
-            )
-            kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype), template)
-            while len(self._arrays) >= KEPT_SIZES:
-                self._arrays.pop(next(iter(self._arrays)))
-        self._arrays[key] = kept  # most recent last
+        dihedrals ``(m, n_out)`` (read, never written), kept within :data:`KEPT_BYTES` over every
+        table (a training loop over thousands of sequences keeps only the recent ones)."""
+        key = (self, dtype, m)
+        with _kept_lock:
+            kept = _kept.get(key)
+            if kept is not None:
+                _kept.move_to_end(key)
+                return kept
+        bonds, angles, template = (
+            np.tile(self._values[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
+            for k in ("bonds", "angles", "template")
+        )
+        kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype), template)
+        if 3 * bonds.nbytes <= KEPT_BYTES // 4:
+            with _kept_lock:
+                _kept[key] = kept
+                while sum(a[0].nbytes * 3 for a in _kept.values()) > KEPT_BYTES:
+                    _kept.popitem(last=False)
         return kept
 
     def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
