@@ -7,6 +7,7 @@ from typing import ClassVar
 
 import torch
 
+import batched_nerf as bn
 from batched_nerf.engines.function import Function, save
 
 F64 = torch.float64
@@ -69,3 +70,31 @@ def test_inside_transforms_torch_apply_runs() -> None:
     torch.testing.assert_close(torch.func.vmap(Cube.apply)(x.reshape(5, 1)), x.reshape(5, 1) ** 3)
     torch.testing.assert_close(torch.func.hessian(lambda v: Cube.apply(v).sum())(x), torch.diag(6 * x))
     assert "transform" in Cube.calls
+
+
+def test_forward_ad_api_through_the_fused_functions():
+    """``torch.autograd.forward_ad`` (one dual level, no nesting) through the fused build and the
+    fused inverse: the tangents of the torch engines (it raised "Nested forward mode AD is not
+    supported" when the Functions' jvp opened a level of its own)."""
+    fw = torch.autograd.forward_ad
+    g = torch.Generator().manual_seed(0)
+    table = bn.ConstructionTable.chain(7)
+    b = 1.5 + 0.1 * torch.rand(2, 7, dtype=torch.float64, generator=g)
+    a = 1.9 + 0.1 * torch.rand(2, 7, dtype=torch.float64, generator=g)
+    d = torch.randn(2, 7, dtype=torch.float64, generator=g)
+    t_d = torch.randn(2, 7, dtype=torch.float64, generator=g)
+
+    def tangents(build, inverse):
+        with fw.dual_level():
+            dual = fw.make_dual(d, t_d)
+            x = bn.to_cartesian(b, a, dual, table, method=build)
+            ic = bn.to_internal(x, table, method=inverse)
+            return (
+                fw.unpack_dual(x).tangent,
+                fw.unpack_dual(ic.angles).tangent,
+                fw.unpack_dual(ic.dihedrals).tangent,
+            )
+
+    for got, want in zip(tangents("fused", "fused"), tangents("scan", "torch")):
+        assert got is not None and want is not None
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - another torch layout: torch's own appl
 
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 
-__all__ = ["Function", "save"]
+__all__ = ["Function", "jvp", "save"]
 
 
 def _eager_twin(impl: type) -> type:
@@ -72,6 +72,32 @@ class Function(torch.autograd.Function):
         if _unwrap is None or _TRANSFORMS_ACTIVE is None or _TRANSFORMS_ACTIVE():
             return super().apply(*args)
         return cls._eager.apply(*_unwrap(args))
+
+
+def jvp(fn: Any, primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
+    """Tangent(s) of ``fn`` at ``primals`` along ``tangents`` (tensors; ``fn`` returns a tensor or a
+    tuple of them), for a Function's ``jvp`` through a differentiable reference.
+
+    Under ``torch.func`` (``jvp``, ``jacfwd``, ``hessian``) this is :func:`torch.func.jvp`, which nests.
+    Under the older ``torch.autograd.forward_ad`` API a nested level is not allowed ("Nested forward
+    mode AD is not supported"), so the reference runs on dual tensors of the level already open.
+    """
+    level = torch.autograd.forward_ad._current_level
+    if level < 0 or (_TRANSFORMS_ACTIVE is not None and _TRANSFORMS_ACTIVE()):
+        return torch.func.jvp(fn, primals, tangents)[1]
+    fw = torch.autograd.forward_ad
+    with fw._set_fwd_grad_enabled(True):  # a Function's jvp runs with forward grad mode off
+        # fresh copies: a primal saved for forward mode carries its own tangent at this level
+        plain = (fw.unpack_dual(p, level=level).primal.clone() for p in primals)
+        out = fn(*(fw.make_dual(p, t.clone(), level=level) for p, t in zip(plain, tangents)))
+
+        def tangent(o: Any) -> Any:
+            t = fw.unpack_dual(o, level=level).tangent
+            return (
+                torch.zeros_like(o).detach() if t is None else fw.unpack_dual(t, level=level).primal.clone()
+            )
+
+        return tuple(tangent(o) for o in out) if isinstance(out, tuple) else tangent(out)
 
 
 def save(ctx: Any, *tensors: Any) -> None:

@@ -53,7 +53,7 @@ from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
-from ..function import Function, save
+from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
@@ -439,9 +439,9 @@ class FusedBuild(Function):
     def jvp(ctx: Any, *tangents: Any) -> Tensor:
         primals = _saved(ctx)
         tangents = _tangents(primals, tangents[:6])
-        return torch.func.jvp(
+        return jvp(
             lambda *x: _reference_build(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
-        )[1]
+        )
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
@@ -495,9 +495,9 @@ class FusedVJP(Function):
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
         primals = _saved(ctx)
         tangents = _tangents(primals, tangents[:7])
-        return torch.func.jvp(
+        return jvp(
             lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
-        )[1]
+        )
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from ..._geometry import batch_shape
 from .. import backends
-from ..function import Function, save
+from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
@@ -304,7 +304,7 @@ def _ref_jvp(fn: Any, primals: tuple[Tensor, ...], tangents: tuple[Tensor | None
     """Forward mode of ``fn`` (torch engine) at ``primals``; missing tangents are zero."""
     p = tuple(x.contiguous() for x in primals)  # dual tensors need their own memory (no expanded views)
     t = tuple(torch.zeros_like(x) if dx is None else dx.contiguous() for x, dx in zip(p, tangents))
-    return torch.func.jvp(fn, p, t)[1]
+    return jvp(fn, p, t)
 
 
 def _batched(info: Any, in_dims: tuple[int | None, ...], *args: Tensor) -> list[Tensor]:
