@@ -115,12 +115,8 @@ class TorsionBuild:
         if self.slots.size and np.bincount(self.slots).max() > 1:  # O(R): a new batch makes one
             raise ValueError("each value may be read by one row at most")
         self.plan, self.n_atoms, self.n_values = plan, n, int(n_values)
-        self.kernel_plan, self.n_out, self.atoms, self.pad = (
-            plan,
-            n,
-            None,
-            np.empty(0, dtype=np.int64),
-        )  # pad: empty positions
+        self.kernel_plan, self.n_out, self.atoms = plan, n, None
+        self.pad = np.empty(0, dtype=np.int64)  # output positions of no atom
         values = {"bonds": bonds, "angles": angles, "template": template}
         out_rows = self.rows
         if atoms is not None:  # the kernels read and write the padded layout: remap the atom rows
@@ -212,7 +208,7 @@ class TorsionBuild:
         bonds, _, fixed, _ = self.arrays(dtype, cs.shape[1])
         plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
-        # zeros where no atom is: fresh zeroed pages (calloc) cost no more than an empty array
+        # fresh zeroed pages (calloc) cost no more than an empty array
         out = np.zeros((cs.shape[1], self.n_out, 3), dtype=dtype) if self.pad.size else None
         kernels = require("cpu")
         return kernels.forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach, out)
