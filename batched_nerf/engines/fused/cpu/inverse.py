@@ -68,7 +68,8 @@ pjit = numba.njit(parallel=True, cache=True)
 
 @jit
 def _load(x, s, j):  # type: ignore[no-untyped-def]
-    return (float(x[s, j, 0]), float(x[s, j, 1]), float(x[s, j, 2]))
+    # np.float64, not float(): numba's float() of a float32 stays float32
+    return (np.float64(x[s, j, 0]), np.float64(x[s, j, 1]), np.float64(x[s, j, 2]))
 
 
 # --------------------------------------------------------------------------
@@ -85,13 +86,13 @@ def _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-untype
     xi = _load(xyz, s, i)
     xb = _load(xyz, s, refs[i, 0])
     g = _bond_grad(xi, xb)
-    w = float(gb[s, i])
+    w = np.float64(gb[s, i])
     ci = _scale(g, w)
     cb = _scale(g, -w)
     if not ha[i]:
         return ci, cb, ca, cd
     xa = _load(xyz, s, refs[i, 1])
-    w = float(ga[s, i])
+    w = np.float64(ga[s, i])
     g0, g1, g2 = _angle_grad(xi, xb, xa)
     ci = _axpy(w, g0, ci)
     cb = _axpy(w, g1, cb)
@@ -99,7 +100,7 @@ def _row_vjp(xyz, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-untype
     if not hd[i]:
         return ci, cb, ca, cd
     xd = _load(xyz, s, refs[i, 2])
-    w = float(gd[s, i])
+    w = np.float64(gd[s, i])
     h0, h1, h2, h3 = _dihedral_grad(xd, xa, xb, xi)
     cd = _scale(h0, w)
     ca = _axpy(w, h1, ca)
@@ -118,14 +119,14 @@ def _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-
     xi, ti = _load(xyz, s, i), _load(v, s, i)
     xb, tb = _load(xyz, s, refs[i, 0]), _load(v, s, refs[i, 0])
     _, hv, jb = _dbond_grad(xi, ti, xb, tb)
-    w = float(gb[s, i])
+    w = np.float64(gb[s, i])
     ci = _scale(hv, w)
     cb = _scale(hv, -w)
     if not ha[i]:
         return ci, cb, ca, cd, jb, ja, jd
     xa, ta = _load(xyz, s, refs[i, 1]), _load(v, s, refs[i, 1])
     _, hvs, ja = _dangle_grad(xi, ti, xb, tb, xa, ta)
-    w = float(ga[s, i])
+    w = np.float64(ga[s, i])
     ci = _axpy(w, hvs[0], ci)
     cb = _axpy(w, hvs[1], cb)
     ca = _scale(hvs[2], w)
@@ -133,7 +134,7 @@ def _row_second(xyz, v, s, i, refs, hb, ha, hd, gb, ga, gd):  # type: ignore[no-
         return ci, cb, ca, cd, jb, ja, jd
     xd, td = _load(xyz, s, refs[i, 2]), _load(v, s, refs[i, 2])
     _, hvd, jd = _ddihedral_grad(xd, td, xa, ta, xb, tb, xi, ti)
-    w = float(gd[s, i])
+    w = np.float64(gd[s, i])
     cd = _scale(hvd[0], w)
     ca = _axpy(w, hvd[1], ca)
     cb = _axpy(w, hvd[2], cb)
