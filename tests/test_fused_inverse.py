@@ -242,7 +242,9 @@ def test_float32_derivatives(batch: int) -> None:
 
 
 @pytest.mark.parametrize("batch", [3, 40], ids=["per_sample", "blocked"])
-def test_float32_coordinates_are_differentiated_in_float64(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_float32_coordinates_are_differentiated_in_float64(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The vjp and second-order kernels compute in float64 from float32 coordinates in every layout:
     their float32 results are the float64 reference of the same coordinates, rounded once.
 
@@ -265,7 +267,9 @@ def test_float32_coordinates_are_differentiated_in_float64(batch: int, monkeypat
     def run(x0: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
         x = x0.clone().requires_grad_()
         ic = bn.to_internal(x, table, method=method)
-        (gx,) = torch.autograd.grad(sum((c * wk.to(x.dtype)).sum() for c, wk in zip(ic, w)), x, create_graph=True)
+        (gx,) = torch.autograd.grad(
+            sum((c * wk.to(x.dtype)).sum() for c, wk in zip(ic, w)), x, create_graph=True
+        )
         (h,) = torch.autograd.grad(gx, x, v.to(x.dtype))  # the second-order kernel
         return gx, h
 
