@@ -106,26 +106,40 @@ def _row(name: str, what: str, first: float, steady: float, **extra: float) -> d
     return {"row": name, "what": what, "first_s": first, "steady_s": steady, "ratio": first / steady, **extra}
 
 
-def protein_combination(seed: int, repeat: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed + 7)
+def _cached_pool(rng: np.random.Generator) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """256 sequences of 50-150 residues, each built once in batches of 32 (the first epoch)."""
     pool = _sequences(rng.integers(50, 151, 256).tolist(), rng)
     phi, psi = _torsions((32,), 150, rng)
-    for k in range(0, 256, 32):  # the first epoch: every sequence built once, in batches of 32
+    for k in range(0, 256, 32):
         bn.protein.build_batch(pool[k : k + 32], phi, psi, method=METHOD[0])
+    return pool, phi, psi
+
+
+def _combinations(
+    pool: list[str], phi: torch.Tensor, psi: torch.Tensor, rng: np.random.Generator, count: int
+) -> tuple[float, float]:
+    """Medians over ``count`` new combinations of 32 of ``pool``: the first call and the steady one."""
     firsts, steadies = [], []
-    for _ in range(max(repeat, 5)):
-        seqs = [pool[i] for i in rng.choice(256, 32, replace=False)]
+    for _ in range(count):
+        seqs = [pool[i] for i in rng.choice(len(pool), 32, replace=False)]
 
         def call(seqs: list[str] = seqs) -> None:
             bn.protein.build_batch(seqs, phi, psi, method=METHOD[0])
 
         firsts.append(_time(call))
         steadies.append(_steady(call, 3))
+    return statistics.median(firsts), statistics.median(steadies)
+
+
+def protein_combination(seed: int, repeat: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed + 7)
+    pool, phi, psi = _cached_pool(rng)
+    first, steady = _combinations(pool, phi, psi, rng, max(repeat, 5))
     return _row(
         "protein combination",
         "build_batch, 32 of 256 cached sequences (50-150 residues), a new combination",
-        statistics.median(firsts),
-        statistics.median(steadies),
+        first,
+        steady,
     )
 
 
@@ -135,27 +149,16 @@ LATER_AFTER = 150
 
 def protein_combination_later(seed: int, repeat: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed + 8)
-    pool = _sequences(rng.integers(50, 151, 256).tolist(), rng)
-    phi, psi = _torsions((32,), 150, rng)
-    for k in range(0, 256, 32):  # the first epoch
-        bn.protein.build_batch(pool[k : k + 32], phi, psi, method=METHOD[0])
+    pool, phi, psi = _cached_pool(rng)
     for _ in range(LATER_AFTER):  # later epochs' first steps, untimed
         seqs = [pool[i] for i in rng.choice(256, 32, replace=False)]
         bn.protein.build_batch(seqs, phi, psi, method=METHOD[0])
-    firsts, steadies = [], []
-    for _ in range(max(repeat, 20)):
-        seqs = [pool[i] for i in rng.choice(256, 32, replace=False)]
-
-        def call(seqs: list[str] = seqs) -> None:
-            bn.protein.build_batch(seqs, phi, psi, method=METHOD[0])
-
-        firsts.append(_time(call))
-        steadies.append(_steady(call, 3))
+    first, steady = _combinations(pool, phi, psi, rng, max(repeat, 20))
     return _row(
         "protein combination, later",
         f"build_batch, a new combination of 32 cached sequences after {LATER_AFTER} others",
-        statistics.median(firsts),
-        statistics.median(steadies),
+        first,
+        steady,
     )
 
 
