@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ._checks import check_table, check_tensor
 from ._convert import to_cartesian, to_internal
 from ._entries import EntryLayout, gather, spread
+from ._flow_entries import EntryKernel, gather_log_det, spread_log_det
 from ._geometry import batch_shape
 from ._logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 from ._pose import extract_pose, pose_info
@@ -147,6 +148,9 @@ class InternalCoordinateTransform(nn.Module):
             entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())
             for kind in ("bonds", "angles")
         )
+        layouts = tuple(self._layout(k) for k in _KINDS)
+        # entries and log-det in one pass (None: the log-det is not a sum over the entries)
+        self._kernel = None if None in self._log_det_terms else EntryKernel.of(layouts, self._log_det_terms)
         m = _masks(table)
         self._n_angles = int(self.angle_atoms.numel())
         self._n_dihedrals = int(self.dihedral_atoms.numel())
@@ -179,10 +183,13 @@ class InternalCoordinateTransform(nn.Module):
             ValueError: ``xyz`` is not ``(..., N, 3)``.
         """
         ic = to_internal(xyz, self.table)
-        bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
-        ld = self._log_det(bonds, angles)
-        if ld is None:
-            ld = log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
+        if self._kernel is not None and self._on_cpu_indices():
+            bonds, angles, dihedrals, ld = gather_log_det(*ic, self._kernel)
+        else:
+            bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
+            ld = self._log_det(bonds, angles)
+            if ld is None:
+                ld = log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
         ld = -ld
         if self.normalize_angles:
             angles = angles / math.pi
@@ -238,16 +245,23 @@ class InternalCoordinateTransform(nn.Module):
             ) from None
         dtype = torch.promote_types(torch.promote_types(bonds.dtype, angles.dtype), dihedrals.dtype)
         entries = tuple(v.to(dtype).expand(*batch, -1) for v in (bonds, angles, dihedrals))
-        b, a, d = (self._full(v, k) for v, k in zip(entries, _KINDS))
+        if self._kernel is not None and self._on_cpu_indices():
+            b, a, d, ld = spread_log_det(*entries, self._kernel)
+        else:
+            b, a, d = (self._full(v, k) for v, k in zip(entries, _KINDS))
+            ld = self._log_det(entries[0], entries[1])
+            if ld is None:
+                ld = log_det_jacobian(b, a, d, self.table, pose=self.pose)
         xyz = to_cartesian(
             b, a, d, self.table, fixed_xyz=fixed_xyz, method=self.method,  # type: ignore[arg-type]
             rotation=rotation, translation=translation,
         )  # fmt: skip
-        ld = self._log_det(entries[0], entries[1])
-        if ld is None:
-            ld = log_det_jacobian(b, a, d, self.table, pose=self.pose)
         ld = ld + self._norm_log_det()
         return xyz, ld.expand(xyz.shape[:-2])
+
+    def _on_cpu_indices(self) -> bool:
+        """The index buffers are on the CPU (the kernel pass's layouts were made from them there)."""
+        return self.bond_atoms.device.type == "cpu"
 
     def _layout(self, kind: str) -> EntryLayout:
         """The entries of ``kind`` (their index on the buffers' device)."""

@@ -17,7 +17,7 @@ from ._table import ConstructionTable
 __all__ = ["PASSES", "warmup"]
 
 #: The passes :func:`warmup` can compile, in the order it runs them.
-PASSES = ("forward", "backward", "inverse", "second")
+PASSES = ("forward", "backward", "inverse", "second", "flow")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _ATOMS = 12  # a chain: small inputs, every row kind of a chain (seeds, NeRF frames)
 
@@ -27,12 +27,14 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     """With ``threaded``, the kernels' serial-below-this-size thresholds set to 0 (tiny calls take the
     threaded kernels), restored afterwards."""
     from .engines.fused.cpu import build as fused_numba
+    from .engines.fused.cpu import entries as fused_entries
     from .engines.fused.cpu import inverse as fused_inverse_numba
     from .engines.fused.cpu import trig as fused_numba_trig
 
     names = (
         (fused_numba, "SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
+        (fused_entries, "SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
     )
     saved = [getattr(m, n) for m, n in names]
@@ -74,6 +76,20 @@ def _inverse(table: ConstructionTable, n: int, dtype: torch.dtype, second: bool)
         (g * g).sum().backward()
 
 
+def _flow(table: ConstructionTable, n: int, dtype: torch.dtype) -> None:
+    """Both directions of the flow layer with gradients: its entries' four kernels."""
+    from ._flow import InternalCoordinateTransform
+
+    flow = InternalCoordinateTransform(table, pose=True)
+    b, a, d = _inputs(n, dtype)
+    x = to_cartesian(b, a, d, table).requires_grad_()
+    z = flow(x)
+    (z.bonds.sum() + z.log_det.sum()).backward()
+    leaves = [v.detach().requires_grad_() for v in (z.bonds, z.angles, z.dihedrals)]
+    xyz, log_det = flow.inverse(*leaves, z.rotation.detach(), z.translation.detach())
+    (xyz.sum() + log_det.sum()).backward()
+
+
 Step = tuple[str, Callable[[], None]]
 
 
@@ -104,6 +120,11 @@ def _steps(dtypes: Sequence[str], passes: Sequence[str], threads: int) -> list[S
             elif "inverse" in passes:
                 what = f"to_internal forward + backward, {label}, {name}"
                 steps.append((what, _run(_inverse, table, n, dt, False, threaded)))
+        if "flow" in passes:  # one layout: on this thread and (a chunk per thread) threaded
+            flow_sizes = [("", 1, False)] + ([(", threaded", 64 * threads, True)] if threads > 1 else [])
+            for label, n, threaded in flow_sizes:
+                what = f"InternalCoordinateTransform forward + inverse + backward{label}, {name}"
+                steps.append((what, _run(_flow, table, n, dt, threaded)))
     return steps
 
 
@@ -164,7 +185,9 @@ def warmup(
     ``passes``: ``"forward"`` (:func:`to_cartesian`), ``"backward"`` (its
     gradient), ``"inverse"`` (:func:`to_internal` and its gradient),
     ``"second"`` (a ``create_graph=True`` gradient of :func:`to_internal` and
-    its backward: the inverse's second-order kernels; implies ``"inverse"``).
+    its backward: the inverse's second-order kernels; implies ``"inverse"``),
+    ``"flow"`` (:class:`InternalCoordinateTransform` both ways with gradients:
+    its entries' and log-det's kernels).
     The values computed are thrown away.
 
     Where the compiled code goes: numba's cache, chosen when the kernels are

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._checks",),
     # public API
     ("batched_nerf._pose", "batched_nerf._box", "batched_nerf._entries"),
-    ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._pack"),
+    ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._flow_entries", "batched_nerf._pack"),
     ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses", "batched_nerf._warmup"),
     # on top: files, shipped data, CLI, test helpers
     ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing", "batched_nerf.protein"),

@@ -51,6 +51,7 @@ _PASSES = (
     ("samples", "to_cartesian"),
     ("build", "to_cartesian"),
     ("pose", "to_cartesian pose"),
+    ("entries", "flow layer entries + log-det"),
 )
 
 
@@ -78,7 +79,7 @@ def describe(dispatcher: Any, args: Any) -> str:
     low = name.lower()
     if "second" in low:
         part = "second order"
-    elif "vjp" in low or "backward" in low:
+    elif "vjp" in low or "backward" in low or "grad" in low:
         part = "backward"
     elif "trig" in low or "sincos" in low:
         part = "cos/sin"
@@ -86,7 +87,7 @@ def describe(dispatcher: Any, args: Any) -> str:
         part = "atan2"
     else:
         part = "forward"
-    plain = module in ("trig", "pose")  # one layout only
+    plain = module in ("trig", "pose", "entries")  # one layout only
     layout = "blocked, " if module.endswith("blocks") else "" if plain else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
