@@ -124,7 +124,10 @@ def test_warmup_small_and_plain_progress(
     [
         ({"dtypes": ("float16",)}, "dtypes must be among ('float32', 'float64'), got ('float16',)"),
         ({"dtypes": ()}, "dtypes must be among"),
-        ({"passes": ("hessian",)}, "passes must be among ('forward', 'backward', 'inverse', 'second')"),
+        (
+            {"passes": ("hessian",)},
+            "passes must be among ('forward', 'backward', 'inverse', 'second', 'flow')",
+        ),
         ({"passes": ()}, "passes must be among"),
     ],
 )
