@@ -31,6 +31,7 @@ from ._entries import EntryLayout, gather, spread
 from ._logdet import entries_log_det
 from .engines.backends import available, require
 from .engines.function import Function, jvp, save
+from .engines.fused.arrays import numpy_view as _np
 from .engines.levels import _IS_FUNCTORCH_WRAPPED
 
 __all__ = ["EntryKernel", "gather_log_det", "spread_log_det"]
@@ -90,10 +91,6 @@ def _kernel_runs(spec: EntryKernel, *tensors: Tensor) -> bool:
 
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
-
-
-def _np(t: Tensor) -> np.ndarray:
-    return t.detach().contiguous().numpy()
 
 
 def _tensors(*arrays: np.ndarray, dtype: torch.dtype) -> tuple[Tensor, ...]:

@@ -35,6 +35,7 @@ Arrays: ``maps`` ``(3, N)`` int64, the entry of each atom per kind (``-1``: none
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba
@@ -241,8 +242,10 @@ def _run(items, parallel, values: int, *args) -> None:  # type: ignore[no-untype
         items(0, 1, *args)
 
 
+@functools.cache
 def _probe(dtype: np.dtype) -> tuple[object, ...]:
-    """Arguments of :func:`_spread_items`'s signature for ``dtype`` values (tiny arrays)."""
+    """Arguments of :func:`_spread_items`'s signature for ``dtype`` values (tiny arrays, made once per
+    dtype: :func:`ready` is asked on every call)."""
     v, i = np.zeros((1, 1), dtype=dtype), np.zeros((3, 1), dtype=np.int64)
     k, ld = np.zeros(1, dtype=np.int64), np.zeros(1)
     return (0, 1, v, v, v, i, k, k, v, v, v, ld)
