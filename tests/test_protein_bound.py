@@ -189,7 +189,6 @@ def _mixed(shape, omega=True, chi=True, pad=0):
 def test_mixed_batch_writes_the_padded_layout(shape, omega, chi):
     args = [a.requires_grad_(True) if a is not None else None for a in _mixed(shape, omega, chi)]
     given = [a for a in args if a is not None]
-    bn.protein.build_batch(MIXED, *args)  # a tuple's first call takes the checked path (see below)
     fast = bn.protein.build_batch(MIXED, *args)
     ref = bn.protein.build_batch(MIXED, *args, method="scan")
     assert "TorsionFnBackward" in _names(fast.xyz)
@@ -207,32 +206,92 @@ def test_mixed_batch_second_order_and_wider_padding():
     def f(a, b, c):
         return bn.protein.build_batch(MIXED, a, b, None, c).xyz
 
-    f(phi, psi, chi)
     assert "TorsionFnBackward" in _names(f(phi, psi, chi))
     assert torch.autograd.gradgradcheck(f, (phi, psi, chi))
-    wide = _mixed((2,), pad=3)  # L_pad > L_max: the checked path
-    xyz = bn.protein.build_batch(MIXED, *[a.requires_grad_(True) for a in wide]).xyz
-    assert "TorsionFnBackward" not in _names(xyz)
-    torch.testing.assert_close(
-        xyz, bn.protein.build_batch(MIXED, *wide, method="scan").xyz, rtol=0, atol=1e-10
-    )
 
 
-def test_mixed_batch_binds_on_its_second_call():
-    """A new combination of sequences (every step of a shuffled epoch) builds through the checked
-    path; the bound build is made when the same tuple comes back."""
+@pytest.mark.parametrize("omega, chi", LAYOUTS)
+def test_mixed_batch_padded_past_the_longest_sequence(omega, chi):
+    """Torsions padded to L_pad > L_max (a data set's fixed length) take the bound build of that
+    L_pad; the padding gets zero gradient."""
+    wide = [a.requires_grad_(True) if a is not None else None for a in _mixed((2,), omega, chi, pad=3)]
+    given = [a for a in wide if a is not None]
+    fast = bn.protein.build_batch(MIXED, *wide).xyz
+    ref = bn.protein.build_batch(MIXED, *wide, method="scan").xyz
+    assert "TorsionFnBackward" in _names(fast)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
+    w = torch.randn_like(ref)
+    for a, b in zip(
+        torch.autograd.grad((fast * w).sum(), given), torch.autograd.grad((ref * w).sum(), given)
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+        assert (a[..., max(len(s) for s in MIXED) :] == 0).all()
+    narrow = [None if a is None else a[..., :-4, :] if a.ndim == 4 else a[..., :-4] for a in wide]
+    with pytest.raises(ValueError, match="L_max"):  # L_pad < L_max: the checked path raises
+        bn.protein.build_batch(MIXED, *narrow)
+
+
+def test_mixed_batch_binds_on_its_first_call():
+    """A new combination of sequences (every step of a shuffled epoch) takes the bound build at once."""
     seqs = ["WY", "ACDEF", "GG"]
     phi = torch.zeros(3, 5, requires_grad=True)
     first, second = (bn.protein.build_batch(seqs, phi, phi).xyz for _ in range(2))
-    assert "TorsionFnBackward" not in _names(first)
-    assert "TorsionFnBackward" in _names(second)
-    torch.testing.assert_close(first, second, rtol=0, atol=1e-5)
+    assert "TorsionFnBackward" in _names(first)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def test_composed_packed_build_equals_the_packed_tables_own():
+    """The bound build of a combination, assembled from the sequences' plans (compose_padded), is the
+    build of the packed table array for array; its own plan is made only for a create_graph backward."""
+    from batched_nerf.engines.fused.build import configure
+    from batched_nerf.protein._build import _packed_build, packed_proteins
+
+    packed = packed_proteins(["ACDW", "GKHH", "MKVLAE", "P"], hydrogens=True)
+    fast = _packed_build(packed)
+    assert "plan" not in vars(fast) and "atoms" not in vars(fast)
+    plan = configure(packed.table.plan("fused", torch.device("cpu")), None, True)
+    values = (x.numpy().astype(np.float64) for x in (packed.bonds, packed.angles, packed.dihedrals))
+    n_out = len(packed.tables) * packed.n_max
+    ref = TorsionBuild(plan, *values, packed.source.numpy(), fast.n_values, packed.unpad.numpy(), n_out)
+    for name in ("rows", "slots", "out_rows", "pad", "atoms"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(ref, name), err_msg=name)
+    for name in ("index", "starts"):
+        np.testing.assert_array_equal(getattr(fast.kernel_plan, name), getattr(ref.kernel_plan, name))
+    assert (fast.kernel_plan.width, fast.kernel_plan.fallback) == (ref.kernel_plan.width, True)
+    for k in ("bonds", "angles", "template"):
+        np.testing.assert_array_equal(fast._values[k], ref._values[k])
+        np.testing.assert_array_equal(fast._table[k], ref._table[k])
+    assert (fast.n_atoms, fast.n_out) == (ref.n_atoms, ref.n_out)
+    assert fast.plan is plan
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        _ = fast.nothing
+
+
+def test_packed_build_is_freed_with_its_combination():
+    """No reference cycle keeps a combination's arrays alive past its cache entry (its memory is reused
+    at once, not after a garbage collection)."""
+    import gc
+    import weakref
+
+    from batched_nerf.protein import _build
+
+    phi = torch.zeros(3, 2, 6)
+    bn.protein.build_batch(["ACW", "GKVLAE"], phi, phi)
+    packed = _build.packed_proteins(["ACW", "GKVLAE"])
+    alive = weakref.ref(packed.__dict__["_bound"][("build", 6)])
+    del packed
+    gc.disable()
+    try:
+        _build._packed.cache_clear()
+        _build._packed_strings.cache_clear()
+        assert alive() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("omega, chi", LAYOUTS)
 def test_mixed_batch_in_degrees_keeps_the_defaults_in_radians(omega, chi):
     args = [None if a is None else a * 40 for a in _mixed((2,), omega, chi)]
-    bn.protein.build_batch(MIXED, *args, degrees=True)
-    fast = bn.protein.build_batch(MIXED, *args, degrees=True)  # the bound path (second call)
+    fast = bn.protein.build_batch(MIXED, *args, degrees=True)  # the bound path
     ref = bn.protein.build_batch(MIXED, *args, degrees=True, method="scan")
     torch.testing.assert_close(fast.xyz, ref.xyz, rtol=0, atol=1e-10)

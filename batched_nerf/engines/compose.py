@@ -42,7 +42,7 @@ from .._topology import Topology
 from .fused.build import UNIT_MIN_ATOMS, UNITS_MAX, FusedPlan
 from .inverse import InversePlan
 
-__all__ = ["PLAN_ATOMS", "compose_fused", "compose_inverse", "worth_composing"]
+__all__ = ["PLAN_ATOMS", "compose_fused", "compose_inverse", "compose_padded", "worth_composing"]
 
 #: Planning a table costs about one fixed overhead (tens of numpy passes) plus a per-atom part; the
 #: fixed part is worth about this many atoms (fused plan, 2-core CPU). Used by :func:`worth_composing`.
@@ -96,40 +96,98 @@ def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
         >>> bool((plan.index == fused_plan(packed.topology).index).all()), plan.starts.tolist()
         (True, [0, 8])
     """
+    atom_off = _checked_offsets([p.index.shape[1] for p in parts], topo)
+    index = _composed_index(parts, atom_off)
+    starts, width = _composed_units(parts, atom_off, topo.n_atoms)
+    return FusedPlan(
+        index=index,
+        starts=starts,
+        topology=topo,
+        width=width,
+        reach=max((p.reach for p in parts), default=0),
+    )
+
+
+def compose_padded(parts: Sequence[FusedPlan], topo: Topology, stride: int) -> FusedPlan:
+    """:func:`compose_fused` with part ``k``'s atom ``j`` placed at ``k * stride + j`` (a padded layout).
+
+    The kernels read and write atoms through the plan's atom entries only (the
+    placed atom and the ``sin(angle) < 0`` flip atom), so the plan of the packed
+    table writing into a ``(B * stride)``-atom padded layout is the composed plan
+    with those two entries moved: one pass, with no packed plan made first.
+
+    Raises:
+        ValueError: the parts' atom counts do not add up to ``topo.n_atoms``, or a
+            part has more than ``stride`` atoms.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf.engines.fused.build import fused_plan
+        >>> a, b = bn.ConstructionTable.chain(3), bn.ConstructionTable.chain(2)
+        >>> parts = [fused_plan(a.topology), fused_plan(b.topology)]
+        >>> plan = compose_padded(parts, bn.pack_tables([a, b]).topology, 4)
+        >>> plan.index[0].tolist()
+        [0, 1, 2, 4, 5]
+    """
     sizes = [p.index.shape[1] for p in parts]
+    if max(sizes, default=0) > stride:
+        raise ValueError(f"a part of {max(sizes)} atoms does not fit a padded stride of {stride}")
+    atom_off = _checked_offsets(sizes, topo)
+    index = _composed_index(parts, atom_off, np.arange(len(parts), dtype=np.int64) * stride)
+    starts, width = _composed_units(parts, atom_off, topo.n_atoms)
+    return FusedPlan(
+        index=index, starts=starts, topology=topo, width=width, reach=max((p.reach for p in parts), default=0)
+    )
+
+
+def _checked_offsets(sizes: Sequence[int], topo: Topology) -> np.ndarray:
     atom_off = _offsets(sizes)
     if int(atom_off[-1]) != topo.n_atoms:
         raise ValueError(
             f"the parts' plans hold {int(atom_off[-1])} atoms, the packed topology {topo.n_atoms}"
         )
-    n = topo.n_atoms
-    fixed_off = _offsets([p.topology.n_fixed for p in parts])
+    return atom_off
+
+
+def _composed_index(
+    parts: Sequence[FusedPlan], atom_off: np.ndarray, placed: np.ndarray | None = None
+) -> np.ndarray:
+    """``(12, N)`` index of the parts one after another: rows shifted by ``atom_off``, atoms (placed, flip)
+    by ``placed`` (default ``atom_off``), fixed and pose slots by the parts' counts; ``-1`` kept."""
+    sizes = np.diff(atom_off)
     index = np.concatenate([p.index for p in parts], axis=1) if parts else np.zeros((12, 0), np.int64)
     # whole-array passes in place: the concatenation is the one array as large as the plan (fresh
     # large arrays cost page faults, more than the arithmetic); per-part slices cost more in Python
     shift = np.repeat(atom_off[:-1], sizes)
-    index[0] += shift  # atoms: never -1
-    _shift_kept(index[2:8], shift)  # reference rows, parent row, sibling row, flip atom
+    if placed is None:
+        index[0] += shift  # atoms: never -1
+        _shift_kept(index[2:8], shift)  # reference rows, parent row, sibling row, flip atom
+    else:
+        moved = np.repeat(placed, sizes)
+        index[0] += moved
+        _shift_kept(index[2:7], shift)  # reference rows, parent row, sibling row
+        _shift_kept(index[7], moved)  # flip atom
+    fixed_off = _offsets([p.topology.n_fixed for p in parts])
     if int(fixed_off[-1]):
         _shift_kept(index[8], np.repeat(fixed_off[:-1], sizes))  # fixed slots
     seeded_off = _offsets([p.topology.seed_root.size for p in parts])
     if int(seeded_off[-1]):
         _shift_kept(index[11], np.repeat(seeded_off[:-1], sizes))  # pose slots
-    # every part's unit starts, in packed rows; a new packed unit where start // target changes
+    return index
+
+
+def _composed_units(parts: Sequence[FusedPlan], atom_off: np.ndarray, n: int) -> tuple[np.ndarray, int]:
+    """Unit starts ``(U + 1,)`` of the composed plan and its widest unit: every part's unit starts, in
+    packed rows; a new packed unit where ``start // target`` changes (the module docstring)."""
+    if not parts:
+        return np.zeros(1, dtype=np.int64), 1
     begins = np.concatenate([p.starts[:-1] + o for p, o in zip(parts, atom_off[:-1])])
     target = max(UNIT_MIN_ATOMS, -(-n // UNITS_MAX))
     key = begins // target
     keep = np.ones(begins.size, dtype=bool)
     keep[1:] = key[1:] != key[:-1]
     starts = np.append(begins[keep], n).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
-    counts = np.diff(starts)
-    return FusedPlan(
-        index=np.ascontiguousarray(index),
-        starts=starts,
-        topology=topo,
-        width=int(counts.max(initial=1)),
-        reach=max((p.reach for p in parts), default=0),
-    )
+    return starts, int(np.diff(starts).max(initial=1))
 
 
 def compose_inverse(parts: Sequence[InversePlan], topo: Topology) -> InversePlan:
@@ -148,11 +206,7 @@ def compose_inverse(parts: Sequence[InversePlan], topo: Topology) -> InversePlan
         True
     """
     sizes = [int(p.refs.shape[0]) for p in parts]
-    atom_off = _offsets(sizes)
-    if int(atom_off[-1]) != topo.n_atoms:
-        raise ValueError(
-            f"the parts' plans hold {int(atom_off[-1])} atoms, the packed topology {topo.n_atoms}"
-        )
+    atom_off = _checked_offsets(sizes, topo)
     shift = torch.from_numpy(np.repeat(atom_off[:-1], sizes))
     refs = torch.cat([p.refs for p in parts]) + shift[:, None]  # safe refs (never -1): all shifted
     return InversePlan(

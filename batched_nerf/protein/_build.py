@@ -16,6 +16,7 @@ from .._convert import to_cartesian
 from .._geometry import batch_shape
 from .._pack import pack_tables
 from .._table import _static_tensors, outside_inference_mode
+from ..engines.compose import compose_padded
 from ..engines.dispatch import auto_method
 from ..engines.fused.build import configure
 from ..engines.fused.torsions import TorsionBuild
@@ -476,9 +477,12 @@ class PackedProteins:
             ``cat([template (N_total), phi (B*L_max), psi, omega, chi (4*B*L_max)])``.
         unpad: ``(N_total,)`` index of each packed atom in the flattened ``(B*N_max)`` layout.
         pad: ``(B*N_max,)`` index of each padded slot in the packed atoms, ``N_total`` for padding.
+        bonds, angles, dihedrals: ``(N_total,)`` the packed template values (radians).
 
-    Its tensors are made outside ``torch.inference_mode`` (a tuple first packed in
-    a validation pass still serves training).
+    ``source``, ``unpad``, ``pad`` and the template values are made on first use
+    (the checked path; the bound build of :func:`build_batch` reads the sequences'
+    own arrays). Its tensors are made outside ``torch.inference_mode`` (a tuple
+    first packed in a validation pass still serves training).
     """
 
     @outside_inference_mode
@@ -487,38 +491,47 @@ class PackedProteins:
         self.hydrogens = hydrogens
         self.tables = [protein_table(s, hydrogens=hydrogens) for s in sequences]
         self.table = pack_tables([t.table for t in self.tables])
-        # from each sequence's cached numpy layout, part by part (small arrays), then one concatenation
-        # per field: fresh arrays as large as the packed table cost page faults, more than the arithmetic
         parts = [_layout(t) for t in self.tables]
-        b = len(sequences)
         self.n_max = max(p.n for p in parts)
         self.l_max = max(p.n_residues for p in parts)
-        n_total = self.table.n_atoms
-        positions = b * self.l_max
+        chi = np.zeros((len(parts), self.l_max, 4))
+        residue_index = np.full((len(parts), self.n_max), -1, dtype=np.int64)
+        for k, p in enumerate(parts):
+            chi[k, : p.n_residues] = p.chi
+            residue_index[k, : p.n] = p.residue_index
+        self.default_chi = torch.from_numpy(chi)
+        self.residue_index = torch.from_numpy(residue_index)
+        self.mask = self.residue_index >= 0
+
+    @functools.cached_property
+    @outside_inference_mode
+    def _maps(self) -> tuple[Tensor, ...]:
+        """``(source, unpad, pad, bonds, angles, dihedrals)``, from each sequence's cached numpy layout,
+        part by part (small arrays), then one concatenation per field."""
+        parts = [_layout(t) for t in self.tables]
+        n_total, positions = self.table.n_atoms, len(parts) * self.l_max
         # packed dihedrals = cat([template (N_total), phi (B*L_max), psi, omega, chi])[source]: each
         # part's source is base + weights . (n_total, positions, k * l_max, first atom), see _layout
         sources, unpad, first = [], [], 0
-        chi = np.zeros((b, self.l_max, 4))
-        residue_index = np.full((b, self.n_max), -1, dtype=np.int64)
         for k, p in enumerate(parts):
             w = p.weights
             sources.append(
                 p.base + w[0] * n_total + w[1] * positions + w[2] * (k * self.l_max) + w[3] * first
             )
             unpad.append(p.arange + k * self.n_max)
-            chi[k, : p.n_residues] = p.chi
-            residue_index[k, : p.n] = p.residue_index
             first += p.n
         source, unpad_ = np.concatenate(sources), np.concatenate(unpad)
-        pad = np.full(b * self.n_max, n_total, dtype=np.int64)
+        pad = np.full(len(parts) * self.n_max, n_total, dtype=np.int64)
         pad[unpad_] = np.arange(n_total)
-        self.source, self.unpad, self.pad = (torch.from_numpy(x) for x in (source, unpad_, pad))
-        self.bonds, self.angles, self.dihedrals = (
-            torch.from_numpy(np.concatenate([p.values[k] for p in parts])) for k in range(3)
-        )
-        self.default_chi = torch.from_numpy(chi)
-        self.residue_index = torch.from_numpy(residue_index)
-        self.mask = self.residue_index >= 0
+        values = tuple(torch.from_numpy(np.concatenate([p.values[k] for p in parts])) for k in range(3))
+        return (torch.from_numpy(source), torch.from_numpy(unpad_), torch.from_numpy(pad), *values)
+
+    source = property(lambda self: self._maps[0])
+    unpad = property(lambda self: self._maps[1])
+    pad = property(lambda self: self._maps[2])
+    bonds = property(lambda self: self._maps[3])
+    angles = property(lambda self: self._maps[4])
+    dihedrals = property(lambda self: self._maps[5])
 
     def padded(self, packed: Tensor) -> Tensor:
         """``(..., N_total, 3)`` packed coordinates -> ``(..., B, N_max, 3)``, zeros in padding."""
@@ -628,35 +641,96 @@ def _bound_batch(
 ) -> Tensor | None:
     """``(..., B, N_max, 3)`` padded coordinates through the packed table's bound build (written in the
     padded layout by the kernels), or None where it does not serve the call: torsions that are not
-    tensors of one dtype, device and shape ``(..., B, L_max)`` (chi ``(..., B, L_max, 4)``), the
-    first call of this tuple of sequences (binding costs about as much as the call saves: a training
-    step on a new combination pays neither), or see :func:`_bound`."""
-    b, length = len(packed.tables), packed.l_max
+    tensors of one dtype, device and shape ``(..., B, L_pad)``, ``L_pad >= L_max`` (chi
+    ``(..., B, L_pad, 4)``), or see :func:`_bound`. The build (one per ``L_pad``) is bound on the
+    first call (:func:`_packed_build`)."""
+    b = len(packed.tables)
+    length = phi.shape[-1] if isinstance(phi, Tensor) and phi.ndim >= 2 else -1
+    if length < packed.l_max:
+        return None
     given = _given_torsions(phi, psi, omega, chi, length)
-    if given is None or phi.ndim < 2 or phi.shape[-2] != b or not _serves(phi):
+    if given is None or phi.shape[-2] != b or not _serves(phi):
         return None
     batch = tuple(phi.shape[:-2])
     bound = packed.__dict__.setdefault("_bound", {})
     if method == "auto" and _auto(bound, packed.table, math.prod(batch)) != "fused":
         return None
-    tb = bound.get("build")
-    if tb is None:  # bound on the second call: a batch built once (a new combination) skips the binding
-        if not bound.pop("seen", False):
-            bound["seen"] = True
-            return None
-        tb = bound["build"] = _packed_build(packed)
+    tb = bound.get(("build", length))
+    if tb is None:
+        tb = bound[("build", length)] = _packed_build(packed, length)
     parts = [v * _DEG if degrees and v is not None else v for v in given]
     if parts[2] is None or parts[3] is None:  # the template's trans omega and default chi (radians)
-        _, _, _, default_omega, default_chi = templates(packed, phi.dtype, phi.device)
+        default_omega, default_chi = _defaults(packed, phi.dtype, phi.device, length)
         parts[2] = default_omega.expand(*batch, b, length) if parts[2] is None else parts[2]
         parts[3] = default_chi.expand(*batch, b, length, 4) if parts[3] is None else parts[3]
     return tb(*parts, batch=batch).unflatten(-2, (b, packed.n_max))
 
 
-def _packed_build(packed: PackedProteins) -> TorsionBuild:
-    """The :class:`TorsionBuild` of a packed table, writing the padded ``(B N_max)`` layout."""
-    plan = configure(packed.table.plan("fused", torch.device("cpu")), None, True)
-    values = (x.numpy().astype(np.float64) for x in (packed.bonds, packed.angles, packed.dihedrals))
-    k = 7 * len(packed.tables) * packed.l_max
-    n_out = len(packed.tables) * packed.n_max
-    return TorsionBuild(plan, *values, packed.source.numpy(), k, atoms=packed.unpad.numpy(), n_out=n_out)
+def _defaults(
+    packed: PackedProteins, dtype: torch.dtype, device: torch.device, length: int
+) -> tuple[Tensor, ...]:
+    """Trans omega ``(B, L_pad)`` and the default chi ``(B, L_pad, 4)`` (zeros past ``L_max``; radians),
+    plain tensors cast once per dtype, device and ``L_pad``."""
+    cache = packed.__dict__.setdefault("_defaults", {})
+    key = (dtype, device, length)
+    if key not in cache:
+        with _static_tensors():
+            chi = torch.zeros(len(packed.tables), length, 4, dtype=torch.float64)
+            chi[:, : packed.l_max] = packed.default_chi
+            omega = torch.full(chi.shape[:-1], math.pi, dtype=torch.float64)
+            cache[key] = (omega.to(dtype=dtype, device=device), chi.to(dtype=dtype, device=device))
+    return cache[key]
+
+
+def _packed_build(packed: PackedProteins, length: int | None = None) -> TorsionBuild:
+    """The :class:`TorsionBuild` of a packed table, writing the padded ``(B N_max)`` layout and reading
+    torsions padded to ``length`` residues (default ``L_max``), assembled from the sequences' cached plans
+    and arrays (:func:`_bound_part`): a new combination of cached sequences costs the concatenation of
+    their plans with offsets and the padded value arrays, no re-planning."""
+    parts = [_bound_part(t) for t in packed.tables]
+    b, l_max = len(parts), packed.l_max if length is None else length
+    kernel_plan = compose_padded([p.plan for p in parts], packed.table.topology, packed.n_max)
+    # value k of the packed layout cat([phi, psi, omega (B L_max each), chi (4 B L_max)]), see _layout
+    slots = np.concatenate(
+        [p.base + p.column * (b * l_max) + p.step * (k * l_max) for k, p in enumerate(parts)]
+    )
+    return TorsionBuild.padded(
+        configure(kernel_plan, None, True),
+        [(p.values, p.rows) for p in parts],
+        slots,
+        7 * b * l_max,
+        packed.n_max,
+        functools.partial(_table_plan, packed.table),
+    )
+
+
+def _table_plan(table: Any) -> Any:
+    return configure(table.plan("fused", torch.device("cpu")), None, True)
+
+
+class _BoundPart(NamedTuple):
+    """A sequence's share of a packed :class:`TorsionBuild` (numpy, made once per sequence)."""
+
+    plan: Any  # its fused plan (CPU)
+    values: np.ndarray  # (3, N) float64 template bonds, angles, dihedrals
+    rows: np.ndarray  # (R,) atoms reading a torsion
+    base: np.ndarray  # (R,), column, step: the torsion read, base + column P + step k L_max (see _layout)
+    column: np.ndarray
+    step: np.ndarray
+
+
+def _bound_part(t: Any) -> _BoundPart:
+    """The :class:`_BoundPart` of a :class:`ProteinTable` (kept on it)."""
+    part = t.__dict__.get("_bound_part")
+    if part is None:
+        layout = _layout(t)
+        rows = np.flatnonzero(layout.weights[0])
+        part = t.__dict__["_bound_part"] = _BoundPart(
+            plan=t.table.plan("fused", torch.device("cpu")),
+            values=layout.values.astype(np.float64),
+            rows=rows,
+            base=layout.base[rows],
+            column=layout.weights[1][rows],
+            step=layout.weights[2][rows],
+        )
+    return part

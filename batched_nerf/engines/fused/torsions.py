@@ -23,9 +23,12 @@ path: :func:`serves` says no and the caller takes the general one.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -46,7 +49,9 @@ _FLOATS = (torch.float32, torch.float64)
 #: recently used dropped first); a call needing more than a quarter of it makes its own.
 KEPT_BYTES = 256 << 20
 
-_kept: OrderedDict[tuple[Any, ...], tuple[np.ndarray, ...]] = OrderedDict()
+#: ``(id(build), dtype, m)`` -> ``(weak reference to the build, bytes)``, least recently used first; the
+#: arrays themselves live on their build (``_arrays``), so a build no longer used is freed with them.
+_kept: OrderedDict[tuple[Any, ...], tuple[weakref.ref, int]] = OrderedDict()
 _kept_lock = threading.Lock()
 #: Up to this many dihedrals per call the values are gathered in numpy, above with torch.
 SMALL_VALUES = 1 << 16
@@ -55,7 +60,21 @@ SMALL_VALUES = 1 << 16
 def kept_bytes() -> int:
     """Bytes of the arrays the :class:`TorsionBuild` objects keep now (at most :data:`KEPT_BYTES`)."""
     with _kept_lock:
-        return sum(a[0].nbytes * 3 for a in _kept.values())
+        return sum(size for ref, size in _kept.values() if ref() is not None)
+
+
+def _evict() -> None:
+    """Drop the entries of freed builds, then the least recently used until within :data:`KEPT_BYTES`
+    (hold ``_kept_lock``)."""
+    for key in [key for key, (ref, _) in _kept.items() if ref() is None]:
+        del _kept[key]
+    total = sum(size for _, size in _kept.values())
+    while total > KEPT_BYTES:
+        (_, dtype, m), (ref, size) = _kept.popitem(last=False)
+        build = ref()
+        if build is not None:
+            build.__dict__.get("_arrays", {}).pop((dtype, m), None)
+        total -= size
 
 
 def _forward_ad_active() -> bool:
@@ -137,16 +156,75 @@ class TorsionBuild:
         self._table = {"bonds": bonds, "angles": angles, "template": template}
         self._torch: dict[Any, tuple[Tensor, ...]] = {}
 
+    @classmethod
+    def padded(
+        cls,
+        kernel_plan: FusedPlan,
+        parts: Sequence[tuple[np.ndarray, np.ndarray]],
+        slots: np.ndarray,
+        n_values: int,
+        stride: int,
+        table_plan: Callable[[], FusedPlan],
+    ) -> TorsionBuild:
+        """The build of a packed table writing part ``k``'s atom ``j`` at position ``k * stride + j``,
+        assembled from its parts' arrays (no per-atom work but the padded value arrays).
+
+        Equal to ``TorsionBuild(plan, ..., atoms=..., n_out=len(parts) * stride)`` of the packed
+        table. Its own plan (``table_plan()``, read only by a ``create_graph`` backward), its
+        ``atoms`` and the table-layout values are made on first use.
+
+        Args:
+            kernel_plan: the packed table's plan in that layout
+                (:func:`batched_nerf.engines.compose.compose_padded`, configured).
+            parts: per part, its ``(3, N_k)`` float64 bonds, angles and template dihedrals and
+                the ``(R_k,)`` ascending atoms of the part that read a value.
+            slots: ``(R,)`` the value each of those atoms reads, parts in order (each read once).
+            n_values: ``K``, the values per sample.
+            stride: output positions per part (at least its atoms).
+            table_plan: makes the packed table's own (configured) fused plan.
+        """
+        tb = cls.__new__(cls)
+        sizes = np.array([values.shape[1] for values, _ in parts], dtype=np.int64)
+        first = np.cumsum(sizes) - sizes
+        tb.n_atoms, tb.n_values, tb.n_out = int(sizes.sum()), int(n_values), len(parts) * stride
+        tb.kernel_plan, tb.slots = kernel_plan, np.asarray(slots, dtype=np.int64)
+        tb.rows = np.concatenate([rows + f for (_, rows), f in zip(parts, first)])
+        tb.out_rows = np.concatenate([rows + k * stride for k, (_, rows) in enumerate(parts)])
+        values, taken = np.zeros((3, tb.n_out)), np.zeros(tb.n_out, dtype=bool)
+        for k, (v, _) in enumerate(parts):
+            values[:, k * stride : k * stride + v.shape[1]] = v
+            taken[k * stride : k * stride + v.shape[1]] = True
+        tb._values = dict(zip(("bonds", "angles", "template"), values))
+        tb.pad = np.flatnonzero(~taken)
+        tb._torch = {}
+
+        # made on first use, from the build itself (no closure over it: no reference cycle)
+        tb._lazy = {
+            "plan": lambda _: table_plan(),
+            "atoms": functools.partial(_padded_atoms, sizes.tolist(), stride),
+            "_table": lambda self: {k: v[self.atoms] for k, v in self._values.items()},
+        }
+        return tb
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute that :meth:`padded` leaves to first use, made now."""
+        make = self.__dict__.get("_lazy", {}).get(name)
+        if make is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = self.__dict__[name] = make(self)
+        return value
+
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
         """``(bonds, angles)`` ``(m, n_out)`` of ``dtype``, ``fixed`` ``(m, 0, 3)`` and the template
         dihedrals ``(m, n_out)`` (read, never written), kept within :data:`KEPT_BYTES` over every
         table (a training loop over thousands of sequences keeps only the recent ones)."""
-        key = (self, dtype, m)
-        with _kept_lock:
-            kept = _kept.get(key)
-            if kept is not None:
-                _kept.move_to_end(key)
-                return kept
+        mine = self.__dict__.setdefault("_arrays", {})
+        kept = mine.get((dtype, m))
+        if kept is not None:
+            with _kept_lock:
+                if (id(self), dtype, m) in _kept:
+                    _kept.move_to_end((id(self), dtype, m))
+            return kept
         bonds, angles, template = (
             np.tile(self._values[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
             for k in ("bonds", "angles", "template")
@@ -154,9 +232,9 @@ class TorsionBuild:
         kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype), template)
         if 3 * bonds.nbytes <= KEPT_BYTES // 4:
             with _kept_lock:
-                _kept[key] = kept
-                while sum(a[0].nbytes * 3 for a in _kept.values()) > KEPT_BYTES:
-                    _kept.popitem(last=False)
+                mine[(dtype, m)] = kept
+                _kept[(id(self), dtype, m)] = (weakref.ref(self), 3 * bonds.nbytes)
+                _evict()
         return kept
 
     def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
@@ -198,7 +276,7 @@ class TorsionBuild:
         if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
             out = TorsionFn.apply(self, Turns(trig(angles, d)), *parts)
         else:
-            with workspace.borrowed(self.plan.topology, 4 * m * self.n_out) as buf:
+            with workspace.borrowed(self.kernel_plan.topology, 4 * m * self.n_out) as buf:
                 out = torch.from_numpy(self.forward(d.dtype, trig(angles, d, buf)))
         return out.view(*batch, self.n_out, 3)
 
@@ -246,6 +324,11 @@ class TorsionBuild:
                 kept += (None if self.atoms is None else torch.from_numpy(self.atoms),)
             self._torch[key] = kept
         return kept
+
+
+def _padded_atoms(sizes: list[int], stride: int, _: TorsionBuild) -> np.ndarray:
+    """``(N,)`` output position of each atom of :meth:`TorsionBuild.padded`'s parts."""
+    return np.concatenate([np.arange(n) + k * stride for k, n in enumerate(sizes)])
 
 
 def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
