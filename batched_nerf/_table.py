@@ -32,7 +32,7 @@ from torch import Tensor
 
 from . import engines
 from ._autotable import refs_from_connectivity, refs_from_xyz
-from ._topology import Topology, analyse
+from ._topology import FULL, THIRD, Topology, analyse
 from .engines.compose import worth_composing
 from .engines.dispatch import single_path
 
@@ -142,15 +142,26 @@ class ConstructionTable:
         (:mod:`.engines.compose`); kept for that (not pickled).
         """
         table = cls.__new__(cls)
-        table._init(topology)
+        table._init(topology, parts)
         table._parts = tuple(parts) if parts is not None else None
         return table
 
-    def _init(self, topology: Topology) -> None:
+    def _init(self, topology: Topology, parts: Sequence[ConstructionTable] | None = None) -> None:
         self._topology = topology
-        self._single_path = single_path(topology)
-        sizes = np.bincount(topology.component, minlength=topology.n_components)
-        self._largest_component = int(sizes.max(initial=0))
+        if parts:  # packed: the dispatch values from the parts' (no array of the packed topology read)
+            self._has_full = any(p._has_full for p in parts)
+            self._n_third = sum(p._n_third for p in parts)
+            self._largest_component = max(p._largest_component for p in parts)
+        else:
+            self._has_full = bool((topology.kind == FULL).any())
+            self._n_third = int(np.count_nonzero(topology.kind == THIRD))
+            sizes = np.bincount(topology.component, minlength=topology.n_components)
+            self._largest_component = int(sizes.max(initial=0))
+        # single_path's own first two tests, then the whole test where they do not decide
+        if not self._has_full or self._n_third != 1:
+            self._single_path = not self._has_full
+        else:
+            self._single_path = single_path(topology)
         self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
         self._memo: dict[Any, Any] = {}
         self._parts: tuple[ConstructionTable, ...] | None = None

@@ -12,8 +12,9 @@ Row kinds, by the number of references a row has: ``ROOT`` ``(-1, -1, -1)``,
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,56 +221,109 @@ def concatenate(parts: Sequence[Topology]) -> Topology:
     parts = list(parts)
     if not parts:
         raise ValueError("concatenate needs at least one topology")
-    n_atoms = [p.n_atoms for p in parts]
-    n_comps = [p.n_components for p in parts]
-    n_seeds = [p.seeded.size for p in parts]
-    atom_off = np.cumsum([0, *n_atoms])
-    comp_off = np.cumsum([0, *n_comps])
-    seed_off = np.cumsum([0, *n_seeds])
-    n_seeded = int(seed_off[-1])
-    # concatenated, then shifted in place in whole-array passes (fresh arrays as large as the packed
-    # ones cost page faults, more than the arithmetic; per-part slices cost more in Python)
-    per_atom, per_seed = np.repeat(atom_off[:-1], n_atoms), np.repeat(atom_off[:-1], n_seeds)
+    return _Concatenated(tuple(parts))
 
-    def cat(name: str) -> np.ndarray:
-        return np.concatenate([getattr(p, name) for p in parts])
 
-    def shifted(name: str, shift: np.ndarray, keep: bool = False) -> np.ndarray:
-        out = cat(name).astype(np.int64, copy=False)
-        shift = shift.reshape((-1,) + (1,) * (out.ndim - 1))
-        if keep:  # -1 stays -1
-            none = out < 0
-            out += shift
-            np.putmask(out, none, -1)
-        else:
-            out += shift
-        return out
+class _Concatenated(Topology):
+    """The :class:`Topology` that :func:`concatenate` returns: counts now, each array on first read.
 
-    slot = cat("seed_slot").astype(np.int64, copy=False)
+    A packed table built through a bound path reads only a few of its arrays
+    (the fused plan is composed from the parts' plans): each array is concatenated
+    from the parts, with its offsets, when it is first read, then kept (read-only,
+    as any topology's). Pickles as a plain :class:`Topology`.
+    """
+
+    def __init__(self, parts: tuple[Topology, ...]) -> None:
+        counts = {
+            "n_atoms": sum(p.n_atoms for p in parts),
+            "n_fixed": sum(p.n_fixed for p in parts),
+            "n_components": sum(p.n_components for p in parts),
+            "depth": max(p.depth for p in parts),
+        }
+        for name, value in counts.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_parts", parts)
+
+    def __getattr__(self, name: str) -> Any:
+        make = _CONCATENATED.get(name)
+        parts = self.__dict__.get("_parts")
+        if make is None or parts is None:
+            raise AttributeError(f"'Topology' object has no attribute {name!r}")
+        value = _readonly(make(parts))
+        object.__setattr__(self, name, value)
+        return value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickled, ({f.name: getattr(self, f.name) for f in dataclasses.fields(Topology)},)
+
+
+def _unpickled(state: dict[str, Any]) -> Topology:
+    """A plain :class:`Topology` of a pickled state (its arrays read-only again)."""
+    topo = Topology.__new__(Topology)
+    topo.__setstate__(state)
+    return topo
+
+
+def _offsets(counts: Iterable[int]) -> np.ndarray:
+    """``(M + 1,)`` running sums of ``counts``, from 0."""
+    return np.cumsum([0, *counts])
+
+
+def _cat(parts: Sequence[Topology], name: str) -> np.ndarray:
+    return np.concatenate([getattr(p, name) for p in parts])
+
+
+def _shifted(parts: Sequence[Topology], name: str, count: str, offset: str, keep: bool = False) -> np.ndarray:
+    """The parts' ``name`` arrays one after another, part ``m``'s rows (``_count(part, count)`` of them)
+    plus the sum of the earlier parts' ``_count(part, offset)`` (``keep``: ``-1`` stays ``-1``).
+
+    Concatenated, then shifted in place in whole-array passes (fresh arrays as large as the packed
+    ones cost page faults, more than the arithmetic; per-part slices cost more in Python).
+    """
+    out = _cat(parts, name).astype(np.int64, copy=False)
+    rows = [_count(p, count) for p in parts]
+    shift = np.repeat(_offsets(_count(p, offset) for p in parts)[:-1], rows)
+    shift = shift.reshape((-1,) + (1,) * (out.ndim - 1))
+    if keep:
+        none = out < 0
+        out += shift
+        np.putmask(out, none, -1)
+    else:
+        out += shift
+    return out
+
+
+def _count(topo: Topology, name: str) -> int:
+    """A count of ``topo`` (``n_*``) or the length of one of its arrays."""
+    return getattr(topo, name) if name.startswith("n_") else getattr(topo, name).size
+
+
+def _seed_slot(parts: Sequence[Topology]) -> np.ndarray:
+    """Each atom's seeded-component slot; ``S`` (all seeded components) for anchored atoms."""
+    n_atoms, n_seeds = [p.n_atoms for p in parts], [p.seeded.size for p in parts]
+    seed_off = _offsets(n_seeds)
+    slot = _cat(parts, "seed_slot").astype(np.int64, copy=False)
     anchored = slot >= np.repeat(n_seeds, n_atoms)  # S_m marks the anchored atoms of part m
     slot += np.repeat(seed_off[:-1], n_atoms)
-    np.putmask(slot, anchored, n_seeded)
-    arrays = {
-        "refs": shifted("refs", per_atom, keep=True),
-        "fixed": shifted("fixed", np.repeat(atom_off[:-1], [p.n_fixed for p in parts])),
-        "kind": cat("kind"),
-        "component": shifted("component", np.repeat(comp_off[:-1], n_atoms)),
-        "level": cat("level"),
-        "order": shifted("order", per_atom),
-        "seeded": shifted("seeded", np.repeat(comp_off[:-1], n_seeds)),
-        "seed_root": shifted("seed_root", per_seed, keep=True),
-        "seed_second": shifted("seed_second", per_seed, keep=True),
-        "seed_third": shifted("seed_third", per_seed, keep=True),
-        "third_from_second": cat("third_from_second"),
-        "seed_slot": slot,
-    }
-    return Topology(
-        **{name: _readonly(value) for name, value in arrays.items()},
-        n_atoms=int(atom_off[-1]),
-        n_fixed=sum(p.n_fixed for p in parts),
-        n_components=int(comp_off[-1]),
-        depth=max(p.depth for p in parts),
-    )
+    np.putmask(slot, anchored, int(seed_off[-1]))
+    return slot
+
+
+#: How :func:`concatenate` makes each array: ``(parts) -> array``.
+_CONCATENATED: dict[str, Callable[[Sequence[Topology]], np.ndarray]] = {
+    "refs": lambda ps: _shifted(ps, "refs", "n_atoms", "n_atoms", keep=True),
+    "fixed": lambda ps: _shifted(ps, "fixed", "n_fixed", "n_atoms"),
+    "kind": lambda ps: _cat(ps, "kind"),
+    "component": lambda ps: _shifted(ps, "component", "n_atoms", "n_components"),
+    "level": lambda ps: _cat(ps, "level"),
+    "order": lambda ps: _shifted(ps, "order", "n_atoms", "n_atoms"),
+    "seeded": lambda ps: _shifted(ps, "seeded", "seeded", "n_components"),
+    "seed_root": lambda ps: _shifted(ps, "seed_root", "seeded", "n_atoms", keep=True),
+    "seed_second": lambda ps: _shifted(ps, "seed_second", "seeded", "n_atoms", keep=True),
+    "seed_third": lambda ps: _shifted(ps, "seed_third", "seeded", "n_atoms", keep=True),
+    "third_from_second": lambda ps: _cat(ps, "third_from_second"),
+    "seed_slot": _seed_slot,
+}
 
 
 def build_order(refs: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import _table, data
-from batched_nerf._topology import _grouped_order, analyse, build_order, components, concatenate
+from batched_nerf._topology import Topology, _grouped_order, analyse, build_order, components, concatenate
 from batched_nerf.engines.dispatch import auto_method, single_path
 from batched_nerf.engines.levels import _pool_plans
 
@@ -158,8 +158,39 @@ def test_pack_composes_the_parts_analyses(sizes: list[int], seed: int) -> None:
     for name in want.__dataclass_fields__:
         a, b = getattr(want, name), getattr(got, name)
         assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, name
-    assert packed == bn.ConstructionTable(refs, fixed=want.fixed)
+    whole = bn.ConstructionTable(refs, fixed=want.fixed)
+    assert packed == whole
+    assert (packed.single_path, packed.largest_component) == (whole.single_path, whole.largest_component)
     assert concatenate([p.topology for p in parts]).order.tolist() == want.order.tolist()
+    again = pickle.loads(pickle.dumps(concatenate([p.topology for p in parts])))  # a plain Topology
+    assert type(again) is Topology and not again.refs.flags.writeable
+    assert np.array_equal(again.seed_slot, want.seed_slot) and again.depth == want.depth
+
+
+@pytest.mark.parametrize(
+    "parts, whole_test",
+    [
+        (["chain5"], True),  # one third seed and full rows: single_path's whole test reads arrays
+        (["chain5", "pair"], True),
+        (["chain5", "water"], False),
+        (["water", "water"], False),
+        (["chain5", "chain5"], False),
+        (["pair", "water"], False),
+    ],
+)
+def test_packed_dispatch_values_come_from_the_parts(parts: list[str], whole_test: bool) -> None:
+    """A packed table's single_path and largest component, made from its parts' (reading no array of
+    the packed topology unless single_path's whole test must run), equal those of its rows' table."""
+    tables = {
+        "chain5": bn.ConstructionTable.chain(5),
+        "water": bn.ConstructionTable([R, [0, -1, -1], [0, 1, -1]]),
+        "pair": bn.ConstructionTable([R, [0, -1, -1]]),
+    }
+    packed = bn.pack_tables([tables[name] for name in parts])
+    lazy = {k for k in vars(packed.topology) if not k.startswith("n_") and k not in ("depth", "_parts")}
+    whole = bn.ConstructionTable(packed.topology.refs)
+    assert (packed.single_path, packed.largest_component) == (whole.single_path, whole.largest_component)
+    assert bool(lazy) == whole_test, lazy
 
 
 # ------------------------------------------------------------------ lazy plans
