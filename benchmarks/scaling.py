@@ -9,7 +9,9 @@ is the largest batch's per-atom-sample time over that of the smallest batch that
 fills the cores (at least ``SERIAL_WORK`` atom-samples per thread), and over the
 lowest per-atom-sample time of the row (the stricter reading).
 
-Run: ``python benchmarks/scaling.py`` (a few minutes); ``--max 1e6`` for a quick look.
+Run: ``python benchmarks/scaling.py`` (a few minutes); ``--max 1e6`` for a quick look;
+``--plot docs/benchmarks/scaling.png`` also draws ns per atom-sample against atom-samples (needs
+matplotlib).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import math
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -71,10 +74,34 @@ def _median(step, budget: float) -> float:
     return statistics.median(times)
 
 
+def plot(curves: dict[str, list[tuple[int, float]]], fill: int, path: Path, title: str) -> None:
+    """ns per atom-sample against atom-samples (log x), one line per row and pass; the work that
+    fills the cores marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for label, rows in curves.items():
+        ax.plot([w for w, _ in rows], [ns for _, ns in rows], marker="o", label=label)
+    ax.axvline(fill, color="grey", linestyle=":", label="fills the cores")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("atom-samples per call")
+    ax.set_ylabel("ns per atom-sample")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max", type=float, default=1e7, help="largest atom-samples per call")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per measurement")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the curves here (matplotlib)")
     args = parser.parse_args(argv)
     from batched_nerf.engines.fused.cpu import build as cpu_build
 
@@ -82,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     fill = cpu_build.SERIAL_WORK * threads
     print(f"torch {torch.__version__}, {threads} threads, float32, method='auto'")
     sizes = [s for s in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7) if s <= args.max]
+    curves: dict[str, list[tuple[int, float]]] = {}
     for name, table in _tables().items():
         print(f"\n### {name}\n")
         print("| atom-samples | batch | pass | time | ns per atom-sample |\n|---|---|---|---|---|")
@@ -94,12 +122,17 @@ def main(argv: list[str] | None = None) -> None:
                 per.setdefault(what, []).append((batch * table.n_atoms, ns))
                 print(f"| {batch * table.n_atoms:,} | {batch:,} | {what} | {t * 1e3:.3g} ms | {ns:.2f} |")
         for what, rows in per.items():
+            curves[f"{name}, {what}"] = rows
             filled = [ns for work, ns in rows if work >= fill] or [rows[-1][1]]
             best = min(ns for _, ns in rows)
             print(
                 f"\n{what}: largest / smallest batch filling the cores = {rows[-1][1] / filled[0]:.2f}x, "
                 f"largest / lowest = {rows[-1][1] / best:.2f}x"
             )
+    if args.plot is not None:
+        title = f"to_cartesian (method='auto'), float32, {threads} threads, torch {torch.__version__}"
+        plot(curves, fill, args.plot, title)
+        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":

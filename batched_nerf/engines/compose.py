@@ -22,6 +22,10 @@ frame tree) for a table planned from scratch.
   are coarser (a part's unit is never split) and its rows may be ordered
   differently within a part, with the same values bit for bit (each atom is
   placed from its references only; units hold whole components).
+* :func:`compose_padded`: :func:`compose_fused` with each part's atoms placed at
+  ``k * stride + j`` in a padded output layout (the placed and flip atom entries
+  moved, the rows as in the packed plan): the plan of
+  :meth:`~.fused.torsions.TorsionBuild.padded`, written in one pass.
 * :func:`compose_inverse` (:class:`~.inverse.InversePlan`): the safe reference
   gathers shifted by the atom offsets, the masks concatenated; equal to
   :func:`~.inverse.inverse_plan` of the packed topology.
