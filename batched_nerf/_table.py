@@ -47,20 +47,23 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def outside_inference_mode(fn: _F) -> _F:
-    """``fn`` run with ``torch.inference_mode(False)``: what it makes can be saved for backward.
+    """``fn`` run outside ``torch.inference_mode`` and outside ``torch.func`` transforms
+    (:func:`_static_tensors`): what it makes are plain tensors that later calls may use and save.
 
-    Cached tensors (plans, device copies, ``table.cached`` values) first made
-    inside ``torch.inference_mode()`` (a validation pass before training) would
-    be inference tensors, and every later backward through them would fail.
-    Skipped under ``torch.compile`` (which never builds caches).
+    Cached tensors (plans, device copies, ``table.cached`` values, protein tables)
+    first made inside ``torch.inference_mode()`` (a validation pass before training)
+    would be inference tensors, and every later backward through them would fail;
+    made inside ``jacrev``/``vmap`` they would be wrapped at a transform level that
+    ends with the call (and their ``.numpy()`` would fail inside it). Skipped under
+    ``torch.compile`` (which never builds caches).
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():
-            with torch.inference_mode(False):
-                return fn(*args, **kwargs)
-        return fn(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        with _static_tensors():
+            return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 

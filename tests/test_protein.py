@@ -154,6 +154,29 @@ def test_vmap_matches_batched_call():
     assert jac.shape == (bn.protein.protein_table(seq).n_atoms, 3, 4)
 
 
+@pytest.mark.parametrize("transform", ["jacrev", "vmap"])
+def test_new_sequences_first_seen_inside_a_transform(transform):
+    """Tables and packed batches first made inside jacrev/vmap hold plain tensors: the call works
+    and matches the scan engine, and the cached tables serve later calls outside the transform."""
+    seqs = ["CWQR", "HPM"] if transform == "jacrev" else ["CWQRH", "MPY"]
+    g = torch.Generator().manual_seed(3)
+    phi, psi = (torch.rand(2, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    if transform == "jacrev":
+        got = torch.func.jacrev(lambda a: bn.protein.build_batch(seqs, a, psi).xyz)(phi)
+        want = torch.autograd.functional.jacobian(
+            lambda a: bn.protein.build_batch(seqs, a, psi, method="scan").xyz, phi
+        )
+    else:
+        got = torch.func.vmap(lambda a: bn.protein.build_batch(seqs, a, psi).xyz)(phi[None].expand(3, 2, 5))
+        want = bn.protein.build_batch(seqs, phi, psi, method="scan").xyz.expand(3, -1, -1, -1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    for s in seqs:
+        t = bn.protein.protein_table(s)
+        assert t.source.numpy().shape == (t.n_atoms,)  # a plain tensor, not a transform's wrapper
+    again = bn.protein.build_batch(seqs, phi, psi).xyz
+    torch.testing.assert_close(again, bn.protein.build_batch(seqs, phi, psi, method="scan").xyz)
+
+
 def test_geometry_and_degrees():
     seq = "GSV"
     phi, psi, omega, chi = random_torsions(seq, (2,))
