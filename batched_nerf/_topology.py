@@ -508,11 +508,23 @@ def components(arr: np.ndarray) -> np.ndarray:
 
     Any ``(N, 3)`` reference array (``-1`` for none), cycles included: roots are
     hooked under the smaller root of every reference, then pointers jump to
-    their roots, until every reference joins atoms of one root.
+    their roots, until every reference joins atoms of one root. A table whose
+    every row after the first references an earlier row (a chain, a protein) is
+    one component, seen in one pass.
     """
     arr = np.asarray(arr, dtype=np.int64).reshape(-1, 3)
     n = arr.shape[0]
     parent = np.arange(n, dtype=np.int64)
+    # one component, at once: every row after the first references an earlier row (so, by induction,
+    # an atom of row 0's component; any other reference joins that one component too)
+    if n and ((arr >= 0) & (arr < parent[:, None])).any(1)[1:].all():
+        return np.zeros(n, dtype=np.int64)
+    return _hooked(arr, parent)
+
+
+def _hooked(arr: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """:func:`components` by hooking and pointer jumping (``parent``: ``arange(N)``, consumed)."""
+    n = arr.shape[0]
     rows, cols = np.nonzero(arr >= 0)
     targets = arr[rows, cols]
     while rows.size:

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import _table, data
-from batched_nerf._topology import Topology, _grouped_order, analyse, build_order, components, concatenate
+from batched_nerf._topology import (
+    Topology,
+    _grouped_order,
+    _hooked,
+    analyse,
+    build_order,
+    components,
+    concatenate,
+)
 from batched_nerf.engines.dispatch import auto_method, single_path
 from batched_nerf.engines.levels import _pool_plans
 
@@ -132,6 +140,25 @@ def test_components_of_any_reference_graph() -> None:
     # cycles and out-of-order links (link_components calls it before any check)
     refs = np.array([[3, -1, -1], R, [4, -1, -1], [0, -1, -1], [2, 1, -1], R])
     assert components(refs).tolist() == [0, 1, 1, 0, 1, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+    forward=st.floats(0.0, 0.3),
+    none=st.floats(0.0, 0.5),
+)
+def test_one_component_shortcut_agrees_with_hooking(n: int, seed: int, forward: float, none: float) -> None:
+    """Random reference arrays (backward, forward and missing references, cycles): the one-pass
+    answer for 'every row after the first references an earlier row' is the hooking's."""
+    rng = np.random.default_rng(seed)
+    refs = np.stack([rng.integers(0, max(i, 1), 3) for i in range(n)]).astype(np.int64)
+    refs[rng.random((n, 3)) < forward] = rng.integers(0, n, 1)[0]  # some forward links
+    refs[rng.random((n, 3)) < none] = -1
+    refs[0] = -1
+    want = _hooked(refs, np.arange(n, dtype=np.int64))
+    assert components(refs).tolist() == want.tolist()
 
 
 def test_fixed_and_error_rows_unchanged() -> None:
