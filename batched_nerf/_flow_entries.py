@@ -32,7 +32,7 @@ from ._logdet import entries_log_det
 from .engines.backends import available, require
 from .engines.function import Function, jvp, save
 from .engines.fused.arrays import numpy_view as _np
-from .engines.levels import _IS_FUNCTORCH_WRAPPED
+from .engines.fused.arrays import unwrapped
 
 __all__ = ["EntryKernel", "gather_log_det", "spread_log_det"]
 
@@ -78,16 +78,13 @@ def _kernel_runs(spec: EntryKernel, *tensors: Tensor) -> bool:
     """The numba pass may serve these inputs: CPU float32/float64 of one dtype, no ``torch.func``
     wrapper or forward-mode tangent, not traced, integer weights, numba installed."""
     t0 = tensors[0]
-    if spec.kb is None or spec.ka is None or _IS_FUNCTORCH_WRAPPED is None:
+    if spec.kb is None or spec.ka is None:
         return False
     if t0.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling():
         return False
-    for t in tensors:
-        if t.device.type != "cpu" or t.dtype != t0.dtype or _IS_FUNCTORCH_WRAPPED(t):
-            return False
-        if torch.autograd.forward_ad.unpack_dual(t).tangent is not None:
-            return False
-    return available("cpu")
+    if any(t.device.type != "cpu" or t.dtype != t0.dtype for t in tensors):
+        return False
+    return unwrapped(*tensors) and available("cpu")
 
 
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
@@ -119,6 +116,18 @@ def _gather_kernel(b: Tensor, a: Tensor, d: Tensor, spec: EntryKernel) -> tuple[
     return _tensors(*out, dtype=b.dtype)
 
 
+def _backward(ctx: Any, grads: tuple[Tensor, ...], reference: Any, kernel: Any) -> tuple[Tensor | None, ...]:
+    """The backward of both Functions: under ``create_graph`` the differentiable vjp of ``reference`` at
+    the saved inputs, else ``kernel(cotangents, b, a)``: the cotangents as numpy arrays of the inputs'
+    dtype, ``b``, ``a`` the first two saved inputs."""
+    b, a, d = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph: the reference's differentiable vjp
+        _, vjp = torch.func.vjp(lambda *x: reference(*x, ctx.spec), b, a, d)
+        return (*vjp(grads), None)
+    out = kernel([_np(x.to(b.dtype)) for x in grads], b, a)
+    return (*_tensors(*out, dtype=b.dtype), None)
+
+
 class _SpreadLogDet(Function):
     """``(B, E_k)`` entries -> ``(B, N)`` bonds, angles, dihedrals and the ``(B,)`` log-det."""
 
@@ -133,14 +142,15 @@ class _SpreadLogDet(Function):
 
     @staticmethod
     def backward(ctx: Any, gb: Tensor, ga: Tensor, gd: Tensor, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        b, a, d = ctx.saved_tensors
         spec = ctx.spec
-        if torch.is_grad_enabled():  # create_graph: the reference's differentiable vjp
-            _, vjp = torch.func.vjp(lambda *x: _spread_reference(*x, spec), b, a, d)
-            return (*vjp((gb, ga, gd, g)), None)
-        cot = (_np(x.to(b.dtype)) for x in (gb, ga, gd, g))
-        out = require("cpu").entries.spread_grad(*cot, _np(b), _np(a), spec.atoms, spec.kb, spec.ka)
-        return (*_tensors(*out, dtype=b.dtype), None)
+        return _backward(
+            ctx,
+            (gb, ga, gd, g),
+            _spread_reference,
+            lambda cot, b, a: require("cpu").entries.spread_grad(
+                *cot, _np(b), _np(a), spec.atoms, spec.kb, spec.ka
+            ),
+        )
 
     @staticmethod
     def jvp(ctx: Any, tb: Tensor, ta: Tensor, td: Tensor, _: None) -> tuple[Tensor, ...]:
@@ -162,15 +172,15 @@ class _GatherLogDet(Function):
 
     @staticmethod
     def backward(ctx: Any, gb: Tensor, ga: Tensor, gd: Tensor, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        b, a, d = ctx.saved_tensors
-        spec = ctx.spec
-        if torch.is_grad_enabled():
-            _, vjp = torch.func.vjp(lambda *x: _gather_reference(*x, spec), b, a, d)
-            return (*vjp((gb, ga, gd, g)), None)
-        cot = (_np(x.to(b.dtype)) for x in (gb, ga, gd, g))
-        eb, ea = (_np(x) for x in ctx.entries)
-        out = require("cpu").entries.gather_grad(*cot, eb, ea, spec.maps, spec.kb, spec.ka)
-        return (*_tensors(*out, dtype=b.dtype), None)
+        spec, (eb, ea) = ctx.spec, ctx.entries
+        return _backward(
+            ctx,
+            (gb, ga, gd, g),
+            _gather_reference,
+            lambda cot, *_: require("cpu").entries.gather_grad(
+                *cot, _np(eb), _np(ea), spec.maps, spec.kb, spec.ka
+            ),
+        )
 
     @staticmethod
     def jvp(ctx: Any, tb: Tensor, ta: Tensor, td: Tensor, _: None) -> tuple[Tensor, ...]:

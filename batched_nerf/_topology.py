@@ -514,17 +514,18 @@ def components(arr: np.ndarray) -> np.ndarray:
     """
     arr = np.asarray(arr, dtype=np.int64).reshape(-1, 3)
     n = arr.shape[0]
-    parent = np.arange(n, dtype=np.int64)
+    rows = np.arange(n, dtype=np.int64)
     # one component, at once: every row after the first references an earlier row (so, by induction,
     # an atom of row 0's component; any other reference joins that one component too)
-    if n and ((arr >= 0) & (arr < parent[:, None])).any(1)[1:].all():
+    if n and ((arr >= 0) & (arr < rows[:, None])).any(1)[1:].all():
         return np.zeros(n, dtype=np.int64)
-    return _hooked(arr, parent)
+    return _hooked(arr)
 
 
-def _hooked(arr: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """:func:`components` by hooking and pointer jumping (``parent``: ``arange(N)``, consumed)."""
+def _hooked(arr: np.ndarray) -> np.ndarray:
+    """:func:`components` of an ``(N, 3)`` int64 array by hooking and pointer jumping."""
     n = arr.shape[0]
+    parent = np.arange(n, dtype=np.int64)
     rows, cols = np.nonzero(arr >= 0)
     targets = arr[rows, cols]
     while rows.size:

@@ -100,16 +100,7 @@ def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
         >>> bool((plan.index == fused_plan(packed.topology).index).all()), plan.starts.tolist()
         (True, [0, 8])
     """
-    atom_off = _checked_offsets([p.index.shape[1] for p in parts], topo)
-    index = _composed_index(parts, atom_off)
-    starts, width = _composed_units(parts, atom_off, topo.n_atoms)
-    return FusedPlan(
-        index=index,
-        starts=starts,
-        topology=topo,
-        width=width,
-        reach=max((p.reach for p in parts), default=0),
-    )
+    return _composed(parts, topo, None)
 
 
 def compose_padded(parts: Sequence[FusedPlan], topo: Topology, stride: int) -> FusedPlan:
@@ -136,11 +127,19 @@ def compose_padded(parts: Sequence[FusedPlan], topo: Topology, stride: int) -> F
     sizes = [p.index.shape[1] for p in parts]
     if max(sizes, default=0) > stride:
         raise ValueError(f"a part of {max(sizes)} atoms does not fit a padded stride of {stride}")
-    atom_off = _checked_offsets(sizes, topo)
-    index = _composed_index(parts, atom_off, np.arange(len(parts), dtype=np.int64) * stride)
+    return _composed(parts, topo, np.arange(len(parts), dtype=np.int64) * stride)
+
+
+def _composed(parts: Sequence[FusedPlan], topo: Topology, placed: np.ndarray | None) -> FusedPlan:
+    """The packed plan of ``parts``, part ``k``'s atoms at ``placed[k] + j`` (default: its atom offset)."""
+    atom_off = _checked_offsets([p.index.shape[1] for p in parts], topo)
     starts, width = _composed_units(parts, atom_off, topo.n_atoms)
     return FusedPlan(
-        index=index, starts=starts, topology=topo, width=width, reach=max((p.reach for p in parts), default=0)
+        index=_composed_index(parts, atom_off, placed),
+        starts=starts,
+        topology=topo,
+        width=width,
+        reach=max((p.reach for p in parts), default=0),
     )
 
 

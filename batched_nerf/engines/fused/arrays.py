@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..levels import _IS_FUNCTORCH_WRAPPED
 
-__all__ = ["front", "numpy_view", "plain"]
+__all__ = ["front", "numpy_view", "plain", "unwrapped"]
 
 
 def numpy_view(t: Tensor) -> np.ndarray:
@@ -29,12 +29,18 @@ def front(x: Tensor | None, dim: int | None, size: int) -> Tensor | None:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
 
 
-def plain(*tensors: Tensor) -> bool:
-    """No gradient, tangent or torch.func wrapper to serve: the kernel can run directly."""
+def unwrapped(*tensors: Tensor) -> bool:
+    """No torch.func wrapper or forward-mode tangent on any of ``tensors`` (False where this torch
+    cannot tell wrapped tensors apart)."""
     if _IS_FUNCTORCH_WRAPPED is None:
         return False
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return not grad and not any(
+    return not any(
         _IS_FUNCTORCH_WRAPPED(t) or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
         for t in tensors
     )
+
+
+def plain(*tensors: Tensor) -> bool:
+    """No gradient, tangent or torch.func wrapper to serve: the kernel can run directly."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    return not grad and unwrapped(*tensors)
