@@ -25,6 +25,14 @@ def _inputs(table: bn.ConstructionTable, batch: int) -> tuple[torch.Tensor, ...]
     )
 
 
+def _graph_turns(xyz: torch.Tensor):
+    """The trig array kept by ``xyz``'s graph (its fused build node's ``Turns``)."""
+    node = xyz.grad_fn
+    while not hasattr(node, "turns"):
+        node = node.next_functions[0][0]
+    return node.turns
+
+
 def test_a_large_call_without_gradients_reuses_one_buffer_per_table() -> None:
     workspace.release()
     table = bn.ConstructionTable.chain(64)
@@ -34,31 +42,104 @@ def test_a_large_call_without_gradients_reuses_one_buffer_per_table() -> None:
         held = workspace.held_bytes()
         again = bn.to_cartesian(b, a, d, table, method="fused")
     assert held >= 4 * 1024 * 64 * 8 and workspace.held_bytes() == held  # kept, not grown
-    leaves = [x.clone().requires_grad_() for x in (b, a, d)]
-    graded = bn.to_cartesian(*leaves, table, method="fused")  # keeps its own trig array for backward
-    graded.sum().backward()
-    assert torch.equal(first, again) and torch.equal(first, graded.detach())
-    assert torch.isfinite(leaves[2].grad).all()
+    assert torch.equal(first, again)
     small = bn.ConstructionTable.chain(8)
     with torch.no_grad():
         bn.to_cartesian(*_inputs(small, 4), small, method="fused")
     assert workspace.held_bytes() == held  # small calls make their own arrays
-    del table, graded  # (its graph holds the plan)
+    del table
     gc.collect()
     assert workspace.held_bytes() == 0  # the buffer goes with the table
 
 
-def test_a_busy_buffer_is_not_shared_and_release_drops_it() -> None:
+def test_a_graph_leases_its_trig_array_and_gives_it_back_when_freed() -> None:
+    workspace.release()
+    table = bn.ConstructionTable.chain(64)
+    b, a, d = _inputs(table, 1024)
+    with torch.no_grad():
+        bn.to_cartesian(b, a, d, table, method="fused")
+    held = workspace.held_bytes()
+    address = []
+    for _ in range(3):  # a training loop: each step's graph takes the table's buffer and frees it
+        leaf = d.clone().requires_grad_()
+        xyz = bn.to_cartesian(b, a, leaf, table, method="fused")
+        turns = _graph_turns(xyz)
+        assert turns.lease is not None and workspace.held_bytes() == 0  # in use by the graph
+        address.append(turns.cs.ctypes.data)
+        xyz.sum().backward()
+        del xyz, turns
+        assert workspace.held_bytes() == held  # back with the table
+    assert len(set(address)) == 1  # one buffer, no fresh array per step
+
+
+def test_graphs_alive_together_keep_their_own_arrays() -> None:
+    workspace.release()
+    table = bn.ConstructionTable.chain(64)
+    (b, a, d), (b2, a2, d2) = _inputs(table, 1024), (x.flip(0) for x in _inputs(table, 1024))
+    w = torch.randn(1024, 64, 3, generator=torch.Generator().manual_seed(3))
+
+    def built(*inputs: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        return leaves, bn.to_cartesian(*leaves, table, method="fused")
+
+    (l1, x1), (l2, x2) = built(b, a, d), built(b2, a2, d2)  # both graphs hold a trig array
+    assert _graph_turns(x1).cs.ctypes.data != _graph_turns(x2).cs.ctypes.data
+    with torch.no_grad():  # and a call with nothing to differentiate borrows a third
+        bn.to_cartesian(b, a, d, table, method="fused")
+    (x2 * w).sum().backward()
+    (x1 * w).sum().backward()
+    want = []
+    for inputs in ((b, a, d), (b2, a2, d2)):
+        leaves = [x.double().requires_grad_() for x in inputs]
+        (bn.to_cartesian(*leaves, table, method="scan") * w.double()).sum().backward()
+        want.append([x.grad for x in leaves])
+    for leaves, ref in zip((l1, l2), want):
+        for leaf, r in zip(leaves, ref):
+            torch.testing.assert_close(leaf.grad.double(), r, rtol=1e-4, atol=1e-3)
+    del x1, x2
+    gc.collect()
+    assert workspace.held_bytes() <= workspace.KEEP * 4 * 1024 * 64 * 8  # at most KEEP idle
+
+
+def test_the_protein_build_leases_its_trig_array() -> None:
+    workspace.release()
+    seq = "ACDEFGHIKLMNPQRSTVWY" * 5
+    t = bn.protein.protein_table(seq)
+    g = torch.Generator().manual_seed(0)
+    phi, psi = (torch.rand(48, 100, generator=g) * 6 - 3 for _ in range(2))
+    leaves = [x.clone().requires_grad_() for x in (phi, psi)]
+    xyz = bn.protein.build(seq, *leaves).xyz
+    assert _graph_turns(xyz).lease is not None
+    xyz.sum().backward()
+    del xyz
+    assert workspace.held_bytes() >= 4 * 48 * t.n_atoms * 8
+    ref = [x.double().requires_grad_() for x in (phi, psi)]
+    bn.protein.build(seq, *ref, method="scan").xyz.sum().backward()
+    for got, want in zip(leaves, ref):  # float32 against the float64 reference
+        scale = want.grad.abs().max().item()
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=0, atol=1e-3 * scale)
+
+
+def test_concurrent_borrowers_get_their_own_buffers_and_release_drops_them() -> None:
+    workspace.release()
     topo = bn.ConstructionTable.chain(4).topology
     n = workspace.MIN_BYTES // 8
     seen = []
     with workspace.borrowed(topo, n) as mine:
-        other = threading.Thread(target=lambda: seen.append(workspace.borrowed(topo, n).__enter__()))
-        other.start()
-        other.join()
-        assert mine is not None and mine.size == n and seen == [None]
+
+        def other() -> None:
+            with workspace.borrowed(topo, n) as theirs:
+                seen.append(theirs.ctypes.data)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert mine is not None and mine.size == n and seen and seen[0] != mine.ctypes.data
     with workspace.borrowed(topo, workspace.MAX_BYTES // 8 + 1) as huge:
         assert huge is None
-    assert workspace.held_bytes() >= 8 * n
+    assert workspace.held_bytes() == 2 * 8 * n
+    held = [workspace.lease(topo, n) for _ in range(workspace.KEEP + 2)]
+    del held
+    assert workspace.held_bytes() == workspace.KEEP * 8 * n  # the smallest past KEEP are dropped
     workspace.release()
     assert workspace.held_bytes() == 0

@@ -226,12 +226,22 @@ def trig(angles: Tensor, dihedrals: Tensor, out: np.ndarray | None = None) -> np
 
 class Turns:
     """The :func:`trig` array of a forward call, kept for its backward (a non-tensor argument, so
-    autograd and ``torch.func`` pass it through untouched); ``cs`` is None where it was not made."""
+    autograd and ``torch.func`` pass it through untouched); ``cs`` is None where it was not made.
+    ``lease``: the :class:`.workspace.Lease` whose buffer ``cs`` is written in, returned to its table
+    when this object (the graph holding it) is freed."""
 
-    __slots__ = ("cs",)
+    __slots__ = ("cs", "lease")
 
-    def __init__(self, cs: np.ndarray | None) -> None:
-        self.cs = cs
+    def __init__(self, cs: np.ndarray | None, lease: workspace.Lease | None = None) -> None:
+        self.cs, self.lease = cs, lease
+
+    @classmethod
+    def kept(cls, owner: object, angles: Any, dihedrals: Any) -> Turns:
+        """The trig array of ``angles`` and ``dihedrals`` (C-contiguous numpy arrays of one shape), written
+        into a buffer leased from ``owner``'s (a topology's) workspace where one serves."""
+        held = workspace.lease(owner, 4 * angles.size)
+        cs = require("cpu").trig(angles, dihedrals, None if held is None else held.array)
+        return cls(cs, held)
 
     def get(self, a: Tensor, d: Tensor) -> np.ndarray:
         """The kept array, or a new one from ``a`` and ``d``."""
@@ -552,12 +562,12 @@ def build_fused(
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
             turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
             return _forward_kernel(plan, b, a, d, f, rot, tr, turns).reshape(*batch, n, 3)
-    return FusedBuild.apply(b, a, d, f, rot, tr, plan, _turns(a, d)).reshape(*batch, n, 3)
+    return FusedBuild.apply(b, a, d, f, rot, tr, plan, _turns(plan, a, d)).reshape(*batch, n, 3)
 
 
-def _turns(a: Tensor, d: Tensor) -> Turns:
+def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
     """The forward's :func:`trig` array, made here to keep for the backward (numba kernels, plain
-    tensors)."""
+    tensors), in a buffer leased from the table's workspace."""
     if (
         getattr(require(a.device.type), "TENSORS", False)  # Triton (on CUDA, or interpreted)
         or _IS_FUNCTORCH_WRAPPED is None
@@ -565,7 +575,7 @@ def _turns(a: Tensor, d: Tensor) -> Turns:
         or _IS_FUNCTORCH_WRAPPED(d)
     ):
         return _NO_TURNS
-    return Turns(trig(a, d))
+    return Turns.kept(plan.topology, _np(a), _np(d))
 
 
 def _takes_pose(bonds: Tensor) -> bool:

@@ -237,11 +237,12 @@ class TorsionBuild:
                 _evict()
         return kept
 
-    def dihedrals(self, parts: tuple[Tensor, ...], m: int) -> np.ndarray:
+    def dihedrals(self, parts: tuple[Tensor, ...], m: int, out: np.ndarray | None = None) -> np.ndarray:
         """``(m, n_out)`` dihedrals (numpy, the parts' dtype): the template with each value row's value.
 
         Small calls gather in numpy (fewer dispatches), large ones with one torch ``index_select`` (on
-        torch's threads); nothing is recorded for autograd.
+        torch's threads) into ``out`` (``m n_out`` values of that dtype, or more) where given;
+        nothing is recorded for autograd.
         """
         if m * self.n_out <= SMALL_VALUES:
             values = np.concatenate([x.detach().numpy().reshape(m, -1) for x in parts], axis=1)
@@ -251,13 +252,20 @@ class TorsionBuild:
         template, source = self.torch_inputs(parts[0].dtype, out=True)[2:4]
         with torch.no_grad():
             cat = torch.cat([template.expand(m, self.n_out), *(x.reshape(m, -1) for x in parts)], dim=-1)
-            return cat.index_select(-1, source).numpy()
+            if out is None:
+                return cat.index_select(-1, source).numpy()
+            d = out[: m * self.n_out].reshape(m, self.n_out)
+            torch.index_select(cat, -1, source, out=torch.from_numpy(d))
+            return d
 
     def __call__(self, *parts: Tensor, batch: tuple[int, ...] | None = None) -> Tensor:
         """Cartesian coordinates ``(*batch, n_out, 3)`` of the values, given in parts of one dtype and
         batch shape ``batch`` (default all but the first part's last dimension) whose other dimensions
         hold ``K`` values together, in order (radians); differentiable. Call only where
         :func:`serves` holds.
+
+        The dihedrals are scratch (read by the trig pass) in a borrowed workspace buffer; the trig array
+        is borrowed too, or leased to the graph where it is kept for the backward (:mod:`.workspace`).
 
         Example:
             >>> import torch, batched_nerf as bn
@@ -270,14 +278,16 @@ class TorsionBuild:
         if batch is None:
             batch = tuple(first.shape[:-1])
         m = math.prod(batch)
-        d = self.dihedrals(parts, m)
-        bonds, angles = self.arrays(d.dtype, m)[:2]
-        trig = require("cpu").trig
-        if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
-            out = TorsionFn.apply(self, Turns(trig(angles, d)), *parts)
-        else:
-            with workspace.borrowed(self.kernel_plan.topology, 4 * m * self.n_out) as buf:
-                out = torch.from_numpy(self.forward(d.dtype, trig(angles, d, buf)))
+        owner = self.kernel_plan.topology
+        dtype = np.dtype(_NP[first.dtype])
+        with workspace.borrowed(owner, -(-m * self.n_out * dtype.itemsize // 8)) as scratch:
+            d = self.dihedrals(parts, m, None if scratch is None else scratch.view(dtype))
+            angles = self.arrays(dtype, m)[1]
+            if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
+                out = TorsionFn.apply(self, Turns.kept(owner, angles, d), *parts)
+            else:
+                with workspace.borrowed(owner, 4 * m * self.n_out) as buf:
+                    out = torch.from_numpy(self.forward(dtype, require("cpu").trig(angles, d, buf)))
         return out.view(*batch, self.n_out, 3)
 
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
@@ -292,17 +302,29 @@ class TorsionBuild:
         return kernels.forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach, out)
 
     def backward(self, cs: np.ndarray, g: Tensor, dtype: np.dtype) -> np.ndarray:
-        """``(m, K)`` gradient of ``sum(g * xyz)`` with respect to the values (first order, numpy)."""
+        """``(m, K)`` gradient of ``sum(g * xyz)`` with respect to the values (first order, numpy). The
+        kernel's per-atom gradients are scratch, read here: they go into a borrowed workspace buffer."""
         m = cs.shape[1]
         bonds, _, fixed, _ = self.arrays(dtype, m)
         plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
-        gx = g.detach().reshape(m, self.n_out, 3).contiguous().numpy().astype(dtype, copy=False)
-        _, _, gd, _, _ = require("cpu").backward(
-            plan.index, plan.starts, bonds, cs, fixed, pose, gx, plan.width, False
-        )
-        gv = np.zeros((m, self.n_values), dtype=gd.dtype)
-        gv[:, self.slots] = gd[:, self.out_rows]
+        g = g.detach().reshape(m, self.n_out, 3)
+        size = m * self.n_out
+        with workspace.borrowed(plan.topology, -(-6 * size * dtype.itemsize // 8)) as buf:
+            out = gx = None
+            if buf is not None:  # the kernel's gradients, and the cotangent where it needs a copy
+                scratch = buf.view(dtype)[: 6 * size]
+                out = tuple(scratch[: 3 * size].reshape(3, m, self.n_out))
+                if not (g.is_contiguous() and g.dtype == _TORCH[dtype]):  # e.g. expanded by a sum
+                    gx = scratch[3 * size :].reshape(m, self.n_out, 3)
+                    np.copyto(gx, g.numpy())
+            if gx is None:
+                gx = g.contiguous().numpy().astype(dtype, copy=False)
+            _, _, gd, _, _ = require("cpu").backward(
+                plan.index, plan.starts, bonds, cs, fixed, pose, gx, plan.width, False, out
+            )
+            gv = np.zeros((m, self.n_values), dtype=gd.dtype)
+            gv[:, self.slots] = gd[:, self.out_rows]
         return gv
 
     def torch_inputs(self, dtype: torch.dtype, out: bool = False) -> tuple[Tensor, ...]:
@@ -385,3 +407,4 @@ class TorsionFn(Function):
 
 
 _NP = {torch.float32: np.float32, torch.float64: np.float64}
+_TORCH = {np.dtype(v): k for k, v in _NP.items()}

@@ -1,19 +1,27 @@
-"""Reusable float64 work buffers of the CPU kernels, one per table, for calls with nothing to differentiate.
+"""Reusable float64 work buffers of the CPU kernels, a few per table.
 
 A call of the fused CPU build makes a ``(4, B, N)`` float64 array of the
 cosines and sines of its angles and dihedrals (:func:`.build.trig`). A fresh
 array that large is fresh memory, and its first touch costs a page fault per
-4 KiB: for AdK's first 40 residues with hydrogens (613 atoms) x 9,800 frames
-(188 MiB) the trig pass took 20-24 ms into a new array against 9-12 ms into a
-reused one, of a 90-110 ms build. So a call whose array is not kept for a
-backward pass (no gradient, tangent or ``torch.func`` wrapper) borrows one
-buffer kept with the table (its :class:`~batched_nerf._topology.Topology`,
-weakly: the buffer goes when the table does), grown to the largest such call.
+4 KiB (glibc hands every block past 32 MiB back to the kernel when it is freed,
+so a loop of such calls faults on every one): for AdK's first 40 residues with
+hydrogens (613 atoms) x 9,800 frames (188 MiB) the trig pass took 20-24 ms into
+a new array against 9-12 ms into a reused one, of a 90-110 ms build. So the
+array comes from buffers kept with the table (its
+:class:`~batched_nerf._topology.Topology`, weakly: they go when the table does):
+
+* :func:`borrowed`: for the length of a ``with`` block (a call with nothing to
+  differentiate, or scratch a backward reads and drops at once);
+* :func:`lease`: for as long as the returned :class:`Lease` lives (a call with a
+  gradient keeps its trig array for its backward: the lease lives on the
+  autograd graph's :class:`~.build.Turns`, and the buffer comes back when the
+  graph is freed).
 
 Bounds: only arrays of at least :data:`MIN_BYTES` (smaller ones come from the
-allocator's heap cheaply) and at most :data:`MAX_BYTES`; one call at a time
-per table (a concurrent call from another thread makes its own array).
-:func:`release` drops every buffer now.
+allocator's heap cheaply) and at most :data:`MAX_BYTES`; each table keeps at
+most :data:`KEEP` idle buffers, the largest ones (a buffer in use is not kept
+twice: a concurrent call, or a second graph alive at once, takes another or a
+new one). :func:`release` drops every idle buffer now.
 """
 
 from __future__ import annotations
@@ -25,19 +33,24 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["MAX_BYTES", "MIN_BYTES", "borrowed", "held_bytes", "release"]
+__all__ = ["KEEP", "MAX_BYTES", "MIN_BYTES", "Lease", "borrowed", "held_bytes", "lease", "release"]
 
 #: Arrays smaller than this are made per call.
 MIN_BYTES = 1 << 20
 #: Arrays larger than this are made per call (and never kept).
 MAX_BYTES = 1 << 30
+#: Idle buffers kept per table: a training step's graph holds one trig array while its backward borrows
+#: scratch, and a loop that keeps the last loss while it builds the next has two graphs alive.
+KEEP = 2
 
 
 class _Slot:
-    __slots__ = ("buffer", "lock")
+    """One table's idle buffers (``lock`` guards their list; it is never held while a buffer is used)."""
+
+    __slots__ = ("idle", "lock")
 
     def __init__(self) -> None:
-        self.buffer = np.empty(0)
+        self.idle: list[np.ndarray] = []
         self.lock = threading.Lock()
 
 
@@ -45,13 +58,45 @@ _slots: weakref.WeakKeyDictionary[object, _Slot] = weakref.WeakKeyDictionary()
 _slots_lock = threading.Lock()
 
 
+def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
+    """``owner``'s smallest idle buffer of at least ``n_values`` (removed from its idle list), else a new
+    one of ``n_values``; None outside the bounds."""
+    if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
+        return None
+    with _slots_lock:
+        slot = _slots.get(owner)
+        if slot is None:
+            slot = _slots[owner] = _Slot()
+    with slot.lock:
+        fits = [k for k, buf in enumerate(slot.idle) if buf.size >= n_values]
+        buffer = slot.idle.pop(min(fits, key=lambda k: slot.idle[k].size)) if fits else None
+        _trim(slot)
+    return slot, np.empty(n_values) if buffer is None else buffer
+
+
+def _trim(slot: _Slot) -> None:
+    """Drop ``slot``'s smallest idle buffers past :data:`KEEP` (hold ``slot.lock``)."""
+    while len(slot.idle) > KEEP:
+        slot.idle.remove(min(slot.idle, key=lambda buf: buf.size))
+
+
+def _give(slot: _Slot, buffer: np.ndarray) -> None:
+    """Put ``buffer`` back among ``slot``'s idle ones. Safe from a finalizer on any thread: the append
+    needs no lock, and the trim is left to the next :func:`_take` while another holds the lock."""
+    slot.idle.append(buffer)
+    if slot.lock.acquire(blocking=False):
+        try:
+            _trim(slot)
+        finally:
+            slot.lock.release()
+
+
 @contextmanager
 def borrowed(owner: object, n_values: int) -> Iterator[np.ndarray | None]:
     """A float64 array of ``n_values`` kept with ``owner`` (a table's topology), or None.
 
     None (the caller makes its own array) outside the bounds of the module
-    docstring, or while another call holds ``owner``'s buffer. The array is
-    valid inside the ``with`` block only.
+    docstring. The array is valid inside the ``with`` block only.
 
     Example:
         >>> import batched_nerf as bn
@@ -64,34 +109,60 @@ def borrowed(owner: object, n_values: int) -> Iterator[np.ndarray | None]:
         ...     small is None
         True
     """
-    if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
+    taken = _take(owner, n_values)
+    if taken is None:
         yield None
         return
-    with _slots_lock:
-        slot = _slots.get(owner)
-        if slot is None:
-            slot = _slots[owner] = _Slot()
-    if not slot.lock.acquire(blocking=False):
-        yield None
-        return
+    slot, buffer = taken
     try:
-        if slot.buffer.size < n_values:
-            slot.buffer = np.empty(0)  # free the old one before making the larger one
-            slot.buffer = np.empty(n_values)
-        yield slot.buffer[:n_values]
+        yield buffer[:n_values]
     finally:
-        slot.lock.release()
+        _give(slot, buffer)
+
+
+class Lease:
+    """A buffer of :func:`lease`: ``array`` is valid while this object lives; its memory goes back to the
+    table's idle buffers when it is freed (nothing else may keep ``array`` or a view of it)."""
+
+    __slots__ = ("_buffer", "_slot", "array")
+
+    def __init__(self, slot: _Slot, buffer: np.ndarray, n_values: int) -> None:
+        self._slot, self._buffer, self.array = slot, buffer, buffer[:n_values]
+
+    def __del__(self) -> None:
+        _give(self._slot, self._buffer)
+
+
+def lease(owner: object, n_values: int) -> Lease | None:
+    """A :class:`Lease` of a float64 array of ``n_values`` kept with ``owner``, or None (outside the
+    bounds: the caller makes its own array).
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> from batched_nerf.engines.fused import workspace
+        >>> topo = bn.ConstructionTable.chain(4).topology
+        >>> held = workspace.lease(topo, 1 << 18)
+        >>> held.array.shape, held.array.dtype
+        ((262144,), dtype('float64'))
+        >>> address = held.array.ctypes.data
+        >>> del held  # back with the table: the next lease reuses its memory
+        >>> workspace.lease(topo, 1 << 18).array.ctypes.data == address
+        True
+    """
+    taken = _take(owner, n_values)
+    return None if taken is None else Lease(*taken, n_values)
 
 
 def held_bytes() -> int:
-    """Bytes held by the buffers of the tables alive now."""
+    """Bytes of the idle buffers kept for the tables alive now."""
     with _slots_lock:
-        return sum(slot.buffer.nbytes for slot in _slots.values())
+        return sum(buf.nbytes for slot in _slots.values() for buf in list(slot.idle))
 
 
 def release() -> None:
-    """Drop every buffer (the next large call of each table makes a new one)."""
+    """Drop every idle buffer (buffers in use come back to their tables when their calls end)."""
     with _slots_lock:
-        for slot in _slots.values():
-            with slot.lock:
-                slot.buffer = np.empty(0)
+        slots = list(_slots.values())
+    for slot in slots:
+        with slot.lock:
+            slot.idle.clear()

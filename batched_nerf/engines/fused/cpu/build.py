@@ -135,16 +135,20 @@ def backward(
     grad_xyz: np.ndarray,
     width: int,
     pose_grad: bool = False,
+    out: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(g_bonds, g_angles, g_dihedrals, g_fixed, g_pose)`` of ``sum(grad_xyz * xyz)``.
 
     Shapes as the inputs of :func:`forward`; ``grad_xyz`` ``(B, N, 3)``; ``pose``
     here keeps an improper rotation's values (its components get no gradient).
     ``g_pose`` ``(B, S, 12)`` float64 (``R`` row-major, ``t``) with ``pose_grad``,
-    else ``(0, S, 12)``.
+    else ``(0, S, 12)``. ``out``: three C-contiguous ``(B, N)`` arrays of the bonds'
+    dtype to write the first three into (scratch a caller reads at once); default new ones.
     """
     n_samples, n_atoms = bonds.shape
-    gb, ga, gd = (np.empty((n_samples, n_atoms), dtype=bonds.dtype) for _ in range(3))
+    if out is None:
+        out = tuple(np.empty((n_samples, n_atoms), dtype=bonds.dtype) for _ in range(3))  # type: ignore[assignment]
+    gb, ga, gd = out
     gf = np.empty(fixed.shape, dtype=bonds.dtype)
     gpose = np.zeros((n_samples if pose_grad else 0, pose.shape[1], 12))  # the kernels add into it
     nt = _threads(n_samples, starts.size - 1, n_atoms)
