@@ -143,3 +143,20 @@ def test_concurrent_borrowers_get_their_own_buffers_and_release_drops_them() -> 
     assert workspace.held_bytes() == workspace.KEEP * 8 * n  # the smallest past KEEP are dropped
     workspace.release()
     assert workspace.held_bytes() == 0
+
+
+def test_to_internal_keeps_its_atan2_arguments_with_the_plan() -> None:
+    workspace.release()
+    table = bn.ConstructionTable.chain(64)
+    xyz = bn.to_cartesian(*_inputs(table, 1024), table, method="fused")
+    want = bn.to_internal(xyz.double(), table, method="torch")
+    first = bn.to_internal(xyz, table, method="fused")
+    held = workspace.held_bytes()
+    again = bn.to_internal(xyz, table, method="fused")
+    assert held >= 4 * 1024 * 64 * 8 and workspace.held_bytes() == held  # kept, reused
+    for got, same, ref in zip(first, again, want):
+        assert torch.equal(got, same)
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    del table
+    gc.collect()
+    assert workspace.held_bytes() == 0  # the buffer goes with the table's plan

@@ -44,6 +44,7 @@ from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
+from . import workspace
 
 __all__ = [
     "CALLS",
@@ -227,10 +228,12 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
     bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
-    args = np.empty((4, m, n))  # the atan2 arguments: y_angle, y_dihedral, x_angle, x_dihedral
     kernels = _kernels()
-    kernels.forward(_flat(xyz, lead, (n, 3), xyz.dtype), *_arrays(plan), bonds.numpy(), args)
-    kernels.angles(args, angles.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
+    # the atan2 arguments (y_angle, y_dihedral, x_angle, x_dihedral): scratch, kept with the plan
+    with workspace.borrowed(plan.refs, 4 * m * n) as buf:
+        args = np.empty((4, m, n)) if buf is None else buf.reshape(4, m, n)
+        kernels.forward(_flat(xyz, lead, (n, 3), xyz.dtype), *_arrays(plan), bonds.numpy(), args)
+        kernels.angles(args, angles.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
     return tuple(o.reshape(*lead, n) for o in (bonds, angles, dihedrals))  # type: ignore[return-value]
 
 

@@ -53,8 +53,15 @@ class _Slot:
         self.lock = threading.Lock()
 
 
-_slots: weakref.WeakKeyDictionary[object, _Slot] = weakref.WeakKeyDictionary()
+#: ``id(owner)`` -> its slot, dropped when the owner is freed (by identity: an owner may be any object
+#: that takes a weak reference, a tensor too, whose ``==`` a weak-key dictionary would call).
+_slots: dict[int, _Slot] = {}
 _slots_lock = threading.Lock()
+
+
+def _drop(key: int) -> None:
+    with _slots_lock:
+        _slots.pop(key, None)
 
 
 def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
@@ -63,9 +70,10 @@ def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
     if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
         return None
     with _slots_lock:
-        slot = _slots.get(owner)
+        slot = _slots.get(id(owner))
         if slot is None:
-            slot = _slots[owner] = _Slot()
+            slot = _slots[id(owner)] = _Slot()
+            weakref.finalize(owner, _drop, id(owner)).atexit = False
     with slot.lock:
         fits = [k for k, buf in enumerate(slot.idle) if buf.size >= n_values]
         buffer = slot.idle.pop(min(fits, key=lambda k: slot.idle[k].size)) if fits else None
