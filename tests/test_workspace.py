@@ -160,3 +160,22 @@ def test_to_internal_keeps_its_atan2_arguments_with_the_plan() -> None:
     del table
     gc.collect()
     assert workspace.held_bytes() == 0  # the buffer goes with the table's plan
+
+
+def test_a_table_freed_inside_the_workspace_lock_does_not_deadlock() -> None:
+    # a garbage collection started by an allocation under the lock may free a table on that thread:
+    # its finalizer must not wait for the lock
+    topo = bn.ConstructionTable.chain(4).topology
+    with workspace.borrowed(topo, workspace.MIN_BYTES // 8):
+        pass
+
+    def collect_inside_the_lock() -> None:
+        nonlocal topo
+        with workspace._slots_lock:
+            del topo
+            gc.collect()
+
+    thread = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive()

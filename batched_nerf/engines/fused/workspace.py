@@ -60,8 +60,9 @@ _slots_lock = threading.Lock()
 
 
 def _drop(key: int) -> None:
-    with _slots_lock:
-        _slots.pop(key, None)
+    """The owner's finalizer. No lock: it may run inside a garbage collection that an allocation under
+    ``_slots_lock`` started, on the thread holding it (a dict's ``pop`` is atomic under the GIL)."""
+    _slots.pop(key, None)
 
 
 def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
@@ -192,7 +193,8 @@ def lease(owner: object, n_values: int) -> Lease | None:
 def held_bytes() -> int:
     """Bytes of the idle buffers kept for the tables alive now."""
     with _slots_lock:
-        return sum(buf.nbytes for slot in _slots.values() for buf in list(slot.idle))
+        slots = list(_slots.values())
+    return sum(buf.nbytes for slot in slots for buf in list(slot.idle))
 
 
 def release() -> None:
