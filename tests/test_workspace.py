@@ -171,7 +171,7 @@ def test_a_table_freed_inside_the_workspace_lock_does_not_deadlock() -> None:
 
     def collect_inside_the_lock() -> None:
         nonlocal topo
-        with workspace._slots_lock:
+        with workspace._lock:
             del topo
             gc.collect()
 
@@ -179,3 +179,25 @@ def test_a_table_freed_inside_the_workspace_lock_does_not_deadlock() -> None:
     thread.start()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_idle_buffers_stay_within_the_per_table_and_total_bounds(monkeypatch) -> None:
+    workspace.release()
+    topo = bn.ConstructionTable.chain(4).topology
+    n = workspace.MIN_BYTES // 8
+    held = [workspace.lease(topo, k * n) for k in (3, 1, 2)]  # three sizes, all in use at once
+    assert workspace.held_bytes() == 0
+    del held
+    assert workspace.held_bytes() == 8 * n * (3 + 2)  # KEEP = 2: the smallest is dropped
+    with workspace.borrowed(topo, n) as buf:  # the smallest that fits: 2n, 3n stays idle
+        assert buf.size == n and workspace.held_bytes() == 8 * n * 3
+    monkeypatch.setattr(workspace, "IDLE_BYTES", 8 * n * 4)
+    others = [bn.ConstructionTable.chain(4).topology for _ in range(3)]
+    for other in others:  # each returns one buffer of n: the least recently returned go first
+        with workspace.borrowed(other, n):
+            pass
+    assert workspace.held_bytes() == 8 * n * 3  # 3n, then topo's 2n went: the others' three remain
+    with workspace.borrowed(topo, n):  # topo has none left: a new one
+        assert workspace.held_bytes() == 8 * n * 3
+    workspace.release()
+    assert workspace.held_bytes() == 0

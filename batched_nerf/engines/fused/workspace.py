@@ -21,18 +21,30 @@ Bounds: only arrays of at least :data:`MIN_BYTES` (smaller ones come from the
 allocator's heap cheaply) and at most :data:`MAX_BYTES`; each table keeps at
 most :data:`KEEP` idle buffers, the largest ones (a buffer in use is not kept
 twice: a concurrent call, or a second graph alive at once, takes another or a
-new one). :func:`release` drops every idle buffer now.
+new one), and all tables together at most :data:`IDLE_BYTES` of idle buffers,
+the most recently returned. :func:`release` drops every idle buffer now.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from contextlib import AbstractContextManager
 
 import numpy as np
 
-__all__ = ["KEEP", "MAX_BYTES", "MIN_BYTES", "Lease", "borrowed", "held_bytes", "lease", "release"]
+__all__ = [
+    "IDLE_BYTES",
+    "KEEP",
+    "MAX_BYTES",
+    "MIN_BYTES",
+    "Lease",
+    "borrowed",
+    "held_bytes",
+    "lease",
+    "release",
+]
 
 #: Arrays smaller than this are made per call.
 MIN_BYTES = 1 << 20
@@ -41,62 +53,92 @@ MAX_BYTES = 1 << 30
 #: Idle buffers kept per table: a training step's graph holds one trig array while its backward borrows
 #: scratch, and a loop that keeps the last loss while it builds the next has two graphs alive.
 KEEP = 2
+#: Bytes of idle buffers kept over all tables (a loop over thousands of cached sequences keeps the most
+#: recently used): past it the least recently returned go first.
+IDLE_BYTES = 1 << 31
 
 
 class _Slot:
-    """One table's idle buffers (``lock`` guards their list; it is never held while a buffer is used)."""
+    """One table's idle buffers (``dead``: its table is gone, buffers coming back are dropped)."""
 
-    __slots__ = ("idle", "lock")
+    __slots__ = ("dead", "idle")
 
     def __init__(self) -> None:
         self.idle: list[np.ndarray] = []
-        self.lock = threading.Lock()
+        self.dead = False
 
 
-#: ``id(owner)`` -> its slot, dropped when the owner is freed (by identity: an owner may be any object
-#: that takes a weak reference, a tensor too, whose ``==`` a weak-key dictionary would call).
+# Every list and count below changes under ``_lock`` only, except the two inboxes: a buffer given back
+# and a table freed may come from a finalizer, which may run on any thread, also inside a collection
+# that an allocation under ``_lock`` started on the thread holding it; those append to an inbox (atomic
+# under the GIL), and whoever holds the lock next settles it.
+_lock = threading.Lock()
+#: ``id(owner)`` -> its slot (by identity: an owner may be any object that takes a weak reference, a
+#: tensor too, whose ``==`` a weak-key dictionary would call).
 _slots: dict[int, _Slot] = {}
-_slots_lock = threading.Lock()
+#: ``id(buffer)`` -> ``(slot, buffer)`` of every idle buffer, least recently returned first.
+_recent: OrderedDict[int, tuple[_Slot, np.ndarray]] = OrderedDict()
+_idle = [0]  # bytes of the idle buffers
+_returned: list[tuple[_Slot, np.ndarray]] = []  # inbox: buffers given back
+_freed: list[int] = []  # inbox: ids of owners freed
 
 
-def _drop(key: int) -> None:
-    """The owner's finalizer. No lock: it may run inside a garbage collection that an allocation under
-    ``_slots_lock`` started, on the thread holding it (a dict's ``pop`` is atomic under the GIL)."""
-    _slots.pop(key, None)
+def _forget(slot: _Slot, buffer: np.ndarray) -> None:
+    """Drop ``buffer`` from the idle ones (hold ``_lock``)."""
+    k = next(k for k, b in enumerate(slot.idle) if b is buffer)  # by identity: ``==`` is elementwise
+    del slot.idle[k]
+    del _recent[id(buffer)]
+    _idle[0] -= buffer.nbytes
+
+
+def _settle() -> None:
+    """Take in the inboxes, then keep within :data:`KEEP` per table and :data:`IDLE_BYTES` in all
+    (hold ``_lock``)."""
+    while _freed:
+        slot = _slots.pop(_freed.pop(), None)
+        if slot is not None:
+            slot.dead = True
+            for buffer in list(slot.idle):
+                _forget(slot, buffer)
+    while _returned:
+        slot, buffer = _returned.pop()
+        if slot.dead:
+            continue
+        slot.idle.append(buffer)
+        _recent[id(buffer)] = (slot, buffer)
+        _idle[0] += buffer.nbytes
+        if len(slot.idle) > KEEP:  # the smallest goes
+            _forget(slot, min(slot.idle, key=lambda b: b.nbytes))
+    while _idle[0] > IDLE_BYTES:
+        _forget(*next(iter(_recent.values())))
 
 
 def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
-    """``owner``'s smallest idle buffer of at least ``n_values`` (removed from its idle list), else a new
-    one of ``n_values``; None outside the bounds."""
+    """``owner``'s smallest idle buffer of at least ``n_values`` (no longer idle), else a new one of
+    ``n_values``; None outside the bounds."""
     if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
         return None
-    with _slots_lock:
+    with _lock:
+        _settle()
         slot = _slots.get(id(owner))
         if slot is None:
             slot = _slots[id(owner)] = _Slot()
-            weakref.finalize(owner, _drop, id(owner)).atexit = False
-    with slot.lock:
-        fits = [k for k, buf in enumerate(slot.idle) if buf.size >= n_values]
-        buffer = slot.idle.pop(min(fits, key=lambda k: slot.idle[k].size)) if fits else None
-        _trim(slot)
+            weakref.finalize(owner, _freed.append, id(owner)).atexit = False
+        fits = [b for b in slot.idle if b.size >= n_values]
+        buffer = min(fits, key=lambda b: b.size) if fits else None
+        if buffer is not None:
+            _forget(slot, buffer)
     return slot, np.empty(n_values) if buffer is None else buffer
 
 
-def _trim(slot: _Slot) -> None:
-    """Drop ``slot``'s smallest idle buffers past :data:`KEEP` (hold ``slot.lock``)."""
-    while len(slot.idle) > KEEP:
-        slot.idle.remove(min(slot.idle, key=lambda buf: buf.size))
-
-
 def _give(slot: _Slot, buffer: np.ndarray) -> None:
-    """Put ``buffer`` back among ``slot``'s idle ones. Safe from a finalizer on any thread: the append
-    needs no lock, and the trim is left to the next :func:`_take` while another holds the lock."""
-    slot.idle.append(buffer)
-    if slot.lock.acquire(blocking=False):
+    """Give ``buffer`` back to ``slot``: into the inbox, settled now unless the lock is held."""
+    _returned.append((slot, buffer))
+    if _lock.acquire(blocking=False):
         try:
-            _trim(slot)
+            _settle()
         finally:
-            slot.lock.release()
+            _lock.release()
 
 
 class _Borrowed:
@@ -191,16 +233,15 @@ def lease(owner: object, n_values: int) -> Lease | None:
 
 
 def held_bytes() -> int:
-    """Bytes of the idle buffers kept for the tables alive now."""
-    with _slots_lock:
-        slots = list(_slots.values())
-    return sum(buf.nbytes for slot in slots for buf in list(slot.idle))
+    """Bytes of the idle buffers kept for the tables alive now (at most :data:`IDLE_BYTES`)."""
+    with _lock:
+        _settle()
+        return _idle[0]
 
 
 def release() -> None:
     """Drop every idle buffer (buffers in use come back to their tables when their calls end)."""
-    with _slots_lock:
-        slots = list(_slots.values())
-    for slot in slots:
-        with slot.lock:
-            slot.idle.clear()
+    with _lock:
+        _settle()
+        for slot, buffer in list(_recent.values()):
+            _forget(slot, buffer)
