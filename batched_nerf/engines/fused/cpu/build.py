@@ -158,7 +158,7 @@ def backward(
         if nt > 1:
             _backward_parallel(*args, nt, width)
         else:
-            shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4))
+            shapes = ((width, 3), (width, 9), (width, 3), (width, 9), width, (width, 4), (width, 9))
             S = tuple(np.empty(shape) for shape in shapes)
             _backward_items(0, 1, *args, S)
 

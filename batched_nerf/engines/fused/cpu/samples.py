@@ -49,9 +49,11 @@ def _nerf_frame(u0, u1, u2, v0, v1, v2):
 
 
 @njit(cache=True)
-def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
+def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T, M):
     """Positions ``X``, out-frames ``F`` (row-major 3 x 3) and ``T = (cos t, sin t, cos p_eff, sin p_eff)``
-    of plan rows ``[s0, s1)``."""
+    of plan rows ``[s0, s1)``, and where ``M`` has rows (the backward's recompute) each row's placement
+    frame (row-major 3 x 3), which the reverse walk reads instead of making it again."""
+    keep = M.shape[0] > 0
     for k in range(s0, s1):
         i = k - s0
         atom = p[ATOM, k]
@@ -84,6 +86,9 @@ def _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T):
             cp, sp = -cp, -sp
         ib = p[REF_B, k] - s0
         m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
+        if keep:
+            M[i, 0], M[i, 1], M[i, 2], M[i, 3], M[i, 4] = m0, m1, m2, m3, m4
+            M[i, 5], M[i, 6], M[i, 7], M[i, 8] = m5, m6, m7, m8
         T[i, 0], T[i, 1], T[i, 2], T[i, 3] = ct, st, cp, sp
         l00, l10, l20, l01, l11, l21, l12, l22 = _placement(ct, st, cp, sp)
         l02 = 0.0
@@ -138,11 +143,12 @@ def posed(P, y0, y1, y2):
 @njit(cache=True)
 def _forward_items(t0, nt, p, starts, bonds, trig, fixed, pose, out, X, F, T):
     n_units = starts.size - 1
+    no_frames = np.empty((0, 9))  # the forward keeps no placement frames
     for item in range(t0, bonds.shape[0] * n_units, nt):
         b = item // n_units
         u = item - b * n_units
         s0, s1 = starts[u], starts[u + 1]
-        _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
+        _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T, no_frames)
         for k in range(s0, s1):  # out in the pose: R y + t (anchored atoms as built)
             atom, slot, i = p[ATOM, k], p[POSE, k], k - s0
             if slot < 0:
@@ -167,8 +173,8 @@ def _forward_parallel(p, starts, bonds, trig, fixed, pose, out, nt, width):
 def _unit_backward(p, s0, s1, b, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S):
     """Reverse walk over plan rows ``[s0, s1)``: input gradients of sample ``b`` (and of its pose, added
     into ``gpose[b]`` where ``gpose`` has rows)."""
-    X, F, GX, GO, GP, T = S
-    _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T)
+    X, F, GX, GO, GP, T, M = S
+    _unit_forward(p, s0, s1, b, bonds, trig, fixed, X, F, T, M)  # keeps the placement frames in M
     for k in range(s0, s1):
         i = k - s0
         atom, slot = p[ATOM, k], p[POSE, k]
@@ -196,7 +202,8 @@ def _unit_backward(p, s0, s1, b, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf,
                 gf[b, slot, 2] = g2
             continue
         r = np.nan if neg else np.float64(bonds[b, atom])
-        m0, m1, m2, m3, m4, m5, m6, m7, m8 = _frame(p, k, s0, X, F)
+        m0, m1, m2, m3, m4 = M[i, 0], M[i, 1], M[i, 2], M[i, 3], M[i, 4]  # the frame the forward made
+        m5, m6, m7, m8 = M[i, 5], M[i, 6], M[i, 7], M[i, 8]
         ct, st, cp, sp = T[i, 0], T[i, 1], T[i, 2], T[i, 3]
         fl = -1.0 if st < 0.0 else 1.0  # the angle and turn gradients below fold the flip in
         l00, l10, l20, l01, l11, l21, l12, l22 = _placement(ct, st, cp, sp)
@@ -366,6 +373,6 @@ def _backward_items(t0, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, g
 @njit(cache=True, parallel=True)
 def _backward_parallel(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, nt, width):
     for t in prange(nt):
-        S = (np.empty((width, 3)), np.empty((width, 9)),
-             np.empty((width, 3)), np.empty((width, 9)), np.empty(width), np.empty((width, 4)))  # fmt: skip
+        S = (np.empty((width, 3)), np.empty((width, 9)), np.empty((width, 3)),
+             np.empty((width, 9)), np.empty(width), np.empty((width, 4)), np.empty((width, 9)))  # fmt: skip
         _backward_items(t, nt, p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, S)
