@@ -241,7 +241,7 @@ class TorsionBuild:
         """``(m, n_out)`` dihedrals (numpy, the parts' dtype): the template with each value row's value.
 
         Small calls gather in numpy (fewer dispatches), large ones with one torch ``index_select`` (on
-        torch's threads) into ``out`` (``m n_out`` values of that dtype, or more) where given;
+        torch's threads) into ``out`` (``m n_out`` values of that dtype) where given;
         nothing is recorded for autograd.
         """
         if m * self.n_out <= SMALL_VALUES:
@@ -254,7 +254,7 @@ class TorsionBuild:
             cat = torch.cat([template.expand(m, self.n_out), *(x.reshape(m, -1) for x in parts)], dim=-1)
             if out is None:
                 return cat.index_select(-1, source).numpy()
-            d = out[: m * self.n_out].reshape(m, self.n_out)
+            d = out.reshape(m, self.n_out)
             torch.index_select(cat, -1, source, out=torch.from_numpy(d))
             return d
 
@@ -280,8 +280,8 @@ class TorsionBuild:
         m = math.prod(batch)
         owner = self.kernel_plan.topology
         dtype = np.dtype(_NP[first.dtype])
-        with workspace.borrowed(owner, -(-m * self.n_out * dtype.itemsize // 8)) as scratch:
-            d = self.dihedrals(parts, m, None if scratch is None else scratch.view(dtype))
+        with workspace.borrowed(owner, m * self.n_out, dtype) as scratch:
+            d = self.dihedrals(parts, m, scratch)
             angles = self.arrays(dtype, m)[1]
             if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
                 out = TorsionFn.apply(self, Turns.kept(owner, angles, d), *parts)
@@ -310,10 +310,9 @@ class TorsionBuild:
         pose = _identity_rows(plan.topology.seed_root.size)
         g = g.detach().reshape(m, self.n_out, 3)
         size = m * self.n_out
-        with workspace.borrowed(plan.topology, -(-6 * size * dtype.itemsize // 8)) as buf:
+        with workspace.borrowed(plan.topology, 6 * size, dtype) as scratch:
             out = gx = None
-            if buf is not None:  # the kernel's gradients, and the cotangent where it needs a copy
-                scratch = buf.view(dtype)[: 6 * size]
+            if scratch is not None:  # the kernel's gradients, and the cotangent where it needs a copy
                 out = tuple(scratch[: 3 * size].reshape(3, m, self.n_out))
                 if not (g.is_contiguous() and g.dtype == _TORCH[dtype]):  # e.g. expanded by a sum
                     gx = scratch[3 * size :].reshape(m, self.n_out, 3)

@@ -113,11 +113,14 @@ def _settle() -> None:
         _forget(*next(iter(_recent.values())))
 
 
-def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray] | None:
-    """``owner``'s smallest idle buffer of at least ``n_values`` (no longer idle), else a new one of
-    ``n_values``; None outside the bounds."""
-    if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
-        return None
+def _in_bounds(n_bytes: int) -> bool:
+    """Whether an array of ``n_bytes`` is kept (:data:`MIN_BYTES` to :data:`MAX_BYTES`)."""
+    return MIN_BYTES <= n_bytes <= MAX_BYTES
+
+
+def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray]:
+    """``owner``'s smallest idle buffer of at least ``n_values`` float64 values (no longer idle), else a
+    new one of ``n_values`` (the caller checked :func:`_in_bounds`)."""
     with _lock:
         _settle()
         slot = _slots.get(id(owner))
@@ -144,14 +147,14 @@ def _give(slot: _Slot, buffer: np.ndarray) -> None:
 class _Borrowed:
     """The context manager :func:`borrowed` returns (a class: cheaper per call than a generator)."""
 
-    __slots__ = ("_n", "_owner", "_taken")
+    __slots__ = ("_dtype", "_n", "_owner", "_taken")
 
-    def __init__(self, owner: object, n_values: int) -> None:
-        self._owner, self._n, self._taken = owner, n_values, None
+    def __init__(self, owner: object, n_values: int, dtype: np.dtype) -> None:
+        self._owner, self._n, self._dtype, self._taken = owner, n_values, dtype, None
 
-    def __enter__(self) -> np.ndarray | None:
-        self._taken = _take(self._owner, self._n)
-        return None if self._taken is None else self._taken[1][: self._n]
+    def __enter__(self) -> np.ndarray:
+        self._taken = _take(self._owner, -(-self._n * self._dtype.itemsize // 8))
+        return self._taken[1].view(self._dtype)[: self._n]
 
     def __exit__(self, *exc: object) -> None:
         if self._taken is not None:
@@ -174,27 +177,33 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
-def borrowed(owner: object, n_values: int) -> AbstractContextManager[np.ndarray | None]:
-    """A float64 array of ``n_values`` kept with ``owner`` (a table's topology), or None, as a context
-    manager (``with borrowed(owner, n) as buf``).
+def borrowed(
+    owner: object, n_values: int, dtype: np.dtype | type = np.float64
+) -> AbstractContextManager[np.ndarray | None]:
+    """A flat array of ``n_values`` of ``dtype`` (float64 by default, or float32) kept with ``owner`` (a
+    table's topology), or None, as a context manager (``with borrowed(owner, n) as buf``).
 
     None (the caller makes its own array) outside the bounds of the module
     docstring. The array is valid inside the ``with`` block only.
 
     Example:
-        >>> import batched_nerf as bn
+        >>> import numpy as np, batched_nerf as bn
         >>> from batched_nerf.engines.fused import workspace
         >>> topo = bn.ConstructionTable.chain(4).topology
         >>> with workspace.borrowed(topo, 1 << 18) as buf:
         ...     buf.shape, buf.dtype
         ((262144,), dtype('float64'))
+        >>> with workspace.borrowed(topo, 1 << 19, np.float32) as buf32:  # the same bytes
+        ...     buf32.shape, buf32.dtype
+        ((524288,), dtype('float32'))
         >>> with workspace.borrowed(topo, 10) as small:
         ...     small is None
         True
     """
-    if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
+    dtype = np.dtype(dtype)
+    if not _in_bounds(n_values * dtype.itemsize):
         return _NOTHING
-    return _Borrowed(owner, n_values)
+    return _Borrowed(owner, n_values, dtype)
 
 
 class Lease:
@@ -226,10 +235,9 @@ def lease(owner: object, n_values: int) -> Lease | None:
         >>> workspace.lease(topo, 1 << 18).array.ctypes.data == address
         True
     """
-    if not MIN_BYTES <= 8 * n_values <= MAX_BYTES:
+    if not _in_bounds(8 * n_values):
         return None
-    taken = _take(owner, n_values)
-    return None if taken is None else Lease(*taken, n_values)
+    return Lease(*_take(owner, n_values), n_values)
 
 
 def held_bytes() -> int:
