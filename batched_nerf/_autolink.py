@@ -189,9 +189,11 @@ def _nearest_earlier(
 
     Ordered by distance, then by placement position ``pos`` (the order of the
     sequential build); ``-1`` pads. Only nearby atoms are ever measured: those
-    within a radius (cell list), the radius doubling for the roots that have
+    within a radius (cell list), the radius growing for the roots that have
     not found enough yet. (A cell list beats scipy's k-nearest query here: the
-    rank filter would discard half of what the tree returns.)
+    rank filter would discard half of what the tree returns; for 4,000 waters
+    the 16 nearest leave a tenth of the roots short, at about the cost of the
+    cell list's first pass.)
     """
     width = int(need.max()) if len(need) else 0
     out = np.full((len(roots), width), -1, dtype=np.int64)
@@ -213,8 +215,10 @@ def _nearest_earlier(
         within = np.arange(len(ia)) - (np.cumsum(count) - count)[ia]
         sel = done[ia] & (within < need[todo][ia])
         out[todo[ia[sel]], within[sel]] = ib[sel]
+        # most roots short of atoms have found some: a little more reach will do (all of them, if any
+        # found none: the radius doubles); the search is exact at any radius, only its cost changes
+        radius *= 1.3 if count[~done].all() else 2.0
         todo = todo[~done]
-        radius *= 2.0
     return out
 
 

@@ -1,9 +1,10 @@
 """Static topology of a construction table: row checks, components, levels, seeds.
 
 The ground layer of the package: numpy only, no torch, nothing imported from
-the rest of the package. :class:`~batched_nerf.ConstructionTable` analyses its
-rows once with :func:`analyse` and every engine planner, the pose and log-det
-code and the losses read the resulting :class:`Topology` (``table.topology``)
+the rest of the package but its build orders (:mod:`batched_nerf._build_order`).
+:class:`~batched_nerf.ConstructionTable` analyses its rows once with
+:func:`analyse` and every engine planner, the pose and log-det code and the
+losses read the resulting :class:`Topology` (``table.topology``)
 instead of re-deriving it.
 
 Row kinds, by the number of references a row has: ``ROOT`` ``(-1, -1, -1)``,
@@ -13,12 +14,13 @@ Row kinds, by the number of references a row has: ``ROOT`` ``(-1, -1, -1)``,
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ._build_order import _find_cycle, _levels, _order
 
 __all__ = [
     "FULL",
@@ -28,7 +30,6 @@ __all__ = [
     "Topology",
     "analyse",
     "as_index_array",
-    "build_order",
     "components",
     "concatenate",
 ]
@@ -82,7 +83,8 @@ class Topology:
         component: ``(N,)`` ``int64`` connected component of each atom.
         level: ``(N,)`` ``int64`` dependency level (0 for seed and fixed rows; a
             full row is one level above its deepest reference).
-        order: ``(N,)`` ``int64`` the build order (:func:`build_order`): every
+        order: ``(N,)`` ``int64`` the build order
+            (:func:`~batched_nerf._build_order.build_order`): every
             reference comes before the rows that read it, lowest index first.
         seeded: ``(S,)`` ``int64`` components that are placed from seed rows (not anchored).
         seed_root, seed_second, seed_third: ``(S,)`` ``int64`` root, second and third
@@ -137,8 +139,9 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     Whole-array numpy passes (no Python loop over atoms or rows): row checks,
     components (hooking and pointer jumping), seeds (per-component counts),
     build order, levels (pointer jumping along a critical-reference forest).
-    Tables whose rows are not in build order take a heap-based build order
-    (:func:`build_order`).
+    The build order (:mod:`batched_nerf._build_order`) is found in whole-array
+    passes too, except for deep tables whose rows are far from build order
+    (a heap over the rows).
 
     Args:
         refs: integer array-like ``(N, 3)``.
@@ -162,14 +165,16 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     is_fixed = np.zeros(n, dtype=bool)
     is_fixed[fixed_arr] = True
     seeded = _check_seeds(arr, kind, component, is_fixed, n_components)
-    order, stuck = _order(arr)
+    order, stuck, level = _order(arr)
     if stuck is not None:
         cycle = _find_cycle(arr, stuck)
         raise ValueError(
             f"row {cycle[0]}: reference cycle {' -> '.join(map(str, cycle))}; "
             "an atom must not depend, directly or indirectly, on itself"
         )
-    level = _levels(arr, kind)
+    if level is None:
+        level = _levels(arr, kind == FULL)  # acyclic (the order exists): it settles
+        assert level is not None
     root, second, third, from_second = _seed_atoms(arr, kind, component, seeded, n_components)
     comp_slot = np.full(n_components, seeded.size, dtype=np.int64)
     comp_slot[seeded] = np.arange(seeded.size)
@@ -324,128 +329,6 @@ _CONCATENATED: dict[str, Callable[[Sequence[Topology]], np.ndarray]] = {
     "third_from_second": lambda ps: _cat(ps, "third_from_second"),
     "seed_slot": _seed_slot,
 }
-
-
-def build_order(refs: np.ndarray) -> np.ndarray:
-    """A build order in which every atom comes after its references.
-
-    Among the atoms ready to be placed the lowest index goes first, so a table
-    that is already in build order keeps its order (found in one vectorised
-    pass; other tables take a heap over their rows). Works on raw ``(N, 3)``
-    reference arrays too (the file writers order rows with it).
-
-    Raises:
-        ValueError: for references out of range or a reference cycle.
-
-    Example:
-        >>> from batched_nerf._topology import build_order
-        >>> build_order([[1, -1, -1], [-1, -1, -1], [0, 1, -1]]).tolist()
-        [1, 0, 2]
-    """
-    arr = np.asarray(refs, dtype=np.int64).reshape(-1, 3)
-    n = len(arr)
-    bad = ((arr >= n) | (arr < -1)).any(1)
-    if bad.any():
-        i = int(np.argmax(bad))
-        r = next(r for r in arr[i].tolist() if r >= n or r < -1)
-        raise ValueError(f"row {i}: reference {r} out of range [-1, {n - 1}]")
-    order, stuck = _order(arr)
-    if stuck is not None:
-        raise ValueError(f"the references contain a cycle (atoms {stuck[:8].tolist()} can never be placed)")
-    return order
-
-
-def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Build order (lowest ready index first) and the atoms that can never be placed (or None)."""
-    n = len(arr)
-    rows = np.arange(n, dtype=np.int64)
-    if bool((arr < rows[:, None]).all()):  # every reference before its reader: the rows' own order
-        return rows, None
-    order = _grouped_order(arr, rows)
-    if order is not None:
-        return order, None
-    # a heap over the rows (the lowest ready index first is inherently sequential)
-    ref_rows, cols = np.nonzero(arr >= 0)
-    targets = arr[ref_rows, cols]
-    waiting = np.bincount(ref_rows, minlength=n).tolist()
-    by_ref = np.argsort(targets, kind="stable")
-    users_flat = ref_rows[by_ref].tolist()
-    starts = np.concatenate([[0], np.cumsum(np.bincount(targets, minlength=n))]).tolist()
-    ready = [i for i in range(n) if waiting[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users_flat[starts[i] : starts[i + 1]]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    out = np.asarray(order, dtype=np.int64)
-    if out.size == n:
-        return out, None
-    placed = np.zeros(n, dtype=bool)
-    placed[out] = True
-    return out, np.flatnonzero(~placed)
-
-
-def _grouped_order(arr: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
-    """The heap's order in whole-array passes for tables with few forward references, else None.
-
-    With ``m(i)`` the largest index among ``i`` and everything it depends on,
-    the heap places the *heads* ``m(i) = i`` in increasing order, each followed
-    by the rows that waited for it (``m(i) = head``); when those rows' other
-    references within the group all point backwards they follow in increasing
-    order. So the order is the sort by ``(m(i), not head, i)``, used once it is
-    checked to be a build order (which also proves the table acyclic).
-    """
-    m = _max_ancestor(arr, rows)
-    if m is None:
-        return None
-    has = arr >= 0
-    ref = np.where(has, arr, 0)
-    group = m[:, None]
-    if (has & (m[ref] == group) & (ref != group) & (ref > rows[:, None])).any():
-        return None
-    order = np.lexsort((rows, m != rows, m))
-    pos = np.empty_like(order)
-    pos[order] = rows
-    if not (~has | (pos[ref] < pos[:, None])).all():
-        return None
-    return order
-
-
-def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 4) -> np.ndarray | None:
-    """``m(i) = max(i, m(r) for each reference r)``, by pointer jumping along critical references.
-
-    None when it does not settle (reference cycles) within ``rounds`` choices of
-    critical references or ``log2(N) + 2`` jumps. Tables it serves settle in one
-    or two rounds (proteins, with and without hydrogens); those that take many
-    (4,000 linked waters: 32 rounds, 24 ms) then fail the grouped order's check
-    anyway, so a few rounds bound the cost before the heap takes over (was 32).
-    """
-    n = rows.size
-    has = arr >= 0
-    ref = np.where(has, arr, rows[:, None])
-    m = rows.copy()
-    jumps = int(np.log2(max(n, 2))) + 2
-    for _ in range(rounds):
-        vals = np.where(has, m[ref], -1)
-        want = np.maximum(rows, vals.max(1))
-        if np.array_equal(want, m):
-            return m
-        parent = ref[rows, vals.argmax(1)]
-        parent = np.where(vals.max(1) > rows, parent, rows)  # only references that raise m
-        m = rows.copy()
-        for _ in range(jumps):
-            grand = parent[parent]
-            m = np.maximum(m, m[parent])
-            if np.array_equal(grand, parent):
-                break
-            parent = grand
-        else:
-            return None
-    return None
 
 
 def _row_error(arr: np.ndarray, i: int) -> str | None:
@@ -634,42 +517,6 @@ def _check_seeds(
     return np.flatnonzero(seeded).astype(np.int64)
 
 
-def _levels(arr: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """Dependency levels of an acyclic table: 0 for seed and fixed rows, ``1 + max`` over references.
-
-    Longest paths by pointer jumping: every full row picks one *critical*
-    reference (first the bond reference); the depth of each row in that forest
-    is a lower bound of its level, reached for every row once each critical
-    reference is one of highest level. Each round chooses the critical
-    references anew from the last depths; the depths only grow, so a few
-    rounds (one for a chain) reach the fixed point.
-    """
-    n = arr.shape[0]
-    rows = np.flatnonzero(kind == FULL)
-    weight = (kind == FULL).astype(np.int64)
-    level = np.zeros(n, dtype=np.int64)
-    if not rows.size:
-        return level
-    refs = arr[rows]
-    critical = refs[:, 0]
-    pick = np.arange(rows.size)
-    while True:
-        parent = np.arange(n, dtype=np.int64)
-        parent[rows] = critical
-        level = weight.copy()  # path weight from each row up to (not including) parent[row]
-        while True:
-            grand = parent[parent]
-            if np.array_equal(grand, parent):
-                break
-            level += level[parent]
-            parent = grand
-        ref_levels = level[refs]
-        best = ref_levels.argmax(1)
-        if np.array_equal(level[rows], ref_levels[pick, best] + 1):
-            return level
-        critical = refs[pick, best]
-
-
 def _seed_atoms(
     arr: np.ndarray, kind: np.ndarray, component: np.ndarray, seeded: np.ndarray, n_comp: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -695,17 +542,3 @@ def short(rows: Sequence[int] | np.ndarray, limit: int = 8) -> str:
     vals = [int(r) for r in rows]
     text = ", ".join(map(str, vals[:limit]))
     return f"[{text}{', ...' if len(vals) > limit else ''}]"
-
-
-def _find_cycle(arr: np.ndarray, stuck: np.ndarray) -> list[int]:
-    """Follow references among unresolved atoms until an atom repeats."""
-    stuck_set = set(stuck.tolist())
-    node = int(stuck[0])
-    path: list[int] = []
-    index: dict[int, int] = {}
-    while node not in index:
-        index[node] = len(path)
-        path.append(node)
-        node = next(int(r) for r in arr[node] if r in stuck_set)
-    cycle = path[index[node] :]
-    return [*cycle, node]

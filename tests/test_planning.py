@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import _table, data
+from batched_nerf._build_order import _grouped_order, _nested_order, build_order
 from batched_nerf._topology import (
     Topology,
-    _grouped_order,
     _hooked,
     analyse,
-    build_order,
     components,
     concatenate,
 )
@@ -127,6 +126,50 @@ def test_protein_tables_take_the_vectorised_build_order() -> None:
     assert not (refs < np.arange(len(refs))[:, None]).all()  # forward references: not the rows' order
     order = _grouped_order(refs, np.arange(len(refs)))
     assert order is not None and order.tolist() == _oracle(refs)[2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 60), seed=st.integers(0, 10_000), mix=st.sampled_from(["none", "swap", "shuffle"]))
+def test_nested_order_is_the_heaps(n: int, seed: int, mix: str) -> None:
+    refs = _tree(n, seed)
+    refs = _shuffled(refs, seed) if mix == "shuffle" else _swapped(refs, seed) if mix == "swap" else refs
+    _, level, order = _oracle(refs)
+    got = _nested_order(refs, np.arange(len(refs)), np.asarray(level), max_passes=10**9)
+    assert got is not None and got.tolist() == order
+
+
+def test_linked_waters_take_the_nested_order(monkeypatch) -> None:
+    from batched_nerf import _build_order
+    from batched_nerf._autotable import refs_from_xyz
+
+    g = np.random.default_rng(0)
+    water = np.array([[0.0, 0.0, 0.0], [0.96, 0.0, 0.0], [-0.24, 0.93, 0.0]])
+    grid = np.stack(np.meshgrid(*[np.arange(6.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 3.1
+    xyz = (grid[:, None] + water + g.normal(scale=0.2, size=(len(grid), 1, 3))).reshape(-1, 3)
+    refs = refs_from_xyz(xyz, ["O", "H", "H"] * len(grid)).refs
+    assert not (refs < np.arange(len(refs))[:, None]).all()  # forward references (the links)
+    assert _grouped_order(refs, np.arange(len(refs))) is None  # not the one-level sort
+    monkeypatch.setattr(_build_order, "_heap_order", None)  # the heap is not called
+    monkeypatch.setattr(_build_order, "_ROWS_PER_PASS", 1)  # (a box this small would take the heap)
+    topo = analyse(refs)
+    _, level, order = _oracle(refs)
+    assert topo.order.tolist() == order and topo.level.tolist() == level
+
+
+def test_cycles_refuse_the_whole_array_orders() -> None:
+    from batched_nerf._build_order import _levels
+
+    # rows 3 and 4 read each other: the critical references close a cycle, the jumps never settle
+    loop = np.array([R, [0, -1, -1], [1, 0, -1], [4, 1, 0], [3, 1, 0]])
+    assert _levels(loop, (loop >= 0).all(1), rounds=16) is None
+    with pytest.raises(ValueError, match=r"^the references contain a cycle \(atoms \[3, 4\]"):
+        build_order(loop)
+    # a cycle through a row with one reference: the levels settle, the order check refuses them
+    seedlike = np.array([R, [0, -1, -1], [1, 0, -1], [4, -1, -1], [3, 1, 0]])
+    assert _levels(seedlike, (seedlike >= 0).all(1), rounds=16) is not None
+    assert _nested_order(seedlike, np.arange(5), np.zeros(5, dtype=np.int64), max_passes=99) is None
+    with pytest.raises(ValueError, match=r"^the references contain a cycle \(atoms \[3, 4\]"):
+        build_order(seedlike)
 
 
 def test_levels_take_the_deepest_reference() -> None:

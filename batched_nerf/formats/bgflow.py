@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from .._build_order import build_order
 from .._table import ConstructionTable
-from .._topology import build_order
 from ._common import as_numpy, refs_of
 
 __all__ = ["refs_from_bgflow", "refs_to_bgflow", "table_from_bgflow", "table_to_bgflow"]

@@ -46,8 +46,8 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from .._build_order import build_order
 from .._table import ConstructionTable
-from .._topology import build_order
 from .._zmatrix import ZMatrix
 from ._common import PathOrFile, finite_float, optional_import, read_text, require_one_conformation
 

@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._build_order import build_order
 from .._perceive import atomic_number, element_symbol
 from .._table import ConstructionTable
-from .._topology import build_order
 from .._zmatrix import ZMatrix
 from ._common import (
     PathOrFile,
