@@ -146,7 +146,8 @@ def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 4) -> np.ndar
     critical references or ``log2(N) + 2`` jumps. Tables it serves settle in one
     or two rounds (proteins, with and without hydrogens); those that take many
     (4,000 linked waters: 32 rounds, 24 ms) then fail the grouped order's check
-    anyway, so a few rounds bound the cost before the heap takes over (was 32).
+    anyway, so a few rounds bound the cost before :func:`_nested_order` or the
+    heap takes over (was 32).
     """
     n = rows.size
     has = arr >= 0

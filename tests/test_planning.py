@@ -139,14 +139,13 @@ def test_nested_order_is_the_heaps(n: int, seed: int, mix: str) -> None:
 
 
 def test_linked_waters_take_the_nested_order(monkeypatch) -> None:
+    from test_autotable import water_box
+
     from batched_nerf import _build_order
     from batched_nerf._autotable import refs_from_xyz
 
-    g = np.random.default_rng(0)
-    water = np.array([[0.0, 0.0, 0.0], [0.96, 0.0, 0.0], [-0.24, 0.93, 0.0]])
-    grid = np.stack(np.meshgrid(*[np.arange(6.0)] * 3, indexing="ij"), -1).reshape(-1, 3) * 3.1
-    xyz = (grid[:, None] + water + g.normal(scale=0.2, size=(len(grid), 1, 3))).reshape(-1, 3)
-    refs = refs_from_xyz(xyz, ["O", "H", "H"] * len(grid)).refs
+    xyz = water_box(6)
+    refs = refs_from_xyz(xyz, ["O", "H", "H"] * (len(xyz) // 3)).refs
     assert not (refs < np.arange(len(refs))[:, None]).all()  # forward references (the links)
     assert _grouped_order(refs, np.arange(len(refs))) is None  # not the one-level sort
     monkeypatch.setattr(_build_order, "_heap_order", None)  # the heap is not called
