@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ._checks import as_float, cast_like, check_device, check_table, check_xyz
-from ._geometry import EPS, batch_shape, cross, dot, safe_normalize
+from ._geometry import EPS, batch_shape, cross, dot, safe_norm, safe_normalize
 from ._table import ConstructionTable
 from ._topology import Topology
 from .engines.fused import pose as fused_pose
@@ -282,17 +282,30 @@ def _move_one(x: Tensor, rot: Tensor, tr: Tensor, info: PoseInfo) -> Tensor:
     return torch.where(torch.as_tensor(info.anchored, device=x.device).unsqueeze(-1), x, out)
 
 
-def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor, has3: Tensor) -> Tensor:
-    """Gram-Schmidt frame ``(..., S, 3, 3)`` (columns e1, e2, e3) of seed positions ``(..., S, 3)``."""
+def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor | None, has3: Tensor | None) -> Tensor:
+    """Gram-Schmidt frame ``(..., S, 3, 3)`` (columns e1, e2, e3) of seed positions ``(..., S, 3)``.
+
+    Always a proper rotation: where a direction is undefined (coincident seed atoms, a third atom
+    on the line of the first two, or a missing seed atom: ``has2``/``has3`` False, None for all
+    True) it is completed with the lab axis least parallel to ``e1`` (``z`` unless ``|e1_z| >= 0.9``,
+    then ``y``); ``e1`` falls back to ``x``, and then ``e2`` to ``y`` (a single atom: the identity).
+    """
     ex = torch.tensor([1.0, 0.0, 0.0], dtype=x0.dtype, device=x0.device)
     ey = torch.tensor([0.0, 1.0, 0.0], dtype=x0.dtype, device=x0.device)
     ez = torch.tensor([0.0, 0.0, 1.0], dtype=x0.dtype, device=x0.device)
-    e1 = torch.where(has2.unsqueeze(-1), safe_normalize(x1 - x0, EPS), ex)
-    # a helper direction for components without a third atom: the lab axis least parallel to e1
-    helper = torch.where((e1[..., 2:3].abs() < 0.9), ez, ey)
-    v = torch.where(has3.unsqueeze(-1), x2 - x0, helper)
-    v = torch.where(has2.unsqueeze(-1), v, ey)
-    e2 = safe_normalize(v - dot(v, e1).unsqueeze(-1) * e1, EPS)
+    u = x1 - x0
+    ok1 = ~(safe_norm(u) < EPS)  # NaN stays on the formula's side: NaN in, NaN out
+    if has2 is not None:
+        ok1 = ok1 & has2
+    e1 = torch.where(ok1.unsqueeze(-1), safe_normalize(u, EPS), ex)
+    v = x2 - x0
+    w = v - dot(v, e1).unsqueeze(-1) * e1
+    ok2 = ~(safe_norm(w) < EPS)
+    if has3 is not None:
+        ok2 = ok2 & has3
+    helper = torch.where(ok1.unsqueeze(-1) & (e1[..., 2:3].abs() < 0.9), ez, ey)
+    h = helper - dot(helper, e1).unsqueeze(-1) * e1  # |h| > 0.43: never degenerate
+    e2 = torch.where(ok2.unsqueeze(-1), safe_normalize(w, EPS), safe_normalize(h, EPS))
     e3 = cross(e1, e2)
     return torch.stack((e1, e2, e3), dim=-1)
 
@@ -310,14 +323,23 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
         rotation = [e1 | e2 | e3]          (columns; det = +1)
 
     so that ``apply_pose(to_cartesian(to_internal(xyz)), rotation, translation)``
-    reproduces ``xyz``. A component of two atoms completes ``e2`` with the lab
-    axis least parallel to ``e1``; a single atom gets the identity. Finite,
-    with finite gradients, at coincident or collinear seed atoms (normalisation
-    by ``max(|v|, EPS)``; the rotation is then arbitrary but the round trip
-    still holds). Where nothing is differentiated (no gradient, tangent or
-    ``torch.func`` transform), CPU float32/float64 inputs take one numba pass
-    that computes the frame in float64 (with numba installed); otherwise the
-    torch operations run in the input dtype.
+    reproduces ``xyz``. The rotation is always proper (``det = +1``): where a
+    direction is undefined it is completed by a fixed convention, the same on
+    every engine. Where ``|x_s - x_o| < EPS`` (coincident atoms, or no second
+    seed atom) ``e1`` is the lab ``x`` axis (and a missing ``e2`` then ``y``:
+    a single atom gets the identity); where the part of ``x_t - x_o``
+    orthogonal to ``e1`` is shorter than ``EPS`` (a third seed atom on the
+    line of the first two, as in a nitrile ``N#C-C``, or no third atom),
+    ``e2`` is the part orthogonal to ``e1`` of the lab axis least parallel to
+    ``e1`` (``z``, or ``y`` where ``|e1_z| >= 0.9``). The round trip then
+    keeps the seed atoms and every distance; only the turn about the seed
+    axis of the atoms whose own dihedral references are collinear is left to
+    rounding (their dihedral is undefined). Values and gradients stay finite
+    (``EPS = 1e-8``), and NaN coordinates give a NaN pose. Where nothing is
+    differentiated (no gradient, tangent or ``torch.func`` transform), CPU
+    float32/float64 inputs take one numba pass that computes the frame in
+    float64 (with numba installed); otherwise the torch operations run in the
+    input dtype.
 
     Args:
         xyz: ``(..., N, 3)`` Cartesian coordinates.
@@ -362,11 +384,8 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
         x0, x1, x2 = (x.narrow(-2, k, 1) for k in info.seeds.tolist())
     else:
         x0, x1, x2 = x.index_select(-2, _long(info.seeds, x.device)).split(s, dim=-2)  # (..., S, 3) each
-    if info.complete:  # the Gram-Schmidt frame alone: no component needs a lab-axis helper
-        e1 = safe_normalize(x1 - x0, EPS)
-        v = x2 - x0
-        e2 = safe_normalize(v - dot(v, e1).unsqueeze(-1) * e1, EPS)
-        rot = torch.stack((e1, e2, cross(e1, e2)), dim=-1)
+    if info.complete:  # every component has its three seed atoms: no missing-atom masks
+        rot = _frame(x0, x1, x2, None, None)
     else:
         has2 = torch.as_tensor(info.has_second, device=x.device)
         has3 = torch.as_tensor(info.has_third, device=x.device)

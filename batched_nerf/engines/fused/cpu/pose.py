@@ -79,18 +79,21 @@ def _extract_items(x, seeds, has2, has3, eps, rot, tr):
         for s in range(n_s):
             o, p, q = seeds[s], seeds[n_s + s], seeds[2 * n_s + s]
             o0, o1, o2 = np.float64(xb[o, 0]), np.float64(xb[o, 1]), np.float64(xb[o, 2])
-            if has2[s]:
-                a0, a1, a2 = _unit(xb[p, 0] - o0, xb[p, 1] - o1, xb[p, 2] - o2, eps)
-            else:
+            a0, a1, a2 = xb[p, 0] - o0, xb[p, 1] - o1, xb[p, 2] - o2
+            ok1 = has2[s] and not np.sqrt(a0 * a0 + a1 * a1 + a2 * a2) < eps  # NaN stays NaN
+            if ok1:
+                a0, a1, a2 = _unit(a0, a1, a2, eps)
+            else:  # no second atom, or coincident with the root: the lab x axis
                 a0, a1, a2 = 1.0, 0.0, 0.0
-            if has3[s]:
-                v0, v1, v2 = xb[q, 0] - o0, xb[q, 1] - o1, xb[q, 2] - o2
-            elif has2[s] and abs(a2) < 0.9:  # the lab axis least parallel to e1
-                v0, v1, v2 = 0.0, 0.0, 1.0
-            else:
-                v0, v1, v2 = 0.0, 1.0, 0.0
+            v0, v1, v2 = xb[q, 0] - o0, xb[q, 1] - o1, xb[q, 2] - o2
             k = v0 * a0 + v1 * a1 + v2 * a2
-            c0, c1, c2 = _unit(v0 - k * a0, v1 - k * a1, v2 - k * a2, eps)
+            w0, w1, w2 = v0 - k * a0, v1 - k * a1, v2 - k * a2
+            if not has3[s] or np.sqrt(w0 * w0 + w1 * w1 + w2 * w2) < eps:
+                # no third atom, or one on the seed axis: the lab axis least parallel to e1
+                v0, v1, v2 = (0.0, 0.0, 1.0) if ok1 and abs(a2) < 0.9 else (0.0, 1.0, 0.0)
+                k = v0 * a0 + v1 * a1 + v2 * a2
+                w0, w1, w2 = v0 - k * a0, v1 - k * a1, v2 - k * a2
+            c0, c1, c2 = _unit(w0, w1, w2, eps)
             r = rot[b, s]
             r[0, 0], r[1, 0], r[2, 0] = a0, a1, a2
             r[0, 1], r[1, 1], r[2, 1] = c0, c1, c2
@@ -105,9 +108,10 @@ def extract(
 
     ``seeds`` ``(3 S,)``: root, second and third seed atom of each component
     (the root where it has fewer); ``has2``, ``has3`` ``(S,)`` bool. Computed in
-    float64: ``e1 = (x_s - x_o) / max(|x_s - x_o|, eps)``, ``e2`` the normalised
-    part of ``x_t - x_o`` orthogonal to ``e1`` (a lab axis for components without a
-    third atom), ``e3 = e1 x e2``; the translation is ``x_o``. One thread: ``O(B S)``.
+    float64: ``e1 = (x_s - x_o) / |x_s - x_o|``, ``e2`` the normalised part of
+    ``x_t - x_o`` orthogonal to ``e1``, ``e3 = e1 x e2``; the translation is ``x_o``.
+    Where a direction is shorter than ``eps`` or its atom is missing, the convention of
+    :func:`batched_nerf.extract_pose` completes it (always a proper rotation). One thread: ``O(B S)``.
     """
     rot = np.empty((x.shape[0], has2.shape[0], 3, 3), dtype=x.dtype)
     tr = np.empty((x.shape[0], has2.shape[0], 3), dtype=x.dtype)
