@@ -486,10 +486,10 @@ class PackedProteins:
     """
 
     @outside_inference_mode
-    def __init__(self, sequences: tuple[str, ...], hydrogens: bool = False) -> None:
-        self.sequences = sequences
+    def __init__(self, sequences: tuple[str | tuple[str, ...], ...], hydrogens: bool = False) -> None:
         self.hydrogens = hydrogens
         self.tables = [protein_table(s, hydrogens=hydrogens) for s in sequences]
+        self.sequences = tuple(t.sequence for t in self.tables)  # canonical
         self.table = pack_tables([t.table for t in self.tables])
         parts = [_layout(t) for t in self.tables]
         self.n_max = max(p.n for p in parts)
@@ -545,7 +545,7 @@ class PackedProteins:
 
 
 @functools.lru_cache(maxsize=PACK_CACHE_SIZE)
-def _packed(sequences: tuple[str, ...], hydrogens: bool) -> PackedProteins:
+def _packed(sequences: tuple[tuple[str, ...], ...], hydrogens: bool) -> PackedProteins:
     return PackedProteins(sequences, hydrogens)
 
 
@@ -566,12 +566,13 @@ def packed_proteins(sequences: Sequence[str | Sequence[str]], *, hydrogens: bool
     given = tuple(sequences)
     if all(isinstance(s, str) for s in given):  # a training loop's batch again: no per-sequence parsing
         return _packed_strings(given, bool(hydrogens))
-    return _packed(tuple(protein_table(s).sequence for s in given), bool(hydrogens))
+    return _packed(tuple(protein_table(s).residues for s in given), bool(hydrogens))
 
 
 @functools.lru_cache(maxsize=PACK_CACHE_SIZE)
 def _packed_strings(sequences: tuple[str, ...], hydrogens: bool) -> PackedProteins:
-    return _packed(tuple(protein_table(s).sequence for s in sequences), hydrogens)
+    # by residue names, not canonical strings: a lone name ("HID") would read as one-letter codes
+    return _packed(tuple(protein_table(s).residues for s in sequences), hydrogens)
 
 
 def build_batch(

@@ -39,12 +39,22 @@ BACKBONE_TORSIONS = ("phi", "psi", "omega")
 TORSION_NAMES = BACKBONE_TORSIONS + CHI_NAMES
 #: Size of the per-sequence table cache (:func:`protein_table`, least recently used tables dropped).
 CACHE_SIZE = 4096
+#: Residue names that are not one of the 20 standard ones (variants, caps): alone in a canonical
+#: sequence they stand for that one residue.
+_SINGLE_NAMES = frozenset(RESIDUE_NAMES[20:])
 
 
 def _letters_or_names(names: list[str]) -> str:
-    """Canonical sequence: one letter per residue if all are standard, else space-separated names."""
+    """Canonical sequence: one letter per residue if all are standard, else space-separated names.
+
+    Never ambiguous (:func:`residue_names` reads it back): a single non-standard residue is its
+    name (``"HID"``), so three standard residues whose letters spell such a name keep their names
+    (His-Ile-Asp is ``"HIS ILE ASP"``, not ``"HID"``).
+    """
     if all(n in THREE_TO_ONE for n in names):
-        return "".join(THREE_TO_ONE[n] for n in names)
+        letters = "".join(THREE_TO_ONE[n] for n in names)
+        if letters not in _SINGLE_NAMES:
+            return letters
     return " ".join(names)
 
 
@@ -62,7 +72,11 @@ def parse_sequence(sequence: Any) -> str:
     ``LYN``; ``ASPP``, ``ASPH`` -> ``ASH``; ``GLUP``, ``GLUH`` -> ``GLH``;
     ``CYSH`` -> ``CYS``; ``CYS2`` -> ``CYX``). The result is one-letter when
     every residue is standard (``HIS`` -> ``"H"``), else the names joined by
-    spaces.
+    spaces; it is never ambiguous: a lone non-standard residue is its name
+    (``["HID"]`` -> ``"HID"``), so one-letter codes that spell such a name keep
+    their names (``"HID"``, His-Ile-Asp, -> ``"HIS ILE ASP"``). A string
+    without spaces always reads as one-letter codes: give a lone residue name
+    as a list.
 
     Raises:
         TypeError: not a string or a sequence of strings.
@@ -76,6 +90,8 @@ def parse_sequence(sequence: Any) -> str:
         ('AG', 'AG', 'ACE ALA NME')
         >>> parse_sequence("MET HSD LYSH CYS2")
         'MET HID LYS CYX'
+        >>> parse_sequence(["HID"]), parse_sequence("HID")
+        ('HID', 'HIS ILE ASP')
     """
     if isinstance(sequence, str) and not any(c.isspace() for c in sequence.strip()):
         letters = sequence.strip().upper()
@@ -116,7 +132,7 @@ def parse_sequence(sequence: Any) -> str:
 
 def residue_names(sequence: str) -> tuple[str, ...]:
     """Three-letter names of a canonical sequence (:func:`parse_sequence`)."""
-    if " " in sequence:
+    if " " in sequence or sequence in _SINGLE_NAMES:
         return tuple(sequence.split())
     return tuple(ONE_TO_THREE[s] for s in sequence)
 
