@@ -15,8 +15,9 @@ smaller and larger of ``|x|, |y|``: ``atan(lo / hi)``, or ``pi/4 + atan((lo -
 hi) / (lo + hi))`` where ``lo / hi > tan(pi/8)`` (one division either way), a
 Taylor series on ``|t| <= tan(pi/8)`` to ``t**43`` (truncation below
 ``1e-18``); then ``pi/2 - a`` (``|y| > |x|``), ``pi - a`` (``x < 0``) and the
-sign of ``y``. ``atan2(0, 0) = 0`` and ``y = -0.0`` reads
-``+pi`` for ``x < 0`` (the ``(-pi, pi]`` wrap). Within 2 ulp of libm for finite
+sign of ``y``. ``atan2(0, 0) = 0``; a result that is ``-pi`` in the output
+dtype (``y = -0.0`` or a ``y`` just below zero, for ``x < 0``) reads ``+pi``
+(the ``(-pi, pi]`` wrap, as ``method="torch"``). Within 2 ulp of libm for finite
 arguments (the tests); ``inf`` and NaN go to ``math.atan2``.
 
 Both loops are written out in select form (no helper returning a tuple, no
@@ -142,6 +143,8 @@ def _atan2(y, x, out):
         a = 0.5 * math.pi - a if swap else a
         a = math.pi - a if vx < 0.0 else a
         out[i] = -a if vy < 0.0 else a
+        # (-pi, pi]: a y just below zero gives -pi once rounded (in out's dtype): read as +pi
+        out[i] = -out[i] if out[i] <= -math.pi else out[i]
         wide += 0 if hi <= 1.0e300 else 1  # inf and NaN (hi is NaN where either is)
     if wide:
         for i in range(y.size):
