@@ -302,14 +302,16 @@ class ConstructionTable:
             connectivity: ``(E, 2)`` pairs of bonded atom indices.
             n_atoms: ``N``.
             xyz: optional ``(N, 3)`` coordinates used to avoid near-linear
-                triples and to link the fragments.
+                triples and to link the fragments (their values only: also
+                inside ``torch.func.grad``, ``jacrev``, ``jacfwd``, ``hessian``).
             root: atom to start from (default: chosen automatically).
             link_fragments: one build for all fragments (default when ``xyz``
                 is given), or one seed triple per fragment (``False``).
 
         Raises:
             ValueError: an out-of-range pair index, bad shapes, coincident atoms
-                in ``xyz``, or ``link_fragments=True`` without ``xyz``.
+                in ``xyz``, ``link_fragments=True`` without ``xyz``, or ``xyz``
+                batched by ``torch.func.vmap`` (one table serves the batch).
 
         Example:
             >>> import batched_nerf as bn
