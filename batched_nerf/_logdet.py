@@ -262,7 +262,9 @@ def pose_log_det(
     of the third atom's angle (``degrees`` only converts it).
 
     Args:
-        bonds, angles, dihedrals: ``(..., N)`` internal coordinates.
+        bonds: ``(..., N)`` bond lengths.
+        angles: ``(..., N)`` bond angles.
+        dihedrals: ``(..., N)`` dihedrals.
         table: the :class:`~batched_nerf.ConstructionTable`.
         degrees: angles in degrees.
 

@@ -287,7 +287,9 @@ def frames(
             atoms in its order (the row order of :func:`table_from_atomgroup`
             and of a ``BAT`` table). An ``UpdatingAtomGroup`` is read as the
             atoms it holds now, in every frame.
-        start, stop, step: the slice of frames.
+        start: the slice of frames: its first frame.
+        stop: the slice's end (exclusive).
+        step: the slice's step.
         indices: optional ``(N,)`` universe atom indices giving the atoms and
             their order instead (e.g. ``AtomGroupTable.indices`` or
             ``BATTable.indices``).

@@ -247,7 +247,8 @@ def build(
     Args:
         sequence: one-letter string (``"ACDEF"``), or three-letter names
             (variants, caps) separated by spaces or listed (:func:`parse_sequence`).
-        phi, psi: ``(..., L)`` torsions (numpy arrays keep their float dtype).
+        phi: ``(..., L)`` torsions (numpy arrays keep their float dtype).
+        psi: ``(..., L)`` torsions, like ``phi``.
         omega: ``(..., L)``; default trans (``pi``) everywhere.
         chi: ``(..., L, 4)``; default one common rotamer per residue type
             (:data:`batched_nerf.protein.DEFAULT_CHI`).
@@ -261,7 +262,8 @@ def build(
             :func:`internal_coordinates` of a structure) replacing the ideal bond
             lengths and angles and the fixed (non-torsion) dihedrals.
         degrees: torsions (and ``geometry``'s angles and dihedrals) in degrees.
-        method, accumulate_dtype: passed to :func:`batched_nerf.to_cartesian`.
+        method: passed to :func:`batched_nerf.to_cartesian`.
+        accumulate_dtype: passed to :func:`batched_nerf.to_cartesian`.
 
     Returns:
         :class:`Protein` ``(xyz (..., N, 3), atom_names, residue_index, elements, sequence, mask)``.
