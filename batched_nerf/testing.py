@@ -381,7 +381,8 @@ def assert_same_geometry(
     maps ``y`` onto ``x`` within ``atol``.
 
     Args:
-        x, y: ``(..., N, 3)`` coordinates (broadcastable).
+        x: ``(..., N, 3)`` coordinates.
+        y: ``(..., N, 3)`` coordinates (broadcastable with ``x``).
         atol: absolute tolerance, in the length unit.
         components: ``(N,)`` integer group of each atom (e.g.
             ``table.components``); each group may move on its own. Default: one
@@ -466,7 +467,9 @@ def reference_to_cartesian(
     frame, in float64 numpy; only for small inputs in tests. Angles in radians.
 
     Args:
-        bonds, angles, dihedrals: ``(..., N)`` (same shape).
+        bonds: ``(..., N)`` bond lengths.
+        angles: ``(..., N)`` bond angles (same shape).
+        dihedrals: ``(..., N)`` dihedrals (same shape).
         table: the construction table.
         fixed_xyz: ``(..., F, 3)`` when the table has fixed atoms.
 
