@@ -1,10 +1,12 @@
 """batched_nerf: batched, twice-differentiable Z-matrix <-> Cartesian conversion in PyTorch.
 
-Core conversion (:func:`to_cartesian`, :func:`to_internal`) over a
-:class:`ConstructionTable`; learning tools (exact log-det, global pose, a flow
-layer, :mod:`batched_nerf.losses`); file formats and adapters
-(:mod:`batched_nerf.formats`) and shipped molecules (:mod:`batched_nerf.data`).
-Hypothesis strategies for property tests live in :mod:`batched_nerf.testing`
+Core conversion ([`to_cartesian`][batched_nerf.to_cartesian], [`to_internal`][batched_nerf.to_internal]) over
+a
+[`ConstructionTable`][batched_nerf.ConstructionTable]; learning tools (exact log-det, global pose, a flow
+layer, [`batched_nerf.losses`][batched_nerf.losses]); file formats and adapters
+([`batched_nerf.formats`][batched_nerf.formats]) and shipped molecules
+([`batched_nerf.data`][batched_nerf.data]).
+Hypothesis strategies for property tests live in [`batched_nerf.testing`][batched_nerf.testing]
 (imported on demand: it needs ``hypothesis``).
 
 The public surface is what ``__all__`` lists; modules starting with ``_`` are

@@ -1,4 +1,4 @@
-"""``python -m batched_nerf``: the command line, see :mod:`batched_nerf.cli`."""
+"""``python -m batched_nerf``: the command line, see [`batched_nerf.cli`][batched_nerf.cli]."""
 
 import sys
 

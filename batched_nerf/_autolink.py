@@ -1,17 +1,17 @@
 """Linking the fragments of a table into one build: each further fragment references nearby placed atoms.
 
-:func:`link_components` places the components one after the other, outwards
+`link_components` places the components one after the other, outwards
 from the first (shell by shell), and gives the seed rows of each references to
 the nearest atoms placed before it. Each component's links depend only on the
 atoms placed before it, so after the first few (while the build's frame is not
 yet settled) all components are linked at once in numpy: the nearest earlier
-atoms come from a cell list (:func:`~batched_nerf._perceive.pairs_within`),
+atoms come from a cell list (`pairs_within`),
 the distance of each fragment to the first from a KD-tree (scipy, when
 importable) or blocks of numpy, never from all pairs at once, and the result is
 the same as linking them one by one.
 
 Also here: component labels in numpy and the reference picker that avoids
-near-linear triples (shared with :mod:`batched_nerf._autotable`).
+near-linear triples (shared with `batched_nerf._autotable`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def ref_components(refs: np.ndarray) -> tuple[np.ndarray, int]:
 def badness(xyz: np.ndarray, p: Any, q: Any, r: Any) -> np.ndarray:
     """``|cos|`` of the angles ``p-q-r`` at ``q`` (index arrays, broadcast); 1 for a zero-length arm.
 
-    The same floating-point operations, in the same order, as :meth:`_Picker.badness`.
+    The same floating-point operations, in the same order, as `_Picker.badness`.
     """
     u = xyz[p] - xyz[q]
     v = xyz[r] - xyz[q]
@@ -230,7 +230,7 @@ def _pick(
     exclude: list[np.ndarray],
     cos_tol: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised ``pick`` of :func:`_link_seeds`: per row the first candidate ``c``, ``p-q-c`` not linear.
+    """Vectorised ``pick`` of `_link_seeds`: per row the first candidate ``c``, ``p-q-c`` not linear.
 
     Returns the choice and whether it is uncertain (no good candidate among
     these, while the sequential build would have looked at more).
@@ -262,7 +262,7 @@ def link_components(
     first component (shell by shell, which keeps the links short and the build
     shallow). The (up to) three seed rows of each get references to atoms
     already placed, chosen nearest to its root first and so that no reference
-    triple is within :data:`LINEAR_TOLERANCE_DEG` of 0 or 180 deg (the least
+    triple is within `LINEAR_TOLERANCE_DEG` of 0 or 180 deg (the least
     linear choice when no other exists):
 
     * root ``r``: ``(p1, p2, p3)``, ``p1`` the placed atom nearest to ``r``;
@@ -272,7 +272,8 @@ def link_components(
     Every other row is kept. While all atoms placed so far lie on one line
     (linear molecules, single atoms) they define no frame for a dihedral; then
     the first seed atom off that line becomes the build's third seed instead.
-    The new references are not chemical bonds (see :func:`nonbonded_references`).
+    The new references are not chemical bonds (see
+    [`nonbonded_references`][batched_nerf.nonbonded_references]).
     Components anchored by ``fixed`` atoms are not changed; when they hold
     three or more atoms the seeded components are linked to them too (so the
     whole system keeps its absolute placement).
@@ -396,9 +397,9 @@ def _link_rest(
     """Link the components ``seq`` (the build's frame is settled, >= 3 atoms placed) all at once.
 
     Each component's links depend only on the atoms placed before it, so all are
-    chosen together from the :data:`_LINK_FEW` nearest earlier atoms; the rare
-    component for which none of those will do then from the :data:`_LINK_POOL`
-    nearest, all that the sequential build (:func:`_link_one`) looks at.
+    chosen together from the `_LINK_FEW` nearest earlier atoms; the rare
+    component for which none of those will do then from the `_LINK_POOL`
+    nearest, all that the sequential build (`_link_one`) looks at.
     """
     if not len(seq):
         return
@@ -423,7 +424,7 @@ def _link_vectorised(
     third_of: np.ndarray,
     tol: float,
 ) -> np.ndarray:
-    """:func:`_link_seeds` for many components at once, each from its ``need`` nearest earlier atoms.
+    """`_link_seeds` for many components at once, each from its ``need`` nearest earlier atoms.
 
     Returns where that was not enough to be sure (no good choice among them).
     """

@@ -1,27 +1,27 @@
 """Automatic construction tables (plain numpy arrays) from a bond graph or from coordinates.
 
-:func:`refs_from_connectivity` turns a bond graph (``connectivity``: pairs of
+`refs_from_connectivity` turns a bond graph (``connectivity``: pairs of
 bonded atoms) into a chemically sensible Z-matrix: every atom is placed from a
 bonded neighbour, at an angle to a neighbour of that atom, and with a proper
 torsion along bonds where one exists. Further branches around the same bond
 (the 2nd and 3rd hydrogen of a methyl group) use an already placed sibling as
 dihedral reference, so that their dihedrals are the rigid ~+-120 deg offsets
-rather than copies of the same torsion. :func:`refs_from_xyz` perceives the
-bonds from covalent radii first (:func:`~batched_nerf._perceive.perceive_connectivity`).
+rather than copies of the same torsion. `refs_from_xyz` perceives the
+bonds from covalent radii first ([`perceive_connectivity`][batched_nerf.perceive_connectivity]).
 
 When coordinates are known, disconnected fragments (the molecules of a dimer,
 the ions of a salt, solvent molecules) are *linked* into one build by
-:func:`link_components`: the first atoms of each further fragment reference
+`link_components`: the first atoms of each further fragment reference
 the nearest atoms already placed. Those references are not chemical bonds;
-:func:`nonbonded_references` marks them (and any other non-bonded reference).
+[`nonbonded_references`][batched_nerf.nonbonded_references] marks them (and any other non-bonded reference).
 
 At scale (solvent boxes): the fragments of up to three atoms (water, ions)
 get their rows all at once in numpy, exactly the rows the per-atom rules give
 them; larger fragments go atom by atom (about 50-80 us per atom). Components,
 bond pairs and the non-bonded mask are numpy throughout; the linking lives in
-:mod:`batched_nerf._autolink`, bond perception in :mod:`batched_nerf._perceive`.
+`batched_nerf._autolink`, bond perception in `batched_nerf._perceive`.
 
-This module works on numpy arrays only; :class:`~batched_nerf.ConstructionTable`
+This module works on numpy arrays only; [`ConstructionTable`][batched_nerf.ConstructionTable]
 wraps its results (``ConstructionTable.from_connectivity``, ``from_xyz``).
 """
 
@@ -63,7 +63,7 @@ class AutoRefs(NamedTuple):
     Attributes:
         refs: ``(N, 3)`` ``np.int64`` references ``(bond, angle, dihedral)``, ``-1`` for none.
         nonbonded: ``(N, 3)`` boolean mask of the internal coordinates that are
-            not chemical ones (see :func:`nonbonded_references`), among them
+            not chemical ones (see [`nonbonded_references`][batched_nerf.nonbonded_references]), among them
             every link between fragments.
         connectivity: ``(E, 2)`` ``np.int64`` bonded pairs ``i < j`` (sorted, unique)
             that the table was built from.
@@ -352,14 +352,14 @@ def nonbonded_references(refs: Any, connectivity: Any = None) -> np.ndarray:
       as the rigid offset between the hydrogens of a methyl group).
 
     Columns without a reference are ``False``. The links that
-    :func:`link_components` adds between fragments are always marked: their
+    `link_components` adds between fragments are always marked: their
     values are distances and orientations between molecules, not bond lengths,
     bond angles or torsions (a flow or a force field should treat them as such).
 
     Args:
         refs: ``(N, 3)`` integer references (numpy, lists or torch), a
-            :class:`~batched_nerf.ConstructionTable` (its ``refs``) or a
-            :class:`~batched_nerf.ZMatrix` (its table's ``refs``, and its
+            [`ConstructionTable`][batched_nerf.ConstructionTable] (its ``refs``) or a
+            [`ZMatrix`][batched_nerf.ZMatrix] (its table's ``refs``, and its
             ``connectivity`` unless one is given).
         connectivity: ``(E, 2)`` bonded pairs; required unless ``refs`` is a
             ZMatrix that has a bond graph.
@@ -457,7 +457,7 @@ def refs_from_connectivity(
     three atoms, does the third seed take a non-bonded bond reference.
 
     With coordinates, the fragments are then linked into one build
-    (:func:`link_components`): each further fragment's seed rows reference the
+    (`link_components`): each further fragment's seed rows reference the
     nearest atoms already placed, so that one seed triple describes the whole
     system (a dimer, a salt, a solvated molecule) and the relative placement
     of the fragments is part of the internal coordinates. ``nonbonded`` marks
@@ -470,7 +470,7 @@ def refs_from_connectivity(
         n_atoms: number of atoms ``N``; atoms in no pair are 1-atom fragments.
         xyz: optional ``(N, 3)`` coordinates (numpy or torch). When given, angle
             and dihedral references forming a triple within
-            :data:`LINEAR_TOLERANCE_DEG` (5 deg) of 0 or 180 deg are avoided
+            `LINEAR_TOLERANCE_DEG` (5 deg) of 0 or 180 deg are avoided
             (``i-b-a`` for the angle, ``b-a-d`` for the dihedral); if a fragment
             is entirely linear the least linear choice is kept.
         root: optional atom placed at the origin (its fragment is seeded from it
@@ -478,9 +478,9 @@ def refs_from_connectivity(
         link_fragments: join the fragments into one build; default: when ``xyz`` is given.
 
     Returns:
-        :class:`AutoRefs` ``(refs, nonbonded, connectivity)``: ``(N, 3)`` int64
+        `AutoRefs` ``(refs, nonbonded, connectivity)``: ``(N, 3)`` int64
         references (one seed triple in all, or one per fragment when not
-        linked), the ``(N, 3)`` boolean mask of :func:`nonbonded_references`,
+        linked), the ``(N, 3)`` boolean mask of [`nonbonded_references`][batched_nerf.nonbonded_references],
         and the ``(E, 2)`` sorted unique bonded pairs.
 
     Raises:
@@ -532,10 +532,10 @@ def refs_from_xyz(
     scale: float = DEFAULT_SCALE,
     link_fragments: bool = True,
 ) -> AutoRefs:
-    """Construction table (as arrays) from coordinates: perceive bonds, then :func:`refs_from_connectivity`.
+    """Construction table (as arrays) from coordinates: perceive bonds, then `refs_from_connectivity`.
 
     Two atoms are bonded when their distance is below ``scale`` times the sum
-    of their covalent radii (:func:`~batched_nerf._perceive.perceive_connectivity`).
+    of their covalent radii ([`perceive_connectivity`][batched_nerf.perceive_connectivity]).
     The coordinates are also used to avoid near-linear reference triples and,
     by default, to link the fragments (molecules, ions) into one build.
 
@@ -548,7 +548,7 @@ def refs_from_xyz(
             each its own seed triple.
 
     Returns:
-        :class:`AutoRefs` ``(refs, nonbonded, connectivity)``.
+        `AutoRefs` ``(refs, nonbonded, connectivity)``.
 
     Raises:
         ValueError: for an unknown element, a length mismatch between ``xyz``

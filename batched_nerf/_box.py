@@ -3,12 +3,12 @@ r"""Periodic boxes: minimum images, whole molecules, wrapping, and the check of 
 A periodic box is given either as MDAnalysis's ``[a, b, c, alpha, beta, gamma]``
 (``(..., 6)``: lengths in the unit of the coordinates, angles in degrees) or as
 the matrix ``H`` of its box vectors in rows (``(..., 3, 3)``, the mdtraj / OpenMM
-convention); :func:`box_vectors` turns the first into the second (MDAnalysis's
+convention); [`box_vectors`][batched_nerf.box_vectors] turns the first into the second (MDAnalysis's
 ``triclinic_vectors``: ``a`` along ``x``, ``b`` in the ``xy``-plane). A point
 ``x`` has fractional coordinates ``s = x H^{-1}``; its images are
 ``x + n H`` for integer row vectors ``n``.
 
-Minimum image (:func:`minimum_image`). A vector ``v`` is first reduced in
+Minimum image ([`minimum_image`][batched_nerf.minimum_image]). A vector ``v`` is first reduced in
 fractional coordinates, ``v0 = (s - round(s)) H``, then the shortest of the 27
 images ``v0 + o H``, ``o`` in ``{-1, 0, 1}^3``, is taken (``o = 0`` on ties). With
 ``w = min_k |det H| / |h_l x h_m|`` the smallest perpendicular width of the box,
@@ -21,7 +21,7 @@ constant in the inputs: its derivative is zero, so the minimum image ``v + n H``
 has derivative ``1`` in ``v`` and ``n`` in ``H`` (exact away from the faces
 where ``n`` jumps).
 
-Whole molecules (:func:`unwrap`). Along a spanning tree of the table's reference
+Whole molecules ([`unwrap`][batched_nerf.unwrap]). Along a spanning tree of the table's reference
 graph, every atom is placed at its parent's whole position plus the minimum
 image of ``x_i - x_parent``; the tree is the bond-reference forest (``bond_ref``
 of each row), joined across the fixed atoms of an anchored component by angle
@@ -31,7 +31,7 @@ and dihedral references. The sum over each atom's path is an integer image shift
 are ``x_i + N_i H``: as differentiable as ``x`` and ``H`` themselves. Every
 reference vector of the table (``x_i - x_b``, ``x_a - x_b``, ``x_a - x_d``) then
 comes out right whenever each tree edge and each reference vector of the whole
-molecule is shorter than ``w / 2`` (:func:`check_box` checks it).
+molecule is shorter than ``w / 2`` ([`check_box`][batched_nerf.check_box] checks it).
 """
 
 from __future__ import annotations
@@ -120,12 +120,14 @@ def box_vectors(box: Any) -> Tensor:
 
     From ``[a, b, c, alpha, beta, gamma]`` (MDAnalysis ``Timestep.dimensions``;
     ``alpha`` between ``b`` and ``c``, ``beta`` between ``a`` and ``c``,
-    ``gamma`` between ``a`` and ``b``, degrees)::
+    ``gamma`` between ``a`` and ``b``, degrees):
 
-        h_a = (a, 0, 0)
-        h_b = (b cos(gamma), b sin(gamma), 0)
-        h_c = (c_x, c_y, sqrt(c^2 - c_x^2 - c_y^2)),  c_x = c cos(beta),
-              c_y = c (cos(alpha) - cos(beta) cos(gamma)) / sin(gamma)
+    ```text
+    h_a = (a, 0, 0)
+    h_b = (b cos(gamma), b sin(gamma), 0)
+    h_c = (c_x, c_y, sqrt(c^2 - c_x^2 - c_y^2)),  c_x = c cos(beta),
+          c_y = c (cos(alpha) - cos(beta) cos(gamma)) / sin(gamma)
+    ```
 
     with ``cos(90) = 0`` exactly (MDAnalysis's ``triclinic_vectors``). A matrix
     ``(..., 3, 3)`` comes back as it is. Differentiable in the lengths and angles.
@@ -181,7 +183,7 @@ def minimum_image(vectors: Any, box: Any) -> Tensor:
 
     Args:
         vectors: ``(..., M, 3)`` difference vectors (the unit of the box).
-        box: ``(..., 6)`` or ``(..., 3, 3)`` (see :func:`box_vectors`), per frame
+        box: ``(..., 6)`` or ``(..., 3, 3)`` (see [`box_vectors`][batched_nerf.box_vectors]), per frame
             (leading dimensions broadcasting against those of ``vectors``) or shared.
 
     Returns:
@@ -324,20 +326,22 @@ def unwrap(xyz: Any, table: ConstructionTable, box: Any) -> Tensor:
     r"""Molecules made whole: every atom moved by a box vector next to the atom it is built from.
 
     Along the table's spanning tree (the bond references; see the module
-    notes)::
+    notes):
 
-        x'_root = x_root,    x'_i = x'_parent(i) + minimum_image(x_i - x_parent(i))
+    ```text
+    x'_root = x_root,    x'_i = x'_parent(i) + minimum_image(x_i - x_parent(i))
+    ```
 
     computed as ``x'_i = x_i + N_i H`` with integer image shifts ``N_i``
     accumulated by pointer jumping, so differentiable in ``xyz`` (derivative
     ``1``) and in the box, under ``torch.func`` too. Each component's root atom
     (its lowest-numbered fixed atom, for anchored components) stays where it is. Correct
     when every tree edge of the whole molecule is shorter than half the smallest
-    perpendicular box width (:func:`check_box`).
+    perpendicular box width ([`check_box`][batched_nerf.check_box]).
 
     Args:
         xyz: ``(..., N, 3)`` coordinates, wrapped per atom or not (any length unit).
-        table: the :class:`ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
         box: ``(..., 6)`` ``[a, b, c, alpha, beta, gamma]`` (unit of ``xyz``,
             degrees) or ``(..., 3, 3)`` box vectors in rows; per frame (leading
             dimensions broadcasting against those of ``xyz``) or shared.
@@ -380,12 +384,13 @@ def wrap(
     parallelepiped spanned by the box vectors from the origin, as
     MDAnalysis's ``wrap``; not the compact, e.g. dodecahedral, unit cell).
     Molecules stay whole when they were (as built by
-    :func:`~batched_nerf.to_cartesian`); use :func:`unwrap` first otherwise.
+    [`to_cartesian`][batched_nerf.to_cartesian]); use [`unwrap`][batched_nerf.unwrap] first otherwise.
     Derivative ``1`` in ``xyz`` and ``n`` in the box; ``torch.func``-safe.
 
     Args:
         xyz: ``(..., M, 3)`` coordinates (``M = N`` with a table).
-        box: ``(..., 6)`` or ``(..., 3, 3)`` (see :func:`box_vectors`), per frame or shared.
+        box: ``(..., 6)`` or ``(..., 3, 3)`` (see [`box_vectors`][batched_nerf.box_vectors]), per frame or
+            shared.
         table: moves each component of the table as one unit; without it, atoms
             are wrapped one by one.
         center: ``"atom"`` (each atom on its own; the default without a table),
@@ -449,9 +454,9 @@ def check_box(xyz: Any, table: ConstructionTable, box: Any) -> None:
     A vector is recovered from its image only when it is shorter than half the
     smallest perpendicular width ``w = min_k |det H| / |h_l x h_m|`` of the box
     (for a rectangular box, half its shortest edge). This makes the molecules
-    whole (:func:`unwrap`) and measures, in every frame, each row's reference
+    whole ([`unwrap`][batched_nerf.unwrap]) and measures, in every frame, each row's reference
     vectors ``x_i - x_b``, ``x_a - x_b`` and ``x_a - x_d``: those at least
-    ``w / 2`` long are reported, since :func:`~batched_nerf.to_internal` with
+    ``w / 2`` long are reported, since [`to_internal`][batched_nerf.to_internal] with
     ``box=`` may have taken another of their images. It also checks the box
     itself. Outside the compute path (it reads values: not for ``torch.func``
     or ``torch.compile``); NaN coordinates are not reported.
@@ -468,8 +473,9 @@ def check_box(xyz: Any, table: ConstructionTable, box: Any) -> None:
 
     Args:
         xyz: ``(..., N, 3)`` coordinates, wrapped or whole.
-        table: the :class:`ConstructionTable` of the ``N`` atoms.
-        box: ``(..., 6)`` or ``(..., 3, 3)`` (see :func:`box_vectors`), per frame or shared.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
+        box: ``(..., 6)`` or ``(..., 3, 3)`` (see [`box_vectors`][batched_nerf.box_vectors]), per frame or
+            shared.
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable, a complex or boolean

@@ -1,22 +1,22 @@
 """Build orders and dependency levels of reference arrays (the ground layer's own helper).
 
 numpy only, nothing imported from the package. A *build order* lists every
-atom after its references; :func:`build_order` gives the one in which, among
+atom after its references; `build_order` gives the one in which, among
 the atoms ready to be placed, the lowest index goes first (so a table whose
 rows are already in build order keeps them). That order is sequential by
 definition, but the tables met in practice have structure that whole-array
-passes can use, tried in turn by :func:`_order`:
+passes can use, tried in turn by `_order`:
 
 1. rows in build order already (one comparison);
 2. few forward references, as in protein tables: a sort by the largest index
-   each row depends on (:func:`_grouped_order`);
+   each row depends on (`_grouped_order`);
 3. a shallow table (linked fragments, such as a box of waters): the same
    sort, nested, with the largest indices found level by level
-   (:func:`_nested_order`);
+   (`_nested_order`);
 4. otherwise a heap over the rows, which also finds reference cycles.
 
-All four give the same order. :func:`_levels` gives the dependency levels
-(longest reference paths) that :func:`~batched_nerf._topology.analyse` keeps.
+All four give the same order. `_levels` gives the dependency levels
+(longest reference paths) that `analyse` keeps.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def build_order(refs: np.ndarray) -> np.ndarray:
 
 
 def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """The build order of :func:`build_order`, the atoms that can never be placed (or None) and,
-    where it was found on the way, the table's levels (:func:`_levels`, or None)."""
+    """The build order of `build_order`, the atoms that can never be placed (or None) and,
+    where it was found on the way, the table's levels (`_levels`, or None)."""
     n = len(arr)
     rows = np.arange(n, dtype=np.int64)
     if bool((arr < rows[:, None]).all()):  # every reference before its reader: the rows' own order
@@ -146,7 +146,7 @@ def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 4) -> np.ndar
     critical references or ``log2(N) + 2`` jumps. Tables it serves settle in one
     or two rounds (proteins, with and without hydrogens); those that take many
     (4,000 linked waters: 32 rounds, 24 ms) then fail the grouped order's check
-    anyway, so a few rounds bound the cost before :func:`_nested_order` or the
+    anyway, so a few rounds bound the cost before `_nested_order` or the
     heap takes over (was 32).
     """
     n = rows.size
@@ -174,7 +174,7 @@ def _max_ancestor(arr: np.ndarray, rows: np.ndarray, rounds: int = 4) -> np.ndar
 
 
 def _nested_order(arr: np.ndarray, rows: np.ndarray, level: np.ndarray, max_passes: int) -> np.ndarray | None:
-    """The heap's order by the nested form of :func:`_grouped_order`, or None past ``max_passes``.
+    """The heap's order by the nested form of `_grouped_order`, or None past ``max_passes``.
 
     With ``m(i)`` the largest index among ``i`` and everything it depends on,
     the heap places the heads (``m(i) = i``) in increasing order, each followed
@@ -183,7 +183,7 @@ def _nested_order(arr: np.ndarray, rows: np.ndarray, level: np.ndarray, max_pass
     round finds ``m`` within every group, the heads leave, and the order is the
     lexicographic sort of the rounds' ``m`` (a head's ``-1`` after its round
     puts it before its group). ``m`` of a round is one pass over the table's
-    levels (``level``, :func:`_levels`), which must strictly rise along every
+    levels (``level``, `_levels`), which must strictly rise along every
     reference (checked, which also proves the table acyclic; else None). One
     level pass per level and round: for shallow tables only.
     """

@@ -1,16 +1,16 @@
 """Input checks shared by every public entry point: each check and its message exists once.
 
-* :func:`check_table`: the ``table`` argument is a :class:`ConstructionTable`;
-* :func:`check_tensor`: an argument that must be a tensor is one (a ``TypeError`` naming the type);
-* :func:`to_tensor`: an array-like as a tensor (a ``TypeError`` naming the argument and the
+* `check_table`: the ``table`` argument is a [`ConstructionTable`][batched_nerf.ConstructionTable];
+* `check_tensor`: an argument that must be a tensor is one (a ``TypeError`` naming the type);
+* `to_tensor`: an array-like as a tensor (a ``TypeError`` naming the argument and the
   type for what is none: ``None``, strings, dicts, other objects);
-* :func:`as_float`: a real floating tensor from array-likes;
-* :func:`cast_like`: a value in the dtype of the coordinates it goes with, never losing precision;
-* :func:`broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
-* :func:`broadcast_fixed`: ``fixed_xyz`` ``(..., F, 3)`` for a table's fixed atoms;
-* :func:`check_xyz`: ``xyz`` ``(..., N, 3)``;
-* :func:`as_box`: a periodic box ``(..., 6)`` or ``(..., 3, 3)`` for coordinates;
-* :func:`check_device`: tensors that must share a device do.
+* `as_float`: a real floating tensor from array-likes;
+* `cast_like`: a value in the dtype of the coordinates it goes with, never losing precision;
+* `broadcast_internal`: ``bonds``, ``angles``, ``dihedrals`` to one ``(..., N)`` shape;
+* `broadcast_fixed`: ``fixed_xyz`` ``(..., F, 3)`` for a table's fixed atoms;
+* `check_xyz`: ``xyz`` ``(..., N, 3)``;
+* `as_box`: a periodic box ``(..., 6)`` or ``(..., 3, 3)`` for coordinates;
+* `check_device`: tensors that must share a device do.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ DEG = math.pi / 180.0
 
 
 def check_table(table: Any, name: str = "table") -> ConstructionTable:
-    """``table`` itself, after checking that it is a :class:`ConstructionTable`.
+    """``table`` itself, after checking that it is a [`ConstructionTable`][batched_nerf.ConstructionTable].
 
     Raises:
         TypeError: naming the argument and the type it got.
@@ -111,7 +111,7 @@ def as_float(
 
     Raises:
         TypeError: a complex or boolean value, or no tensor or array-like at all
-            (:func:`to_tensor`), naming the argument.
+            (`to_tensor`), naming the argument.
         ValueError: a ragged nested list.
     """
     if not isinstance(value, Tensor):

@@ -15,7 +15,7 @@ Which passes a compiled build supports:
 * second order through the builder itself (``gradgradcheck``, Hessians or
   ``create_graph=True`` with respect to the internal coordinates): not
   supported by ``torch.compile`` (AOTAutograd raises); use the eager
-  :func:`~batched_nerf.to_cartesian`.
+  [`to_cartesian`][batched_nerf.to_cartesian].
 """
 
 from __future__ import annotations
@@ -63,14 +63,14 @@ def compile_builder(
     device: torch.device | str | None = None,
     **compile_options: Any,
 ) -> Callable[..., Tensor]:
-    """``torch.compile`` of :func:`~batched_nerf.to_cartesian` for one table.
+    """``torch.compile`` of [`to_cartesian`][batched_nerf.to_cartesian] for one table.
 
     Returns ``build(bonds, angles, dihedrals, fixed_xyz=None) -> (..., N, 3)``,
     the same map as ``bn.to_cartesian(bonds, angles, dihedrals, table,
     method=method, fixed_xyz=fixed_xyz)``, compiled with ``fullgraph=True`` (and
     ``compile_options``, e.g. ``mode="max-autotune"`` or ``dynamic=True``). Each
     call first makes (or finds) the one plan it uses, outside the trace, so a
-    new table needs no :meth:`~ConstructionTable.prepare`. The first call with a new
+    new table needs no [`prepare`][batched_nerf.ConstructionTable.prepare]. The first call with a new
     input shape compiles (seconds to a minute on a CPU); compile time does not
     grow with the number of atoms: a chain is at most 64 band steps plus
     ``log2(N)`` jump steps.
@@ -83,12 +83,12 @@ def compile_builder(
     ``to_cartesian`` for that.
 
     Args:
-        table: the :class:`ConstructionTable`.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
         method: ``"scan"`` (default), ``"levels"``, ``"auto"`` or ``"fused"`` (which compiles
             as ``"scan"``: its kernels are compiled already).
         device: prepare every plan of ``method`` for this device now (default:
             none ahead; each call makes the plan it uses).
-        compile_options: passed to :func:`torch.compile`.
+        compile_options: passed to `torch.compile`.
 
     Returns:
         The compiled builder.

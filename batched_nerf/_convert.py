@@ -41,12 +41,14 @@ def to_cartesian(
     r"""Cartesian coordinates from internal coordinates, for a whole batch at once.
 
     Atom ``i`` with references ``(b, a, d)`` is placed with the natural
-    extension reference frame (NeRF)::
+    extension reference frame (NeRF):
 
-        e1 = (x_b - x_a) / |x_b - x_a|
-        e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
-        e2 = e3 x e1
-        x_i = x_b + r (-cos(theta) e1 + sin(theta) cos(phi) e2 + sin(theta) sin(phi) e3)
+    ```text
+    e1 = (x_b - x_a) / |x_b - x_a|
+    e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
+    e2 = e3 x e1
+    x_i = x_b + r (-cos(theta) e1 + sin(theta) cos(phi) e2 + sin(theta) sin(phi) e3)
+    ```
 
     so that ``|x_i - x_b| = r = bonds[..., i]``, the angle ``x_i-x_b-x_a`` is
     ``theta = angles[..., i]`` and the IUPAC dihedral ``(x_i, x_b, x_a, x_d)`` is
@@ -57,8 +59,8 @@ def to_cartesian(
     Differentiable to any order, compatible with ``torch.func`` (``vmap``,
     ``jacrev``, ``jacfwd``, ``hessian``) and ``torch.compile``; finite gradients
     at straight angles and collinear references (see
-    :data:`batched_nerf.EPS`). For a compiled builder use
-    :func:`compile_builder` (forward everywhere; forward+backward of chains on any
+    [`batched_nerf.EPS`][batched_nerf.EPS]). For a compiled builder use
+    [`compile_builder`][batched_nerf.compile_builder] (forward everywhere; forward+backward of chains on any
     torch, of other tables on CUDA or CPU torch >= 2.14.1; see
     ``docs/benchmarks.md``).
 
@@ -70,7 +72,7 @@ def to_cartesian(
             angles of ``0`` or ``pi`` follow ``docs/conventions.md`` ("Degenerate
             inputs"): every engine gives the same result.
         dihedrals: ``(..., N)`` IUPAC dihedrals (radians, or degrees).
-        table: the :class:`ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
         degrees: read angles and dihedrals in degrees.
         fixed_xyz: ``(..., F, 3)`` positions of ``table.fixed`` atoms, in that
             order; required when the table has fixed atoms.
@@ -81,18 +83,18 @@ def to_cartesian(
             the installed backends: the fused engine on the CPU when numba
             imports; on CUDA the Triton kernels when the call has at least
             4,096 ``(component, sample)`` lanes and no component above 512
-            atoms, see :func:`backends` and
-            :mod:`batched_nerf.engines.gpu_policy`). Under ``"auto"`` a Triton
+            atoms, see [`backends`][batched_nerf.backends] and
+            `batched_nerf.engines.gpu_policy`). Under ``"auto"`` a Triton
             compile or launch error warns once and the call (and later ones on
             that device type) takes the scan or level engine; under
             ``"fused"`` it raises.
         rotation: optional global rotation ``(..., 3, 3)`` of each seeded
             component (``(..., S, 3, 3)`` for ``S > 1`` seeded components), applied
-            about the component's root atom (see :func:`apply_pose`; an
+            about the component's root atom (see [`apply_pose`][batched_nerf.apply_pose]; an
             improper one, ``det < 0``, gives NaN rather than a mirror image).
         translation: optional ``(..., 3)`` (or ``(..., S, 3)``) position of each
             seeded component's root atom. With ``rotation`` this makes the map
-            bijective; :func:`to_internal` with ``return_pose=True`` inverts it.
+            bijective; [`to_internal`][batched_nerf.to_internal] with ``return_pose=True`` inverts it.
         accumulate_dtype: build in this dtype (e.g. ``torch.float64`` for
             float32 inputs) and cast the result back to the inputs' dtype;
             gradients flow through both casts. Improves float32 accuracy of very
@@ -119,7 +121,7 @@ def to_cartesian(
         RuntimeError: ``method="fused"`` without a backend for the device.
         KernelError: ``method="fused"`` on CUDA and a Triton kernel failed to
             compile or launch (a ``RuntimeError``;
-            :class:`batched_nerf.engines.gpu_policy.KernelError`).
+            `batched_nerf.engines.gpu_policy.KernelError`).
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -186,11 +188,13 @@ def to_internal(
 ) -> InternalCoordinates | tuple[InternalCoordinates, Pose]:
     r"""Internal coordinates of every atom from Cartesian coordinates.
 
-    For atom ``i`` with references ``(b, a, d)``::
+    For atom ``i`` with references ``(b, a, d)``:
 
-        bonds[..., i]     = |x_i - x_b|
-        angles[..., i]    = atan2(|u x v|, u . v),  u = x_i - x_b, v = x_a - x_b    in [0, pi]
-        dihedrals[..., i] = IUPAC dihedral of (x_d, x_a, x_b, x_i)                   in (-pi, pi]
+    ```text
+    bonds[..., i]     = |x_i - x_b|
+    angles[..., i]    = atan2(|u x v|, u . v),  u = x_i - x_b, v = x_a - x_b    in [0, pi]
+    dihedrals[..., i] = IUPAC dihedral of (x_d, x_a, x_b, x_i)                   in (-pi, pi]
+    ```
 
     Entries an atom does not use (seed and fixed atoms) are ``0``. Finite, with
     finite derivatives, at straight angles, collinear and coincident atoms
@@ -198,9 +202,9 @@ def to_internal(
 
     Args:
         xyz: ``(..., N, 3)`` Cartesian coordinates.
-        table: the :class:`ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
         degrees: return angles and dihedrals in degrees.
-        return_pose: also return the global :class:`Pose` ``(rotation,
+        return_pose: also return the global [`Pose`][batched_nerf.Pose] ``(rotation,
             translation)`` of the seeded components, such that
             ``to_cartesian(*ic, table, rotation=R, translation=t)`` reproduces
             ``xyz``.
@@ -219,7 +223,7 @@ def to_internal(
             ``dimensions``: lengths in the unit of ``xyz``, angles in degrees) or
             ``(..., 3, 3)`` box vectors ``H`` in rows (mdtraj / OpenMM), per frame
             (leading dimensions broadcasting against those of ``xyz``) or shared.
-            The molecules are made whole first (:func:`unwrap`: each atom moved by
+            The molecules are made whole first ([`unwrap`][batched_nerf.unwrap]: each atom moved by
             whole box vectors to the minimum image of its bond reference, along the
             table's bond-reference tree), then converted as above; every method
             takes the whole coordinates, and derivatives in ``xyz`` and ``box`` are
@@ -227,13 +231,13 @@ def to_internal(
             reference vector is recovered only when it is shorter than half the
             smallest perpendicular box width ``min_k |det H| / |h_l x h_m|``
             (half the shortest edge of a rectangular box); a longer one is
-            indistinguishable from its shorter image. :func:`check_box` names the
+            indistinguishable from its shorter image. [`check_box`][batched_nerf.check_box] names the
             rows where the coordinates show it. An impossible box (a length
             ``<= 0``, MDAnalysis's all-zero "no box", a singular matrix) gives
             NaN for its frames.
 
     Returns:
-        :class:`InternalCoordinates` ``(bonds, angles, dihedrals)``, each
+        [`InternalCoordinates`][batched_nerf.InternalCoordinates] ``(bonds, angles, dihedrals)``, each
         ``(..., N)`` (the broadcast leading shape of ``xyz`` and ``box``); with
         ``return_pose=True`` the pair ``(ic, pose)`` (the pose of the whole
         molecules: root atoms where they are in ``xyz``).

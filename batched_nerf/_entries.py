@@ -1,9 +1,9 @@
 r"""Per-atom values <-> compact entries: the flow layer's layout, as a pair of linear autograd functions.
 
-The flow layer (:class:`~batched_nerf.InternalCoordinateTransform`) keeps only the
+The flow layer ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform]) keeps only the
 informative internal coordinates, ordered by atom: the bonds of the atoms with a
-bond reference, and so on. :func:`gather` picks them out of ``(..., N)`` per-atom
-values; :func:`spread` puts ``(..., E)`` entries back, zero at the other atoms.
+bond reference, and so on. `gather` picks them out of ``(..., N)`` per-atom
+values; `spread` puts ``(..., E)`` entries back, zero at the other atoms.
 The two maps are each other's adjoints, so each one's backward is the other
 (one ``cat`` of a few slices where the entries are a few runs of consecutive
 atoms, one ``index_select``/``index_copy`` otherwise). Autograd through the
@@ -33,7 +33,7 @@ MAX_RUNS = 8
 
 def _runs(atoms: np.ndarray) -> tuple[tuple[int, int], ...] | None:
     """``((lo, hi), ...)``: ``atoms`` (ascending) as runs of consecutive atoms (``None``: more than
-    :data:`MAX_RUNS`)."""
+    `MAX_RUNS`)."""
     if atoms.size == 0:
         return ()
     cut = np.flatnonzero(np.diff(atoms) != 1) + 1
@@ -80,7 +80,7 @@ def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:
 
 
 class _Gather(Function):
-    """:func:`gather` of two or more runs, or by index (a new tensor); its backward is :func:`spread`."""
+    """`gather` of two or more runs, or by index (a new tensor); its backward is `spread`."""
 
     generate_vmap_rule = True
 
@@ -102,7 +102,7 @@ class _Gather(Function):
 
 
 class _Spread(Function):
-    """:func:`spread`; its backward is :func:`gather`."""
+    """`spread`; its backward is `gather`."""
 
     generate_vmap_rule = True
 
@@ -142,7 +142,7 @@ def gather(values: Tensor, layout: EntryLayout) -> Tensor:
 
 def spread(entries: Tensor, layout: EntryLayout) -> Tensor:
     """``(..., E)`` entries -> ``(..., N)`` per-atom values, zero at atoms without an entry (the
-    adjoint of :func:`gather`).
+    adjoint of `gather`).
 
     Example:
         >>> import torch

@@ -1,9 +1,9 @@
 r"""Internal-coordinate layer for normalising flows (a bijection with exact log-det).
 
-:class:`InternalCoordinateTransform` maps Cartesian coordinates to the
-informative internal coordinates of a :class:`~batched_nerf.ConstructionTable`
+[`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] maps Cartesian coordinates to the
+informative internal coordinates of a [`ConstructionTable`][batched_nerf.ConstructionTable]
 (plus, optionally, the global pose and the fixed atoms) and back, with the
-log-determinant of each direction computed in closed form (:mod:`._logdet`).
+log-determinant of each direction computed in closed form (`_logdet`).
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ _KINDS = ("bond", "angle", "dihedral")
 
 
 class FlowCoordinates(NamedTuple):
-    """Output of :meth:`InternalCoordinateTransform.forward`.
+    """Output of [`InternalCoordinateTransform.forward`][batched_nerf.InternalCoordinateTransform.forward].
 
     ``bonds (..., n_bonds)``, ``angles (..., n_angles)``, ``dihedrals
     (..., n_dihedrals)`` (entries ordered by atom index, see the transform's
     ``bond_atoms`` etc.), ``rotation``/``translation`` (``None`` unless
-    ``pose=True``; shapes as in :func:`batched_nerf._pose.extract_pose`),
+    ``pose=True``; shapes as in [`batched_nerf._pose.extract_pose`][batched_nerf.extract_pose]),
     ``fixed_xyz (..., F, 3)`` (``None`` without fixed atoms) and ``log_det
     (...)`` = ``log|det d(outputs)/d(xyz)|``.
     """
@@ -52,10 +52,12 @@ class FlowCoordinates(NamedTuple):
 class InternalCoordinateTransform(nn.Module):
     r"""Bijection Cartesian <-> internal coordinates with exact log-determinants.
 
-    Forward (``xyz -> z``, like bgflow's ``_forward``)::
+    Forward (``xyz -> z``, like bgflow's ``_forward``):
 
-        z = (bonds, angles, dihedrals [, rotation, translation] [, fixed_xyz])
-        log_det = log|det dz/dx| = -log_det_jacobian(ic, pose=pose) - normalisation
+    ```text
+    z = (bonds, angles, dihedrals [, rotation, translation] [, fixed_xyz])
+    log_det = log|det dz/dx| = -log_det_jacobian(ic, pose=pose) - normalisation
+    ```
 
     Inverse (``z -> xyz``) returns ``log|det dx/dz|``; for the same point the two
     log-dets sum to zero. Only informative entries are kept: ``bonds`` of
@@ -66,7 +68,7 @@ class InternalCoordinateTransform(nn.Module):
     * ``pose=True``: the global pose of each seeded component is part of the
       bijection (``3 N`` Cartesian coordinates of non-fixed atoms in, ``3 N``
       numbers out); the rotation is a matrix and its measure the Haar
-      measure, flat in the chart of :func:`batched_nerf._pose.rotation_angles`.
+      measure, flat in the chart of [`batched_nerf._pose.rotation_angles`][batched_nerf.rotation_angles].
     * ``pose=False``: the 6 rigid-body degrees of freedom per seeded
       component are dropped; ``log_det`` is that of the square map between
       the ICs and the free coordinates of the canonical frame (exact when
@@ -85,10 +87,10 @@ class InternalCoordinateTransform(nn.Module):
     built inside it, so a layer made during a validation pass still trains.
 
     Args:
-        table: the :class:`~batched_nerf.ConstructionTable`.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
         pose: include the global pose (needs a seeded component).
         normalize_angles: map angles and dihedrals into ``(0, 1)``.
-        method: engine of :func:`~batched_nerf.to_cartesian`.
+        method: engine of [`to_cartesian`][batched_nerf.to_cartesian].
 
     Raises:
         TypeError: ``table`` is not a ConstructionTable.
@@ -177,7 +179,8 @@ class InternalCoordinateTransform(nn.Module):
         return self._n_angles * _LOG_PI + self._n_dihedrals * _LOG_2PI
 
     def forward(self, xyz: Tensor) -> FlowCoordinates:
-        """Cartesian ``(..., N, 3)`` -> :class:`FlowCoordinates` (see the class docstring).
+        """Cartesian ``(..., N, 3)`` -> [`FlowCoordinates`][batched_nerf.FlowCoordinates] (see the class
+        docstring).
 
         Raises:
             ValueError: ``xyz`` is not ``(..., N, 3)``.
@@ -210,7 +213,8 @@ class InternalCoordinateTransform(nn.Module):
         translation: Tensor | None = None,
         fixed_xyz: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Internal coordinates (as returned by :meth:`forward`) -> ``(xyz (..., N, 3), log_det (...))``.
+        """Internal coordinates (as returned by [`forward`][batched_nerf.InternalCoordinateTransform.forward])
+        -> ``(xyz (..., N, 3), log_det (...))``.
 
         ``log_det = log|det dx/dz|``, the negative of the forward one.
 
@@ -277,7 +281,8 @@ class InternalCoordinateTransform(nn.Module):
         return spread(entries, self._layout(kind))
 
     def _log_det(self, bonds: Tensor, angles: Tensor) -> Tensor | None:
-        """:func:`log_det_jacobian` from the entries (``None``: not expressible on them)."""
+        """[`log_det_jacobian`][batched_nerf.log_det_jacobian] from the entries (``None``: not expressible on
+        them)."""
         if None in self._log_det_terms:
             return None
         return entries_log_det(bonds, angles, self._log_det_terms)  # type: ignore[arg-type]

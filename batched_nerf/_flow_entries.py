@@ -1,19 +1,21 @@
 r"""The flow layer's entries and log-det in one kernel pass (CPU, numba), with the torch reference around it.
 
-:class:`~batched_nerf.InternalCoordinateTransform` moves between ``(..., N)``
+[`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] moves between ``(..., N)``
 per-atom internal coordinates and its compact entries, and sums the log-det
-over the entries (:func:`batched_nerf._logdet.entries_log_det`)::
+over the entries (`batched_nerf._logdet.entries_log_det`):
 
-    log_det = sum_e kb_e log|b_e| + sum_e ka_e log|sin a_e|
+```text
+log_det = sum_e kb_e log|b_e| + sum_e ka_e log|sin a_e|
+```
 
-:func:`spread_log_det` (the inverse's: entries -> per-atom values and the
-log-det) and :func:`gather_log_det` (the forward's: per-atom values -> entries
+`spread_log_det` (the inverse's: entries -> per-atom values and the
+log-det) and `gather_log_det` (the forward's: per-atom values -> entries
 and the log-det) compute that reference: on CPU float32/float64 tensors with
-numba installed, as one loop per sample (:mod:`.engines.fused.cpu.entries`),
+numba installed, as one loop per sample (`engines.fused.cpu.entries`),
 its backward one more loop; under ``create_graph=True``, ``torch.func``,
 forward-mode AD or ``torch.compile``, and without numba, the torch reference
-itself (:func:`batched_nerf._entries.gather`/``spread`` and
-:func:`~batched_nerf._logdet.entries_log_det`). Both give the same values
+itself (`batched_nerf._entries.gather`/``spread`` and
+`entries_log_det`). Both give the same values
 (the kernel accumulates in float64 and rounds once) and the same derivatives,
 to every order.
 """
@@ -39,8 +41,8 @@ __all__ = ["EntryKernel", "gather_log_det", "spread_log_det"]
 
 @dataclass(frozen=True, eq=False)
 class EntryKernel:
-    """The three kinds' :class:`~batched_nerf._entries.EntryLayout`\\ s, the log-det terms (the two
-    :func:`~batched_nerf._logdet.entry_weights`), and the same as the kernels read them: ``maps``
+    """The three kinds' `EntryLayout`\\ s, the log-det terms (the two
+    `entry_weights`), and the same as the kernels read them: ``maps``
     ``(3, N)`` (entry of each atom, ``-1``: none), ``atoms`` (atom of each entry), ``kb``, ``ka`` (each
     entry's integer weight; ``None``: a weight is not a small integer, the torch reference runs)."""
 

@@ -126,11 +126,13 @@ def nerf_frame(xb: Tensor, xa: Tensor, xd: Tensor, dim: int = -1) -> tuple[Tenso
     """The NeRF frame ``(e1, e2, e3)`` that places an atom with references ``(b, a, d)``.
 
     Arguments in the order of a table row (bond, angle, dihedral reference);
-    vectors along ``dim`` (``-1``: ``(..., 3)``; ``0``: component-major ``(3, ...)``)::
+    vectors along ``dim`` (``-1``: ``(..., 3)``; ``0``: component-major ``(3, ...)``):
 
-        e1 = (x_b - x_a) / |x_b - x_a|
-        e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
-        e2 = e3 x e1
+    ```text
+    e1 = (x_b - x_a) / |x_b - x_a|
+    e3 = ((x_a - x_d) x e1) / |(x_a - x_d) x e1|
+    e2 = e3 x e1
+    ```
 
     Finite, with finite derivatives, when the references are collinear or
     coincident (``e3`` and ``e2`` then collapse to zero).
@@ -143,7 +145,7 @@ def nerf_frame(xb: Tensor, xa: Tensor, xd: Tensor, dim: int = -1) -> tuple[Tenso
 def place(
     xb: Tensor, xa: Tensor, xd: Tensor, local: tuple[Tensor, Tensor, Tensor] | Sequence[Tensor], dim: int = -1
 ) -> Tensor:
-    """NeRF placement ``x = x_b + d1 e1 + d2 e2 + d3 e3`` in the frame of :func:`nerf_frame`.
+    """NeRF placement ``x = x_b + d1 e1 + d2 e2 + d3 e3`` in the frame of `nerf_frame`.
 
     ``local = (d1, d2, d3) = r (-cos(theta), sin(theta) cos(phi), sin(theta) sin(phi))``,
     each ``(...)``, puts the atom at distance ``r`` from ``x_b``, at the angle

@@ -13,27 +13,31 @@ The internal coordinates of a table that actually carry information are
 the ``m`` non-fixed atoms of an anchored component. Two square maps are
 covered:
 
-1. **Canonical frame** (:func:`log_det_jacobian`). These ICs map onto the
-   Cartesian coordinates that :func:`~batched_nerf.to_cartesian` leaves free:
+1. **Canonical frame** ([`log_det_jacobian`][batched_nerf.log_det_jacobian]). These ICs map onto the
+   Cartesian coordinates that [`to_cartesian`][batched_nerf.to_cartesian] leaves free:
    the ``x``-coordinate of each second seed atom, the ``x`` and ``y``
    coordinates of each third seed atom and all three coordinates of every
    fully referenced atom; fixed atoms are given (``fixed_xyz``) and roots sit at
-   the origin. The map is block triangular in build order, so::
+   the origin. The map is block triangular in build order, so:
 
-       log|det| = sum_third log r_i  +  sum_full (2 log r_i + log|sin theta_i|)
+   ```text
+   log|det| = sum_third log r_i  +  sum_full (2 log r_i + log|sin theta_i|)
+   ```
 
    (second atom: ``x = r``, factor 1; third atom: polar coordinates in the
    plane, factor ``r``; full atom: spherical coordinates in the frame of its
    references, factor ``r^2 sin(theta)``).
 
 2. **With global pose** (``log_det_jacobian(..., pose=True)``). ICs plus the
-   pose ``(R, t)`` of each seeded component (see :mod:`._pose`) map onto *all*
+   pose ``(R, t)`` of each seeded component (see `_pose`) map onto *all*
    ``3 N`` coordinates of the non-fixed atoms: ``x = R y + t`` with ``y`` the
    canonical build. Rotations are measured with the Haar measure, flat in the
-   chart ``(yaw, sin(pitch), roll)`` of :func:`~batched_nerf._pose.rotation_from_angles`,
-   translations with Lebesgue measure. The lift adds, per seeded component::
+   chart ``(yaw, sin(pitch), roll)`` of [`rotation_from_angles`][batched_nerf.rotation_from_angles],
+   translations with Lebesgue measure. The lift adds, per seeded component:
 
-       2 log r_s  +  log(r_t |sin theta_t|)
+   ```text
+   2 log r_s  +  log(r_t |sin theta_t|)
+   ```
 
    where ``r_s`` is the bond of the second seed atom and ``r_t, theta_t``
    the bond and angle of the third one (a two-atom component adds only
@@ -70,7 +74,7 @@ class _Masks:
     ``log|det| = sum_k w_k log|b[i_k]| + sum_k v_k log|sin a[j_k]|`` over the
     informative entries only: ``bond_rows``/``bond_weights`` (``i_k``, ``w_k``) and
     ``sin_rows``/``sin_weights`` (``j_k``, ``v_k``); each a triple: ``pose=False``,
-    ``pose=True``, and the pose lift alone (:func:`pose_log_det`).
+    ``pose=True``, and the pose lift alone ([`pose_log_det`][batched_nerf.pose_log_det]).
     """
 
     n_angular: int  # number of informative angle + dihedral entries
@@ -173,7 +177,7 @@ def entry_weights(
 
 
 def entries_log_det(bonds: Tensor, angles: Tensor, terms: tuple[Any, Any]) -> Tensor:
-    """The log-det from compact entries: ``terms`` the two :func:`entry_weights` of bonds and angles."""
+    """The log-det from compact entries: ``terms`` the two `entry_weights` of bonds and angles."""
     (br, bw), (sr, sw) = terms
     return _weighted_log_sum(bonds, br, bw) + _weighted_log_sum(angles, sr, sw, sine=True)
 
@@ -195,14 +199,16 @@ def log_det_jacobian(
 ) -> Tensor:
     r"""``log |det d x / d q|`` of the internal -> Cartesian map, in closed form.
 
-    With ``pose=False`` the map is ICs -> free canonical-frame coordinates::
+    With ``pose=False`` the map is ICs -> free canonical-frame coordinates:
 
-        log|det| = sum_{third seed atoms} log r_i
-                 + sum_{fully referenced atoms} (2 log r_i + log|sin theta_i|)
+    ```text
+    log|det| = sum_{third seed atoms} log r_i
+             + sum_{fully referenced atoms} (2 log r_i + log|sin theta_i|)
+    ```
 
     With ``pose=True`` it is ICs + per-component pose (Haar measure on
-    rotations, see :mod:`batched_nerf._pose`) -> all ``3 N`` coordinates of the
-    non-fixed atoms, which adds :func:`pose_log_det`. Fixed atoms are given
+    rotations, see `batched_nerf._pose`) -> all ``3 N`` coordinates of the
+    non-fixed atoms, which adds [`pose_log_det`][batched_nerf.pose_log_det]. Fixed atoms are given
     (``fixed_xyz``) and contribute nothing; dihedrals never enter.
 
     This is the density correction of a change of variables: a density
@@ -214,7 +220,7 @@ def log_det_jacobian(
             in ``log L`` per Cartesian dimension).
         angles: ``(..., N)`` bond angles (radians, or degrees).
         dihedrals: ``(..., N)`` dihedrals (only checked for shape).
-        table: the :class:`~batched_nerf.ConstructionTable`.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
         degrees: angles given in degrees: the map from degrees, adding
             ``(n_angles + n_dihedrals) log(pi / 180)``.
         pose: include the global pose of each seeded component.
@@ -251,9 +257,11 @@ def pose_log_det(
     r"""Log-determinant of the pose lift, canonical frame -> lab frame.
 
     Per seeded component, with ``r_s`` the bond of the second seed atom and
-    ``r_t, theta_t`` the bond and angle of the third::
+    ``r_t, theta_t`` the bond and angle of the third:
 
-        2 log r_s + log(r_t |sin theta_t|)
+    ```text
+    2 log r_s + log(r_t |sin theta_t|)
+    ```
 
     relative to Lebesgue measure on the translation (the root position) and
     the Haar measure on the rotation (flat in ``(yaw, sin(pitch), roll)``).
@@ -265,7 +273,7 @@ def pose_log_det(
         bonds: ``(..., N)`` bond lengths.
         angles: ``(..., N)`` bond angles.
         dihedrals: ``(..., N)`` dihedrals.
-        table: the :class:`~batched_nerf.ConstructionTable`.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
         degrees: angles in degrees.
 
     Returns:

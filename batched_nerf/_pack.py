@@ -20,20 +20,20 @@ def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:
     their order, table by table. The packed table's analysis is composed from
     the parts' (offsets added, components and seeds renumbered, build orders
     concatenated), not redone; its plans are made on first use, and those of
-    the fused engine and of :func:`to_internal` are composed from the parts'
+    the fused engine and of [`to_internal`][batched_nerf.to_internal] are composed from the parts'
     plans (offsets added; parts without one are planned first, when that costs
     no more than planning the packed table), so a new combination of tables
     that were planned before costs a few array concatenations. The packed table
     keeps its parts for this (not when pickled). Build the packed molecules in one call by
     concatenating their values along the atom dimension (``torch.cat(...,
     dim=-1)`` for internal coordinates, ``dim=-2`` for ``fixed_xyz``), then
-    :func:`split_atoms` the result.
+    [`split_atoms`][batched_nerf.split_atoms] the result.
 
     Args:
-        tables: one or more :class:`ConstructionTable`.
+        tables: one or more [`ConstructionTable`][batched_nerf.ConstructionTable].
 
     Returns:
-        The packed :class:`ConstructionTable` of ``sum(len(t))`` atoms.
+        The packed [`ConstructionTable`][batched_nerf.ConstructionTable] of ``sum(len(t))`` atoms.
 
     Raises:
         ValueError: ``tables`` is empty.
@@ -76,7 +76,7 @@ def split_atoms(values: Tensor, tables: Sequence[ConstructionTable | int], dim: 
     Args:
         values: e.g. ``(..., N, 3)`` coordinates (``dim=-2``) or ``(..., N)``
             internal coordinates (``dim=-1``) of a packed table.
-        tables: the tables given to :func:`pack_tables`, or their atom counts
+        tables: the tables given to [`pack_tables`][batched_nerf.pack_tables], or their atom counts
             (Python or numpy integers).
         dim: the atom dimension of ``values``.
 

@@ -2,7 +2,7 @@
 
 Two atoms ``i, j`` are bonded when ``|x_i - x_j| < scale * (r_i + r_j)`` with
 the single-bond covalent radii ``r`` of Cordero et al. (see
-:data:`COVALENT_RADII`) and ``scale = 1.3`` by default. The default sits in an
+`COVALENT_RADII`) and ``scale = 1.3`` by default. The default sits in an
 empty gap of the distance ratios ``|x_i - x_j| / (r_i + r_j)`` of ASE's G2 and
 S22 sets: the longest bonds there (F2 at 1.25, the O-O of peroxides, S-S
 bridges, Cl2, Br2, I2 below it) and the shortest non-bonded contacts (1,3
@@ -224,7 +224,7 @@ def _cell_candidates(
     """Chunks ``(ia, ib, same_cell)`` of index pairs of points in neighbouring cells of side ``>= radius``.
 
     Every pair closer than ``radius`` is among them (and more); no Python loop over points.
-    With ``a is b`` and the half neighbourhood :data:`_HALF`, the same-cell
+    With ``a is b`` and the half neighbourhood `_HALF`, the same-cell
     chunks hold each pair in both orders, the others each pair once.
     """
     both = np.concatenate([a, b])
@@ -345,7 +345,7 @@ def _refuse_coincident(
 def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = DEFAULT_SCALE) -> np.ndarray:
     """Bonded pairs ``(i, j)``, ``i < j``, with ``|x_i - x_j| < scale * (r_i + r_j)``.
 
-    ``r`` are the covalent radii of :data:`COVALENT_RADII` (Cordero et al.
+    ``r`` are the covalent radii of `COVALENT_RADII` (Cordero et al.
     2008); ``D`` and ``T`` are bonded as hydrogen, dummy atoms ``X`` never.
     The neighbour search is a cell list in numpy (scipy's ``cKDTree`` when
     scipy is importable: the same pairs, faster), linear in ``N``.
@@ -362,7 +362,7 @@ def perceive_connectivity(xyz: Any, elements: Sequence[str], *, scale: float = D
         TypeError: ``elements`` given as one string (``"OHH"``) instead of a sequence.
         ValueError: for an unknown element, mismatched lengths, a bad shape, a
             non-positive ``scale``, or two atoms closer than
-            :data:`COINCIDENT_FRACTION` (0.4) times the sum of their radii
+            `COINCIDENT_FRACTION` (0.4) times the sum of their radii
             (naming both atoms).
 
     Warns:

@@ -1,12 +1,14 @@
 r"""Global pose (rotation + translation) of the seeded components of a table.
 
-:func:`~batched_nerf.to_cartesian` builds every *seeded* component (one with
+[`to_cartesian`][batched_nerf.to_cartesian] builds every *seeded* component (one with
 seed rows, no fixed atoms) in its canonical frame: root at the origin, second
 seed atom on ``+x``, third seed atom in the ``xy``-plane with ``y > 0``. The
 pose of a seeded component is the rigid motion that carries that canonical
-frame into the lab frame::
+frame into the lab frame:
 
-    x_lab = R @ x_canonical + t          (per atom of the component)
+```text
+x_lab = R @ x_canonical + t          (per atom of the component)
+```
 
 so that ``t`` is the lab position of the root atom and the columns of ``R``
 are the lab directions of the canonical ``x``, ``y`` and ``z`` axes
@@ -20,9 +22,9 @@ pose per seeded component, ``rotation (..., S, 3, 3)`` and ``translation
 (..., S, 3)``, components in the order of ``table.components``. The rule is a
 static property of the table, so shapes never depend on data.
 
-Rotation chart. The log-determinants of :mod:`._logdet` measure rotations with
+Rotation chart. The log-determinants of `_logdet` measure rotations with
 the Haar measure ``dR`` of total volume ``8 pi^2``. It is flat in the chart
-``u = (yaw, s, roll)`` of :func:`rotation_from_angles`,
+``u = (yaw, s, roll)`` of [`rotation_from_angles`][batched_nerf.rotation_from_angles],
 ``R = Rz(yaw) Ry(asin s) Rx(roll)`` with ``s = sin(pitch)`` in ``[-1, 1]``
 (the analogue of bgflow's ``cos(beta)`` Euler chart), so densities in that
 chart need no extra Jacobian factor.
@@ -133,11 +135,11 @@ def apply_pose(
 
     Atoms of anchored components (those containing fixed atoms) are returned
     unchanged. ``to_cartesian(ic, table)`` followed by ``apply_pose`` with the
-    output of :func:`extract_pose` reproduces the original coordinates.
+    output of [`extract_pose`][batched_nerf.extract_pose] reproduces the original coordinates.
 
     Args:
         xyz: ``(..., N, 3)`` coordinates (any length unit).
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
         rotation: ``(..., 3, 3)`` (one seeded component) or ``(..., S, 3, 3)``
             rotation matrices applied as ``R @ x``; ``None`` means identity.
             Not checked for orthogonality, but a matrix with ``det R < 0``
@@ -188,7 +190,7 @@ def pose_inputs(
     Raises:
         ValueError: the table has no seeded component, the pose has the wrong shape, or the shapes do
             not broadcast.
-        TypeError: see :func:`apply_pose`.
+        TypeError: see [`apply_pose`][batched_nerf.apply_pose].
     """
     info = pose_info(table)
     rot_shape, tr_shape = _pose_shapes(info)
@@ -235,8 +237,9 @@ def pose_inputs(
 def posed(
     xyz: Tensor, table: ConstructionTable, rotation: Tensor | None, translation: Tensor | None
 ) -> Tensor:
-    """:func:`apply_pose` (the torch operations; the fused CPU build places the components in their
-    pose itself, :mod:`.engines.fused.build`)."""
+    """[`apply_pose`][batched_nerf.apply_pose] (the torch operations; the fused CPU build places the
+    components in their
+    pose itself, `engines.fused.build`)."""
     x = check_xyz(xyz, check_table(table))
     if rotation is None and translation is None:
         return x
@@ -246,7 +249,7 @@ def posed(
 def move(
     x: Tensor, table: ConstructionTable, pose: tuple[Tensor, Tensor, torch.Size], rotated: bool
 ) -> Tensor:
-    """``x`` ``(..., N, 3)`` moved by a checked pose (:func:`pose_inputs`' ``(rot, tr, batch)``) in torch;
+    """``x`` ``(..., N, 3)`` moved by a checked pose (`pose_inputs`' ``(rot, tr, batch)``) in torch;
     ``rotated``: a rotation was given (an improper one gives NaN; the identity needs no check)."""
     rot, tr, batch = pose
     info = pose_info(table)
@@ -311,16 +314,18 @@ def _frame(x0: Tensor, x1: Tensor, x2: Tensor, has2: Tensor | None, has3: Tensor
 
 
 def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
-    r"""Pose of every seeded component of ``xyz``, the inverse of :func:`apply_pose`.
+    r"""Pose of every seeded component of ``xyz``, the inverse of [`apply_pose`][batched_nerf.apply_pose].
 
     For a seeded component with root ``o``, second seed atom ``s`` and third
-    seed atom ``t`` (Gram-Schmidt, differentiable)::
+    seed atom ``t`` (Gram-Schmidt, differentiable):
 
-        translation = x_o
-        e1 = (x_s - x_o) / |x_s - x_o|
-        e2 = normalise((x_t - x_o) - ((x_t - x_o) . e1) e1)
-        e3 = e1 x e2
-        rotation = [e1 | e2 | e3]          (columns; det = +1)
+    ```text
+    translation = x_o
+    e1 = (x_s - x_o) / |x_s - x_o|
+    e2 = normalise((x_t - x_o) - ((x_t - x_o) . e1) e1)
+    e3 = e1 x e2
+    rotation = [e1 | e2 | e3]          (columns; det = +1)
+    ```
 
     so that ``apply_pose(to_cartesian(to_internal(xyz)), rotation, translation)``
     reproduces ``xyz``. The rotation is always proper (``det = +1``): where a
@@ -343,10 +348,10 @@ def extract_pose(xyz: Tensor, table: ConstructionTable) -> Pose:
 
     Args:
         xyz: ``(..., N, 3)`` Cartesian coordinates.
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
 
     Returns:
-        :class:`Pose` ``(rotation, translation)``: ``(..., 3, 3)`` and
+        [`Pose`][batched_nerf.Pose] ``(rotation, translation)``: ``(..., 3, 3)`` and
         ``(..., 3)`` when the table has one seeded component, else
         ``(..., S, 3, 3)`` and ``(..., S, 3)``.
 
@@ -401,7 +406,7 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
     ``R = Rz(yaw) @ Ry(pitch) @ Rx(roll)`` with ``pitch = asin(s)``. The Haar
     measure of rotations is ``dR = d(yaw) ds d(roll)`` in this chart (total
     volume ``2 pi * 2 * 2 pi = 8 pi^2``), which is the measure the pose
-    log-determinants of :func:`~batched_nerf._logdet.pose_log_det` refer to.
+    log-determinants of [`pose_log_det`][batched_nerf.pose_log_det] refer to.
 
     Outside the chart, ``|s| > 1`` (``asin(s)`` undefined), the whole matrix is
     ``NaN``: never a matrix that is no rotation (the formula would give one
@@ -410,7 +415,7 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
     it holds under ``vmap`` and ``torch.compile``, and inside the chart values
     and gradients are those of the formula. Squash an unconstrained ``s``
     first (e.g. ``torch.tanh``); ``s = -R[2, 0]`` of
-    :func:`rotation_angles` may leave ``[-1, 1]`` by rounding at gimbal lock
+    [`rotation_angles`][batched_nerf.rotation_angles] may leave ``[-1, 1]`` by rounding at gimbal lock
     (``|s| = 1``), so clamp it there.
 
     Args:
@@ -449,7 +454,8 @@ def rotation_from_angles(angles: Tensor) -> Tensor:
 
 
 def rotation_angles(rotation: Tensor) -> Tensor:
-    r"""Inverse of :func:`rotation_from_angles`: ``(..., 3, 3) -> (..., 3)`` ``(yaw, s, roll)``.
+    r"""Inverse of [`rotation_from_angles`][batched_nerf.rotation_from_angles]: ``(..., 3, 3) -> (..., 3)``
+    ``(yaw, s, roll)``.
 
     ``yaw = atan2(R10, R00)``, ``s = -R20``, ``roll = atan2(R21, R22)``;
     undefined (gimbal lock) at ``s = +-1``.

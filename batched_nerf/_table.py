@@ -1,16 +1,18 @@
 """Construction tables: the static topology of a Z-matrix, validated once.
 
-A :class:`ConstructionTable` holds, for each atom ``i``, the three atoms it is
+A [`ConstructionTable`][batched_nerf.ConstructionTable] holds, for each atom ``i``, the three atoms it is
 placed from: ``(bond_ref, angle_ref, dihedral_ref)``, ``-1`` meaning "no
 reference". It checks and analyses the rows once, when it is made (every check
-names the offending row; see :mod:`._topology`), and caches what is derived
+names the offending row; see `_topology`), and caches what is derived
 from them:
 
 * the engines' build plans, made on first use, one engine and variant at a
-  time, per device (:meth:`ConstructionTable.plan`; at most
-  :data:`PLAN_CACHE_SIZE` per table, least recently used dropped first;
-  :meth:`ConstructionTable.prepare` builds them ahead of ``torch.compile``);
-* other static data (:meth:`ConstructionTable.cached`: one entry per caller).
+  time, per device ([`ConstructionTable.plan`][batched_nerf.ConstructionTable.plan]; at most
+  `PLAN_CACHE_SIZE` per table, least recently used dropped first;
+  [`ConstructionTable.prepare`][batched_nerf.ConstructionTable.prepare] builds them ahead of
+  ``torch.compile``);
+* other static data ([`ConstructionTable.cached`][batched_nerf.ConstructionTable.cached]: one entry per
+caller).
 
 A table pickles as its rows, fixed atoms and topology (no plans, no memo), so
 that sending it to ``DataLoader`` workers is cheap; plans are rebuilt there on
@@ -48,7 +50,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def outside_inference_mode(fn: _F) -> _F:
     """``fn`` run outside ``torch.inference_mode`` and outside ``torch.func`` transforms
-    (:func:`_static_tensors`): what it makes are plain tensors that later calls may use and save.
+    (`_static_tensors`): what it makes are plain tensors that later calls may use and save.
 
     Cached tensors (plans, device copies, ``table.cached`` values, protein tables)
     first made inside ``torch.inference_mode()`` (a validation pass before training)
@@ -115,7 +117,7 @@ class ConstructionTable:
     Args:
         refs: integer array-like ``(N, 3)``.
         fixed: indices of atoms whose Cartesian positions are given to
-            :func:`~batched_nerf.to_cartesian` as ``fixed_xyz`` (in this order).
+            [`to_cartesian`][batched_nerf.to_cartesian] as ``fixed_xyz`` (in this order).
 
     Raises:
         ValueError: naming the row and the reason, for a wrong shape or dtype, a
@@ -142,7 +144,7 @@ class ConstructionTable:
 
         ``parts``: the tables ``topology`` concatenates (``pack_tables``), whose
         plans this table's plans are composed from where the engine can
-        (:mod:`.engines.compose`); kept for that (not pickled).
+        (`engines.compose`); kept for that (not pickled).
         """
         table = cls.__new__(cls)
         table._init(topology, parts)
@@ -184,7 +186,7 @@ class ConstructionTable:
     def topology(self) -> Topology:
         """Read-only analysis of the rows: kinds, components, levels, build order, seeds.
 
-        See :class:`~batched_nerf.Topology` (read-only numpy arrays, plain ``int`` counts).
+        See [`Topology`][batched_nerf.Topology] (read-only numpy arrays, plain ``int`` counts).
         """
         return self._topology
 
@@ -217,7 +219,7 @@ class ConstructionTable:
     def single_path(self) -> bool:
         """The scan engine builds this table as one unbranched path (a chain); fixed when it is made.
 
-        Read by ``method="auto"`` (:func:`~batched_nerf.engines.dispatch.single_path`).
+        Read by ``method="auto"`` (`single_path`).
         """
         return self._single_path
 
@@ -230,7 +232,7 @@ class ConstructionTable:
     def largest_component(self) -> int:
         """Atoms of the largest connected component (0 for an empty table); fixed when it is made.
 
-        Read by ``method="auto"`` on GPUs (:mod:`batched_nerf.engines.gpu_policy`): the
+        Read by ``method="auto"`` on GPUs (`batched_nerf.engines.gpu_policy`): the
         fused Triton kernel walks each component atom by atom.
 
         Example:
@@ -290,12 +292,12 @@ class ConstructionTable:
     ) -> ConstructionTable:
         """Table from a bond graph: bonded references, proper torsions, sibling branches.
 
-        See :func:`batched_nerf._autotable.refs_from_connectivity` for the rules
+        See `batched_nerf._autotable.refs_from_connectivity` for the rules
         (rings, avoiding near-linear reference triples when ``xyz`` is given).
         With coordinates, disconnected fragments (the molecules of a dimer, the
         ions of a salt) are linked into one build by default: each further
         fragment's seed atoms reference the nearest atoms already placed. Those
-        references are not chemical bonds; :func:`~batched_nerf.nonbonded_references`
+        references are not chemical bonds; [`nonbonded_references`][batched_nerf.nonbonded_references]
         marks them.
 
         Args:
@@ -332,7 +334,8 @@ class ConstructionTable:
         xyz: Any = None,
         root: int | None = None,
     ) -> ConstructionTable:
-        """Deprecated alias of :meth:`from_connectivity` (``bonds`` are bond lengths elsewhere).
+        """Deprecated alias of [`from_connectivity`][batched_nerf.ConstructionTable.from_connectivity]
+        (``bonds`` are bond lengths elsewhere).
 
         Warns:
             DeprecationWarning: always.
@@ -359,8 +362,9 @@ class ConstructionTable:
         """Table from ``(N, 3)`` coordinates (Angstrom), perceiving bonds from covalent radii.
 
         Atoms ``i, j`` are bonded when ``d_ij < scale * (r_i + r_j)`` (Cordero et
-        al. 2008 radii, :func:`~batched_nerf.perceive_connectivity`); then as
-        :meth:`from_connectivity`, avoiding near-linear references in these
+        al. 2008 radii, [`perceive_connectivity`][batched_nerf.perceive_connectivity]); then as
+        [`from_connectivity`][batched_nerf.ConstructionTable.from_connectivity], avoiding near-linear
+        references in these
         coordinates and linking the fragments into one build (unless
         ``link_fragments=False``).
 
@@ -390,19 +394,21 @@ class ConstructionTable:
         """Build plan of an engine (``"levels"``, ``"scan"``, ``"inverse"``, ...), cached per device.
 
         Made on first use, for this engine, variant and device only (numpy work
-        on :attr:`topology`, which also runs inside ``torch.func`` transforms);
+        on [`topology`][batched_nerf.ConstructionTable.topology], which also runs inside ``torch.func``
+        transforms);
         a plan for another device is a copy of the CPU one. ``variant`` is the
         engine's plan variant (the scan engine's band size; ``block=`` is its
         old name, still accepted). Plans are static: they are built outside
         inference mode and outside ``torch.func`` transforms, so a plan first
         made under ``torch.inference_mode()`` or inside ``jacrev`` serves every
-        later call and backward pass. The table keeps at most :data:`PLAN_CACHE_SIZE` plans, least
+        later call and backward pass. The table keeps at most `PLAN_CACHE_SIZE` plans, least
         recently used dropped first.
 
         Raises:
             ValueError: an unknown engine.
             RuntimeError: the plan is missing while ``torch.compile`` traces
-                (call :meth:`prepare` first, or use :func:`~batched_nerf.compile_builder`).
+                (call [`prepare`][batched_nerf.ConstructionTable.prepare] first, or use
+                [`compile_builder`][batched_nerf.compile_builder]).
         """
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
@@ -438,7 +444,7 @@ class ConstructionTable:
         """The CPU plan composed from the parts' plans (a packed table), or None to plan from scratch.
 
         Parts without the plan yet are planned first (once: later packs of them
-        reuse it) when that is worth it (:func:`.engines.compose.worth_composing`).
+        reuse it) when that is worth it (`engines.compose.worth_composing`).
         """
         compose = engines.get(kind).compose
         if not self._parts or compose is None:
@@ -466,7 +472,7 @@ class ConstructionTable:
 
         Plans are otherwise made on first use. Call this before ``torch.compile``
         of a function that uses the table, since a trace cannot build them
-        (:func:`~batched_nerf.compile_builder` prepares what each call needs by
+        ([`compile_builder`][batched_nerf.compile_builder] prepares what each call needs by
         itself), or to move the planning cost out of a timed loop.
 
         Args:

@@ -1,10 +1,10 @@
 """Static topology of a construction table: row checks, components, levels, seeds.
 
 The ground layer of the package: numpy only, no torch, nothing imported from
-the rest of the package but its build orders (:mod:`batched_nerf._build_order`).
-:class:`~batched_nerf.ConstructionTable` analyses its rows once with
-:func:`analyse` and every engine planner, the pose and log-det code and the
-losses read the resulting :class:`Topology` (``table.topology``)
+the rest of the package but its build orders (`batched_nerf._build_order`).
+[`ConstructionTable`][batched_nerf.ConstructionTable] analyses its rows once with
+`analyse` and every engine planner, the pose and log-det code and the
+losses read the resulting [`Topology`][batched_nerf.Topology] (``table.topology``)
 instead of re-deriving it.
 
 Row kinds, by the number of references a row has: ``ROOT`` ``(-1, -1, -1)``,
@@ -84,7 +84,7 @@ class Topology:
         level: ``(N,)`` ``int64`` dependency level (0 for seed and fixed rows; a
             full row is one level above its deepest reference).
         order: ``(N,)`` ``int64`` the build order
-            (:func:`~batched_nerf._build_order.build_order`): every
+            (`build_order`): every
             reference comes before the rows that read it, lowest index first.
         seeded: ``(S,)`` ``int64`` components that are placed from seed rows (not anchored).
         seed_root, seed_second, seed_third: ``(S,)`` ``int64`` root, second and third
@@ -127,19 +127,19 @@ class Topology:
 
     @property
     def is_fixed(self) -> np.ndarray:
-        """``(N,)`` ``bool``: the atom is listed in :attr:`fixed`."""
+        """``(N,)`` ``bool``: the atom is listed in `fixed`."""
         mask = np.zeros(self.n_atoms, dtype=bool)
         mask[self.fixed] = True
         return mask
 
 
 def analyse(refs: Any, fixed: Any = None) -> Topology:
-    """Check the rows of a table and analyse them (see :class:`Topology`).
+    """Check the rows of a table and analyse them (see [`Topology`][batched_nerf.Topology]).
 
     Whole-array numpy passes (no Python loop over atoms or rows): row checks,
     components (hooking and pointer jumping), seeds (per-component counts),
     build order, levels (pointer jumping along a critical-reference forest).
-    The build order (:mod:`batched_nerf._build_order`) is found in whole-array
+    The build order (`batched_nerf._build_order`) is found in whole-array
     passes too, except for deep tables whose rows are far from build order
     (a heap over the rows).
 
@@ -149,7 +149,7 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
 
     Raises:
         ValueError: naming the row and the reason (see
-            :class:`~batched_nerf.ConstructionTable`).
+            [`ConstructionTable`][batched_nerf.ConstructionTable]).
     """
     arr = as_index_array(refs, "refs")
     if arr.ndim != 2 or arr.shape[1] != 3:
@@ -207,7 +207,7 @@ def concatenate(parts: Sequence[Topology]) -> Topology:
 
     Atom ``k`` of ``parts[m]`` becomes atom ``offset_m + k``; components,
     seeded components and fixed atoms keep their order, part by part. Equal to
-    :func:`analyse` of the concatenated rows: components are numbered by their
+    `analyse` of the concatenated rows: components are numbered by their
     first atom, and the build order (lowest ready index first) places every
     atom of a part before any atom of a later part, so the parts' orders
     concatenate.
@@ -230,12 +230,13 @@ def concatenate(parts: Sequence[Topology]) -> Topology:
 
 
 class _Concatenated(Topology):
-    """The :class:`Topology` that :func:`concatenate` returns: counts now, each array on first read.
+    """The [`Topology`][batched_nerf.Topology] that `concatenate` returns: counts now, each array on first
+    read.
 
     A packed table built through a bound path reads only a few of its arrays
     (the fused plan is composed from the parts' plans): each array is concatenated
     from the parts, with its offsets, when it is first read, then kept (read-only,
-    as any topology's). Pickles as a plain :class:`Topology`.
+    as any topology's). Pickles as a plain [`Topology`][batched_nerf.Topology].
     """
 
     def __init__(self, parts: tuple[Topology, ...]) -> None:
@@ -263,7 +264,7 @@ class _Concatenated(Topology):
 
 
 def _unpickled(state: dict[str, Any]) -> Topology:
-    """A plain :class:`Topology` of a pickled state (its arrays read-only again)."""
+    """A plain [`Topology`][batched_nerf.Topology] of a pickled state (its arrays read-only again)."""
     topo = Topology.__new__(Topology)
     topo.__setstate__(state)
     return topo
@@ -332,7 +333,7 @@ _CONCATENATED: dict[str, Callable[[Sequence[Topology]], np.ndarray]] = {
 
 
 def _row_error(arr: np.ndarray, i: int) -> str | None:
-    """The message for row ``i`` of :func:`_check_rows`, or None."""
+    """The message for row ``i`` of `_check_rows`, or None."""
     n = arr.shape[0]
     row = arr[i].tolist()
     for r in row:
@@ -406,7 +407,7 @@ def components(arr: np.ndarray) -> np.ndarray:
 
 
 def _hooked(arr: np.ndarray) -> np.ndarray:
-    """:func:`components` of an ``(N, 3)`` int64 array by hooking and pointer jumping."""
+    """`components` of an ``(N, 3)`` int64 array by hooking and pointer jumping."""
     n = arr.shape[0]
     parent = np.arange(n, dtype=np.int64)
     rows, cols = np.nonzero(arr >= 0)

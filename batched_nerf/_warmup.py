@@ -178,15 +178,16 @@ def warmup(
 
     A kernel compiles on its first call with new argument types (dtype, layout):
     seconds per kernel, tens of seconds for a first training step. This runs
-    each pass on a small chain (:data:`_ATOMS` atoms) in every layout the
+    each pass on a small chain (`_ATOMS` atoms) in every layout the
     dispatch rule can pick: per sample and blocked (32 samples innermost), on
     the calling thread and threaded (with ``threaded`` and more than one numba
     thread: the small-call thresholds are lifted for the call), for each dtype;
-    ``passes``: ``"forward"`` (:func:`to_cartesian`), ``"backward"`` (its
-    gradient), ``"inverse"`` (:func:`to_internal` and its gradient),
-    ``"second"`` (a ``create_graph=True`` gradient of :func:`to_internal` and
+    ``passes``: ``"forward"`` ([`to_cartesian`][batched_nerf.to_cartesian]), ``"backward"`` (its
+    gradient), ``"inverse"`` ([`to_internal`][batched_nerf.to_internal] and its gradient),
+    ``"second"`` (a ``create_graph=True`` gradient of [`to_internal`][batched_nerf.to_internal] and
     its backward: the inverse's second-order kernels; implies ``"inverse"``),
-    ``"flow"`` (:class:`InternalCoordinateTransform` both ways with gradients:
+    ``"flow"`` ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] both ways with
+    gradients:
     its entries' and log-det's kernels).
     The values computed are thrown away.
 
@@ -202,7 +203,7 @@ def warmup(
 
     Args:
         dtypes: ``"float32"`` and/or ``"float64"``.
-        passes: a subset of :data:`PASSES`.
+        passes: a subset of `PASSES`.
         threaded: also the threaded kernels (only where numba has more than one thread).
         progress: a progress bar on stderr (tqdm when installed, else a line per step).
 

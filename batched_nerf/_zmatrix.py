@@ -1,4 +1,4 @@
-"""The :class:`ZMatrix` container: a construction table with its values, atoms and labels."""
+"""The [`ZMatrix`][batched_nerf.ZMatrix] container: a construction table with its values, atoms and labels."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class ZMatrix:
 
     The one container of the package for a molecule in internal coordinates:
     the file readers return it, shipped molecules load as one
-    (:func:`batched_nerf.data.load`), and the command line works on it.
+    ([`batched_nerf.data.load`][batched_nerf.data.load]), and the command line works on it.
 
     The values are tensors ``(..., N)`` over the ``N`` rows of ``table``
     (bond lengths in any length unit, angles and IUPAC dihedrals in
@@ -46,11 +46,12 @@ class ZMatrix:
     against each other. Rows may be *dummy* atoms, which take part in the build
     but are not atoms of the molecule: chemcoord's absolute references
     ``origin``/``e_x``/``e_y``/``e_z`` (fixed atoms, see
-    :func:`~batched_nerf.formats.from_chemcoord`) and Gaussian's ``X`` atoms.
-    :attr:`real` marks the others; :meth:`to_cartesian` returns only those.
+    [`from_chemcoord`][batched_nerf.formats.from_chemcoord]) and Gaussian's ``X`` atoms.
+    [`real`][batched_nerf.ZMatrix.real] marks the others; [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian]
+    returns only those.
 
     Args:
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` rows.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` rows.
         bonds: ``(..., N)`` bond lengths (entries a row does not use are ignored).
         angles: ``(..., N)`` bond angles in radians.
         dihedrals: ``(..., N)`` IUPAC dihedrals in radians.
@@ -126,7 +127,7 @@ class ZMatrix:
     # ------------------------------------------------------------- properties
     @property
     def table(self) -> ConstructionTable:
-        """The :class:`~batched_nerf.ConstructionTable` of all rows (dummies included)."""
+        """The [`ConstructionTable`][batched_nerf.ConstructionTable] of all rows (dummies included)."""
         return self._table
 
     @property
@@ -166,14 +167,16 @@ class ZMatrix:
 
     @property
     def real_elements(self) -> list[str] | None:
-        """Element symbols of the real atoms (matching :meth:`to_cartesian`), or ``None``."""
+        """Element symbols of the real atoms (matching [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian]),
+        or ``None``."""
         if self._elements is None:
             return None
         return [e for e, keep in zip(self._elements, self._real.tolist()) if keep]
 
     @property
     def real_labels(self) -> list[str] | None:
-        """Labels of the real atoms (matching :meth:`to_cartesian`), or ``None``."""
+        """Labels of the real atoms (matching [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian]), or
+        ``None``."""
         if self._labels is None:
             return None
         return [e for e, keep in zip(self._labels, self._real.tolist()) if keep]
@@ -200,7 +203,7 @@ class ZMatrix:
 
     @property
     def n_real(self) -> int:
-        """Number of real atoms: the rows :meth:`to_cartesian` returns."""
+        """Number of real atoms: the rows [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian] returns."""
         return int(self._real.sum())
 
     @property
@@ -259,7 +262,7 @@ class ZMatrix:
         """Cartesian coordinates of the real atoms, in row order.
 
         Args:
-            method: the engine, see :func:`~batched_nerf.to_cartesian`.
+            method: the engine, see [`to_cartesian`][batched_nerf.to_cartesian].
             dummies: also return the dummy rows (all ``N`` rows).
 
         Returns:
@@ -289,7 +292,7 @@ class ZMatrix:
             dtype: target floating dtype (unchanged if ``None``).
 
         Returns:
-            A new :class:`ZMatrix` sharing the table, elements and labels.
+            A new [`ZMatrix`][batched_nerf.ZMatrix] sharing the table, elements and labels.
 
         Raises:
             TypeError: for a non-floating ``dtype``.
@@ -349,16 +352,16 @@ class ZMatrix:
     ) -> ZMatrix:
         """The Z-matrix of Cartesian coordinates, for a given or an automatic construction table.
 
-        Without ``table``, the table is :meth:`ConstructionTable.from_xyz
-        <batched_nerf.ConstructionTable.from_xyz>` of the first conformation
+        Without ``table``, the table is
+        [`ConstructionTable.from_xyz`][batched_nerf.ConstructionTable.from_xyz] of the first conformation
         (bonds perceived from ``elements``). A table of several seeded
         components (the molecules of a dimer, the ions of a salt, each with its
         own seed triple) would drop their placement relative to each other, so
         by default its components are linked into one build first
-        (:func:`batched_nerf._autotable.link_components`: each further
+        (`batched_nerf._autotable.link_components`: each further
         component's seed rows reference the nearest atoms already placed, in the
-        first conformation); the returned :attr:`table` is then that linked
-        table, and :func:`~batched_nerf.nonbonded_references` marks the links.
+        first conformation); the returned [`table`][batched_nerf.ZMatrix.table] is then that linked
+        table, and [`nonbonded_references`][batched_nerf.nonbonded_references] marks the links.
         With ``link_fragments=False`` the components keep their own seeds and
         each is reproduced only up to its own rigid motion.
 
@@ -367,14 +370,15 @@ class ZMatrix:
                 positions of fixed atoms become ``fixed_xyz``. Floating tensors
                 keep their dtype; integer tensors and all array-likes become
                 ``float64``.
-            table: the :class:`~batched_nerf.ConstructionTable`, or ``None`` to
+            table: the [`ConstructionTable`][batched_nerf.ConstructionTable], or ``None`` to
                 choose one from the bonds (needs ``elements``).
             elements: optional ``N`` element symbols (required without ``table``).
             labels: optional ``N`` labels.
             link_fragments: link separate components into one build (default).
 
         Returns:
-            A :class:`ZMatrix` (all rows real) whose :meth:`to_cartesian`
+            A [`ZMatrix`][batched_nerf.ZMatrix] (all rows real) whose
+            [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian]
             reproduces ``xyz`` up to one rigid motion (exactly, for tables
             anchored by fixed atoms).
 

@@ -3,7 +3,7 @@
 Subcommands:
 
 * ``info [MOLECULE]``: the construction table, atoms and a summary of a shipped
-  molecule (:func:`batched_nerf.data.available`) or of a ``.zmat``/``.xyz`` file;
+  molecule ([`batched_nerf.data.available`][batched_nerf.data.available]) or of a ``.zmat``/``.xyz`` file;
   without an argument, the list of shipped molecules.
 * ``sample MOLECULE -o OUT.xyz``: many conformers from one batched conversion,
   drawing the rotatable torsions (Gaussian perturbations or uniformly),
@@ -11,7 +11,7 @@ Subcommands:
 * ``convert IN OUT``: between XYZ, Gaussian-style Z-matrices and chemcoord's
   Z-matrix files, choosing a construction table automatically when needed.
 * ``warmup``: compile (or load) every CPU kernel of the fused engine ahead of use
-  (:func:`batched_nerf.warmup`), e.g. while building a container image.
+  ([`batched_nerf.warmup`][batched_nerf.warmup]), e.g. while building a container image.
 * ``bench``: the benchmark suite.
 
 Exit status: 0 on success, 1 for bad input (the message names the file, line
@@ -224,7 +224,7 @@ def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
 def load_source(spec: str, table_from: str = "auto") -> ZMatrix:
     """A shipped molecule by name, or a ``.zmat``/``.gzmat``/``.gjf``/``.xyz`` file (first frame).
 
-    Returns the :class:`~batched_nerf.ZMatrix` with ``name``, ``connectivity`` (perceived
+    Returns the [`ZMatrix`][batched_nerf.ZMatrix] with ``name``, ``connectivity`` (perceived
     from the coordinates for files) and ``metadata["description"]``.
 
     Raises:

@@ -1,11 +1,11 @@
 r"""Differentiable loss terms for learning with molecular coordinates.
 
-* :func:`committor_loss`: the variational (Kolmogorov) committor loss with
+* [`committor_loss`][batched_nerf.losses.committor_loss]: the variational (Kolmogorov) committor loss with
   boundary terms, for training a committor network ``q(x)``.
-* :func:`clash_loss`: a smooth flat-bottom penalty on non-bonded atom pairs
+* [`clash_loss`][batched_nerf.losses.clash_loss]: a smooth flat-bottom penalty on non-bonded atom pairs
   that come closer than a minimum distance, with bond-graph exclusions
   derived from the chemical bonds (``connectivity``, or those of a
-  :class:`~batched_nerf.ZMatrix`) and a :class:`~batched_nerf.ConstructionTable`.
+  [`ZMatrix`][batched_nerf.ZMatrix]) and a [`ConstructionTable`][batched_nerf.ConstructionTable].
 
 Both are plain tensor code, differentiable twice.
 """
@@ -55,10 +55,12 @@ def committor_loss(
     r"""Variational committor loss: Kolmogorov functional plus boundary terms.
 
     For samples ``x_k`` (``k = 1..B``) with weights ``w_k`` and committor values
-    ``q_k = q(x_k)``::
+    ``q_k = q(x_k)``:
 
-        L = sum_k w_k [ sum_i |grad_{x_i} q(x_k)|^2 / m_i ] / sum_k w_k
-          + boundary_weight * sum_k w_k [ a_k q_k^2 + b_k (1 - q_k)^2 ] / sum_k w_k
+    ```text
+    L = sum_k w_k [ sum_i |grad_{x_i} q(x_k)|^2 / m_i ] / sum_k w_k
+      + boundary_weight * sum_k w_k [ a_k q_k^2 + b_k (1 - q_k)^2 ] / sum_k w_k
+    ```
 
     The first term is the Kolmogorov (Dirichlet-form) functional
     ``E[|grad q|^2_{M^-1}]`` whose minimiser with ``q = 0`` on state ``A`` and
@@ -246,18 +248,19 @@ TableLike = Union[ConstructionTable, ZMatrix]
 
 
 def clash_pairs(table: TableLike, *, connectivity: Any = None, exclude_14: bool = False) -> Tensor:
-    r"""The atom pairs :func:`clash_loss` scores, in its order: ``(P, 2)`` long, ``i < j``.
+    r"""The atom pairs [`clash_loss`][batched_nerf.losses.clash_loss] scores, in its order: ``(P, 2)`` long,
+    ``i < j``.
 
     All pairs ``i < j`` except those within 2 bonds (1-2 and 1-3 pairs, or 3
     bonds with ``exclude_14``) in the bond graph, whose edges are the pairs of
     ``connectivity`` and the bond references ``(i, refs[i, 0])`` of the table
-    (see :func:`clash_loss`), and except every pair with a dummy row of a
+    (see [`clash_loss`][batched_nerf.losses.clash_loss]), and except every pair with a dummy row of a
     ``ZMatrix``. Sorted by ``i``, then ``j``. Materialises ``O(N^2)``
-    indices; :func:`clash_loss` itself does not.
+    indices; [`clash_loss`][batched_nerf.losses.clash_loss] itself does not.
 
     Args:
-        table: a :class:`~batched_nerf.ConstructionTable`, a
-            :class:`~batched_nerf.ZMatrix` (its table, its ``connectivity``
+        table: a [`ConstructionTable`][batched_nerf.ConstructionTable], a
+            [`ZMatrix`][batched_nerf.ZMatrix] (its table, its ``connectivity``
             unless one is given, and its dummy rows), or an object with
             ``table`` and ``connectivity`` (e.g. a protein table).
         connectivity: optional ``(E, 2)`` bonded pairs (ring closures included).
@@ -329,15 +332,17 @@ def clash_loss(
 ) -> Tensor:
     r"""Smooth flat-bottom penalty on non-bonded atom pairs that come too close.
 
-    For every scored pair ``(i, j)`` (see :func:`clash_pairs`)::
+    For every scored pair ``(i, j)`` (see [`clash_pairs`][batched_nerf.losses.clash_pairs]):
 
-        penalty_ij = relu(d_min_ij - tolerance - |x_i - x_j|) ** power
+    ```text
+    penalty_ij = relu(d_min_ij - tolerance - |x_i - x_j|) ** power
+    ```
 
     zero (flat) beyond ``d_min - tolerance``; with the default ``power = 2``
     it is continuously differentiable and its gradient grows linearly with
     the overlap. ``d_min_ij`` is ``min_distance`` (one value, or one per
     sample) or ``scale * (r_i + r_j)`` from per-atom ``radii``. Distances use
-    :func:`batched_nerf._geometry.safe_norm`, so values and gradients are
+    `batched_nerf._geometry.safe_norm`, so values and gradients are
     finite even for coincident atoms.
 
     Exclusions. Pairs bonded to each other (1-2) or sharing a neighbour (1-3),
@@ -345,8 +350,8 @@ def clash_loss(
     has two kinds of edges:
 
     * the chemical bonds ``connectivity`` (ring closures included), given
-      explicitly or taken from a :class:`~batched_nerf.ZMatrix` passed as
-      ``table`` (its :attr:`~batched_nerf.ZMatrix.connectivity`);
+      explicitly or taken from a [`ZMatrix`][batched_nerf.ZMatrix] passed as
+      ``table`` (its [`connectivity`][batched_nerf.ZMatrix.connectivity]);
     * the table's bond references ``(i, refs[i, 0])`` (their distance is an
       internal coordinate; links between fragments count as bonds too).
 
@@ -355,7 +360,7 @@ def clash_loss(
     (benzene at its own geometry scores ``> 0`` for ``min_distance = 2.5``):
     pass the bond graph for molecules with rings (prolines and aromatic side
     chains too): for a protein, pass its
-    :class:`~batched_nerf.protein.ProteinTable` as ``table`` (its
+    [`ProteinTable`][batched_nerf.protein.ProteinTable] as ``table`` (its
     ``connectivity`` holds the residue templates' ring bonds); for a table from an
     mdtraj/OpenMM topology, ``[(a.index, b.index) for a, b in top.bonds]``. Dummy rows of a
     ``ZMatrix`` (``real`` false) are never scored. The pair lists are derived
@@ -368,10 +373,10 @@ def clash_loss(
     Args:
         xyz: ``(..., N, 3)`` coordinates of all ``N`` rows (length unit ``L``;
             for a ZMatrix with dummies, ``z.to_cartesian(dummies=True)``).
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms,
-            a :class:`~batched_nerf.ZMatrix` (its table and bond graph), or any
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms,
+            a [`ZMatrix`][batched_nerf.ZMatrix] (its table and bond graph), or any
             object with a ``table`` and a ``connectivity`` attribute, such as
-            :class:`~batched_nerf.protein.ProteinTable`.
+            [`ProteinTable`][batched_nerf.protein.ProteinTable].
         connectivity: optional ``(E, 2)`` bonded pairs (numpy, lists or torch);
             overrides a ZMatrix's own.
         min_distance: minimum distance (``L``): a scalar, or one value per
@@ -385,7 +390,7 @@ def clash_loss(
         power: exponent of the overlap (``1``: hinge, ``2``: smooth).
         reduction: ``"mean"``: mean over the ``P`` scored pairs, shape ``(...)``;
             ``"sum"``: sum over pairs, ``(...)``; ``"none"``: ``(..., P)`` in
-            the order of :func:`clash_pairs`. Batch dimensions are never reduced.
+            the order of [`clash_pairs`][batched_nerf.losses.clash_pairs]. Batch dimensions are never reduced.
         chunk_size: rows per block, ``"auto"`` or ``None``.
 
     Returns:

@@ -1,21 +1,25 @@
 """Hypothesis strategies and assertions for property-testing code built on batched_nerf.
 
-This module needs `hypothesis <https://hypothesis.readthedocs.io>`_ (a test
+This module needs [hypothesis](https://hypothesis.readthedocs.io) (a test
 dependency, ``pip install batched-nerf[test]``); ``import batched_nerf`` does not
 import it.
 
-* :func:`construction_tables` draws valid :class:`~batched_nerf.ConstructionTable`
+* [`construction_tables`][batched_nerf.testing.construction_tables] draws valid
+[`ConstructionTable`][batched_nerf.ConstructionTable]
   objects: chains and branched trees, rows shuffled, several molecules, fixed
   (anchored) atoms;
-* :func:`internal_coordinates` and :func:`fixed_positions` draw well-conditioned
-  inputs for :func:`~batched_nerf.to_cartesian` (values come from a seeded torch
+* [`internal_coordinates`][batched_nerf.testing.internal_coordinates] and
+[`fixed_positions`][batched_nerf.testing.fixed_positions] draw well-conditioned
+  inputs for [`to_cartesian`][batched_nerf.to_cartesian] (values come from a seeded torch
   generator, so large batches stay fast; hypothesis shrinks the seed);
-* :func:`rigid_motions` draws proper rotations and translations;
-* :func:`assert_same_geometry` compares two conformations up to a rigid motion of
+* [`rigid_motions`][batched_nerf.testing.rigid_motions] draws proper rotations and translations;
+* [`assert_same_geometry`][batched_nerf.testing.assert_same_geometry] compares two conformations up to a rigid
+motion of
   each molecule (distance matrix and chirality);
-* :func:`reference_to_cartesian` is a slow, sequential, float64 implementation
+* [`reference_to_cartesian`][batched_nerf.testing.reference_to_cartesian] is a slow, sequential, float64
+implementation
   for cross-checking;
-* :func:`used_entries` tells which internal coordinates a table reads.
+* [`used_entries`][batched_nerf.testing.used_entries] tells which internal coordinates a table reads.
 
 Example:
     >>> import torch, batched_nerf as bn
@@ -119,7 +123,8 @@ def construction_tables(
     """Strategy for valid construction tables.
 
     Each component (molecule) is a chain or a branched tree whose references are
-    chosen so that the geometry built from :func:`internal_coordinates` is well
+    chosen so that the geometry built from [`internal_coordinates`][batched_nerf.testing.internal_coordinates]
+    is well
     conditioned (no nearly collinear reference triples). Components of one and
     two atoms occur.
 
@@ -132,12 +137,12 @@ def construction_tables(
         fixed: ``False`` for no fixed atoms, ``True`` to always include at least
             one anchored component (three or more fixed atoms, or a lone fixed
             atom), ``None`` to decide at random. ``table.fixed`` lists the fixed
-            atoms so that :func:`fixed_positions` builds a well-conditioned
+            atoms so that [`fixed_positions`][batched_nerf.testing.fixed_positions] builds a well-conditioned
             anchor.
         branched: ``True`` for trees, ``False`` for chains, ``None`` for either.
 
     Returns:
-        A strategy drawing :class:`~batched_nerf.ConstructionTable` objects.
+        A strategy drawing [`ConstructionTable`][batched_nerf.ConstructionTable] objects.
 
     Example:
         >>> from hypothesis import given, settings
@@ -235,7 +240,7 @@ def internal_coordinates(
         device: device of the tensors (default CPU).
 
     Returns:
-        A strategy drawing :class:`~batched_nerf.InternalCoordinates`, each
+        A strategy drawing [`InternalCoordinates`][batched_nerf.InternalCoordinates], each
         tensor ``(*batch_shape, N)``.
 
     Example:
@@ -272,7 +277,8 @@ def fixed_positions(
     The fixed atoms, in ``table.fixed`` order, are placed as one chain with
     bonds in ``[1, 1.5]`` and angles in ``[0.5, pi - 0.5]``, then moved by a
     random rigid motion, so consecutive fixed atoms are never close to
-    collinear (the anchors :func:`construction_tables` makes rely on that).
+    collinear (the anchors [`construction_tables`][batched_nerf.testing.construction_tables] makes rely on
+    that).
 
     Args:
         table: the construction table.
@@ -461,7 +467,7 @@ def reference_to_cartesian(
     table: ConstructionTable,
     fixed_xyz: Tensor | None = None,
 ) -> Tensor:
-    """Slow sequential float64 reference for :func:`~batched_nerf.to_cartesian`.
+    """Slow sequential float64 reference for [`to_cartesian`][batched_nerf.to_cartesian].
 
     Places one atom at a time in a topological order, with the textbook NeRF
     frame, in float64 numpy; only for small inputs in tests. Angles in radians.

@@ -1,6 +1,6 @@
 """Small molecules shipped with batched_nerf, made by this project from standard geometry.
 
-Each molecule loads as a :class:`~batched_nerf.ZMatrix` (float64, Angstrom and
+Each molecule loads as a [`ZMatrix`][batched_nerf.ZMatrix] (float64, Angstrom and
 radians) with element symbols, atom names as labels, the bond graph
 (``connectivity``) and metadata (``description``, named rows). Its
 ``to_cartesian()`` gives the reference coordinates stored with it. The files
@@ -46,7 +46,7 @@ def available() -> list[str]:
     """Names of the shipped molecules, sorted.
 
     Returns:
-        The names :func:`load` accepts.
+        The names [`load`][batched_nerf.data.load] accepts.
 
     Example:
         >>> from batched_nerf.data import available
@@ -58,13 +58,13 @@ def available() -> list[str]:
 
 
 def load(name: str) -> ZMatrix:
-    """Load a shipped molecule as a :class:`~batched_nerf.ZMatrix`.
+    """Load a shipped molecule as a [`ZMatrix`][batched_nerf.ZMatrix].
 
     Angles and dihedrals are stored in degrees in the files and returned in
     radians; values are float64 tensors.
 
     Args:
-        name: one of :func:`available`.
+        name: one of [`available`][batched_nerf.data.available].
 
     Returns:
         The Z-matrix, with ``elements``, atom names as ``labels``,

@@ -3,7 +3,7 @@
 Run ``python -m batched_nerf.data._generate`` to rewrite the ``*.json`` files
 next to this module. Every molecule is defined here by its Z-matrix (angles in
 degrees); the Cartesian coordinates stored alongside are built from it with the
-float64 numpy reference NeRF in :mod:`._reference`, so nothing is downloaded.
+float64 numpy reference NeRF in `_reference`, so nothing is downloaded.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 This is deliberately independent of the torch engines: it generates the
 shipped molecule files offline and serves the tests as a second opinion.
-Conventions are those of :class:`batched_nerf.ConstructionTable`: angles in
+Conventions are those of [`batched_nerf.ConstructionTable`][batched_nerf.ConstructionTable]: angles in
 radians, IUPAC dihedral of ``(x_i, x_b, x_a, x_d)``, seeds at the origin, on
 ``+x`` and in the ``xy``-plane with ``y > 0``.
 """

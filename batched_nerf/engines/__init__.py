@@ -1,20 +1,20 @@
 """Engines: a registry of planners and builders, one module or subpackage per engine.
 
-Each engine (:class:`~.base.Engine`) is a *planner*, run once per table on its
-:class:`~batched_nerf._topology.Topology` (numpy work; the table caches the
+Each engine (`Engine`) is a *planner*, run once per table on its
+[`Topology`][batched_nerf.Topology] (numpy work; the table caches the
 result per device), and a *builder*, the compute path. ``to_cartesian``
-engines are listed in :data:`METHODS`; ``"inverse"`` is the plan of
-``to_internal``. :mod:`.dispatch` chooses between them for ``method="auto"``.
+engines are listed in `METHODS`; ``"inverse"`` is the plan of
+``to_internal``. `dispatch` chooses between them for ``method="auto"``.
 
-Layout: shared machinery at this level (:mod:`.base`: plan mixin, engine
-record; :mod:`.function`: the engines' ``autograd.Function`` base;
-:mod:`.seeds`: block 0; :mod:`.frame_tree`: the placement-frame
-classification; :mod:`.layout`; :mod:`.compiled`; :mod:`.dispatch`:
-``method="auto"``; :mod:`.backends`: the fused engine's compiled backends,
-found lazily), then one room per engine: :mod:`.levels`, :mod:`.inverse` (one
-module each), :mod:`.scan` (plan, path, build) and :mod:`.fused` (plan, build
+Layout: shared machinery at this level (`base`: plan mixin, engine
+record; `function`: the engines' ``autograd.Function`` base;
+`seeds`: block 0; `frame_tree`: the placement-frame
+classification; `layout`; `compiled`; `dispatch`:
+``method="auto"``; `backends`: the fused engine's compiled backends,
+found lazily), then one room per engine: `levels`, `inverse` (one
+module each), `scan` (plan, path, build) and `fused` (plan, build
 and inverse with their autograd; its backends below it in
-:mod:`.fused.cpu` (numba) and :mod:`.fused.cuda` (Triton)); :mod:`.compose`
+`fused.cpu` (numba) and `fused.cuda` (Triton)); `compose`
 makes plans of packed tables from their parts' plans. Nothing here imports the
 table or the public API.
 """

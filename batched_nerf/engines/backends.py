@@ -1,12 +1,12 @@
 """Optional compiled backends of the fused engine, imported lazily.
 
 * CPU: numba (the extra ``fast``: ``pip install "batched-nerf[fast]"``), kernels
-  in :mod:`.fused.cpu.build`;
+  in `fused.cpu.build`;
 * GPU (CUDA): triton (the CUDA builds of torch ship it), kernels in
-  :mod:`.fused.cuda.build` and :mod:`.fused.cuda.inverse`; their tests run them in
+  `fused.cuda.build` and `fused.cuda.inverse`; their tests run them in
   Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
 
-Nothing is imported until a fused build, ``method="auto"`` or :func:`backends`
+Nothing is imported until a fused build, ``method="auto"`` or [`backends`][batched_nerf.backends]
 asks; an import that fails counts as absent (and is not retried).
 """
 
@@ -85,11 +85,11 @@ def backends() -> dict[str, Any]:
         ``"auto"`` (device type -> whether ``method="auto"`` may pick the fused
         engine there; it still follows the dispatch rule), ``"rule"`` (device
         type -> when ``auto`` picks it, and why: see
-        :mod:`batched_nerf.engines.gpu_policy`), ``"disabled"`` (device type ->
+        `batched_nerf.engines.gpu_policy`), ``"disabled"`` (device type ->
         the kernel error after which ``auto`` stopped picking the fused kernels
         there in this process; empty while none failed), ``"tiered"`` (whether
         the CPU's blocked kernels wait until they are cached or worth their
-        compile: ``BATCHED_NERF_TIERED``, :mod:`batched_nerf.engines.fused.cpu.tiers`)
+        compile: ``BATCHED_NERF_TIERED``, `batched_nerf.engines.fused.cpu.tiers`)
         and ``"install"``.
 
     Example:
@@ -120,5 +120,5 @@ def backends() -> dict[str, Any]:
 
 def auto_may_use(device_type: str) -> bool:
     """Whether ``method="auto"`` may pick the fused kernels on ``device_type``: they import and
-    none of them failed there in this process (:func:`.gpu_policy.fall_back`)."""
+    none of them failed there in this process (`gpu_policy.fall_back`)."""
     return available(device_type) and gpu_policy.disabled(device_type) is None

@@ -2,7 +2,7 @@
 
 An engine is a *planner* (``Topology -> plan``, numpy work done once per table)
 and a *builder* (``plan, tensors -> tensor``, the compute path). Plans are
-frozen dataclasses of index tensors and Python values; :class:`Movable` copies
+frozen dataclasses of index tensors and Python values; `Movable` copies
 them to another device.
 """
 
@@ -68,8 +68,8 @@ def _never(bonds: Any) -> bool:
 class Engine:
     """A named engine: its planner, its builder, and what the table and dispatch ask about it.
 
-    The table (:meth:`~batched_nerf.ConstructionTable.plan`), ``method="auto"``
-    (:mod:`.dispatch`) and :func:`~batched_nerf.compile_builder` read an engine
+    The table ([`plan`][batched_nerf.ConstructionTable.plan]), ``method="auto"``
+    (`dispatch`) and [`compile_builder`][batched_nerf.compile_builder] read an engine
     only through this record:
 
     * *when is it planned?* ``eager``: at table construction (only for plans
@@ -77,7 +77,7 @@ class Engine:
     * *which plans exist?* ``variants``, all built by ``table.prepare``; one call
       uses ``choose_variant(n_atoms, n_samples)``;
     * *does its compiled backward gather?* ``gathers(plan)`` (a compiled CPU
-      backward with index gathers needs torch >= 2.14.1, see :mod:`.compiled`).
+      backward with index gathers needs torch >= 2.14.1, see `compiled`).
 
     Attributes:
         name: the ``method=`` name.
@@ -92,20 +92,20 @@ class Engine:
         eager: plan variant ``variants[0]`` when the table is made (default: on first use).
         gathers: ``plan -> bool``: the build's backward uses index gathers.
         nan_bonds: the build itself makes atoms with negative bonds NaN (the
-            domain rule of :func:`~batched_nerf.to_cartesian`, one ``torch.where``
+            domain rule of [`to_cartesian`][batched_nerf.to_cartesian], one ``torch.where``
             the caller applies otherwise); the fused kernels do it per atom.
         compose: ``(part plans, packed topology) -> plan``: the plan of a table
-            packed by :func:`~batched_nerf.pack_tables` from its parts' plans
-            (:mod:`.compose`), or None (planned from scratch).
+            packed by [`pack_tables`][batched_nerf.pack_tables] from its parts' plans
+            (`compose`), or None (planned from scratch).
         configure: ``(plan, accumulate_dtype, auto) -> plan`` for one call: the
             plan with the call's options (``to_cartesian``'s ``accumulate_dtype``,
             None when not given; ``auto``: ``method="auto"`` chose the engine);
             engines without options return the plan itself. The fused engine's
-            GPU kernels read both (:func:`.fused.configure`).
+            GPU kernels read both (`fused.configure`).
         takes_pose: ``bonds -> bool``: ``build(..., pose=(rotation, translation))``
             builds each seeded component in its pose itself for inputs like
             ``bonds`` (the fused CPU kernels write ``R y + t`` out); otherwise
-            :func:`~batched_nerf.to_cartesian` moves the built coordinates.
+            [`to_cartesian`][batched_nerf.to_cartesian] moves the built coordinates.
     """
 
     name: str

@@ -38,7 +38,8 @@ def check_compiled_backward(
     """Refuse a compiled build whose backward would hit torch 2.13's CPU inductor defects.
 
     Called by the scan engine while ``torch.compile`` traces it (``tracing=True``)
-    and by :func:`batched_nerf.compile_builder` before each call; does nothing without
+    and by [`batched_nerf.compile_builder`][batched_nerf.compile_builder] before each call; does nothing
+    without
     gradients, on other devices and on fixed torch releases.
 
     Raises:

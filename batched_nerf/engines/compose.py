@@ -1,37 +1,37 @@
 """Plans of a packed table composed from its parts' plans: concatenation with offsets, no re-planning.
 
-:func:`batched_nerf.pack_tables` puts tables one after another (atom ``k`` of
+[`batched_nerf.pack_tables`][batched_nerf.pack_tables] puts tables one after another (atom ``k`` of
 part ``m`` becomes atom ``offset_m + k``; its topology is
-:func:`batched_nerf._topology.concatenate`). Every reference stays inside its
+`batched_nerf._topology.concatenate`). Every reference stays inside its
 part, so a plan whose entries are per-atom (or per-row) values and indices is
 the parts' plans laid end to end, with the atom, row and fixed-slot offsets
 added to the index entries (``-1`` kept). That is a handful of whole-array numpy
 passes over the packed atoms, against a planner's tens of passes (and the
 frame tree) for a table planned from scratch.
 
-* :func:`compose_fused` (:class:`~.fused.build.FusedPlan`): the ``(12, N)`` index
+* `compose_fused` (`FusedPlan`): the ``(12, N)`` index
   arrays concatenated (atom, reference rows, parent and sibling rows and flip
   atom shifted by the part's atom offset, fixed slots by its fixed-atom
   offset, pose slots by its seeded-component offset); work units regrouped
   *on the parts' unit boundaries*: a part's unit ``[s, e)`` starts a new unit
   of the packed plan where ``s // target`` changes,
   ``target = max(UNIT_MIN_ATOMS, ceil(N / UNITS_MAX))``, the rule
-  :func:`~.fused.build.fused_plan` applies to component boundaries. Where every part
+  `fused_plan` applies to component boundaries. Where every part
   is a single component (or a single unit of its own) the composed plan equals
   ``fused_plan`` of the packed topology array for array; otherwise its units
   are coarser (a part's unit is never split) and its rows may be ordered
   differently within a part, with the same values bit for bit (each atom is
   placed from its references only; units hold whole components).
-* :func:`compose_padded`: :func:`compose_fused` with each part's atoms placed at
+* `compose_padded`: `compose_fused` with each part's atoms placed at
   ``k * stride + j`` in a padded output layout (the placed and flip atom entries
   moved, the rows as in the packed plan): the plan of
-  :meth:`~.fused.torsions.TorsionBuild.padded`, written in one pass.
-* :func:`compose_inverse` (:class:`~.inverse.InversePlan`): the safe reference
+  `padded`, written in one pass.
+* `compose_inverse` (`InversePlan`): the safe reference
   gathers shifted by the atom offsets, the masks concatenated; equal to
-  :func:`~.inverse.inverse_plan` of the packed topology.
+  `inverse_plan` of the packed topology.
 
-The table (:meth:`batched_nerf.ConstructionTable.plan`) composes a packed
-table's plan when its parts have theirs (:func:`worth_composing`), else plans
+The table ([`batched_nerf.ConstructionTable.plan`][batched_nerf.ConstructionTable.plan]) composes a packed
+table's plan when its parts have theirs (`worth_composing`), else plans
 from scratch.
 """
 
@@ -104,7 +104,7 @@ def compose_fused(parts: Sequence[FusedPlan], topo: Topology) -> FusedPlan:
 
 
 def compose_padded(parts: Sequence[FusedPlan], topo: Topology, stride: int) -> FusedPlan:
-    """:func:`compose_fused` with part ``k``'s atom ``j`` placed at ``k * stride + j`` (a padded layout).
+    """`compose_fused` with part ``k``'s atom ``j`` placed at ``k * stride + j`` (a padded layout).
 
     The kernels read and write atoms through the plan's atom entries only (the
     placed atom and the ``sin(angle) < 0`` flip atom), so the plan of the packed

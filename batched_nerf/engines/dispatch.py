@@ -22,7 +22,7 @@ On accelerators the price is mostly kernel launches, which favours the scan
 engine for all but the shallowest tables.
 
 The fused engine (one compiled kernel per pass) goes first on the CPU wherever it
-has a backend (``fused=True``: numba; see :mod:`.backends`) and
+has a backend (``fused=True``: numba; see `backends`) and
 ``torch.compile`` is not tracing: on the CPU it was fastest on every shape
 measured, forward and forward+backward (chains of 64 x 1,024, 512 x 256,
 4,096 x 1 and 30,000 x 1, a random 10,000-atom tree x 1 and x 64, small
@@ -34,7 +34,7 @@ rounding decides (rows placed from nearly collinear references).
 
 On CUDA (``fused=True``: triton imports and no Triton kernel has failed in this
 process) the fused kernels run only where their lanes fill the device
-(:func:`.gpu_policy.fused_fills_device`): at least
+(`gpu_policy.fused_fills_device`): at least
 ``FUSED_MIN_LANES = 4096`` ``(component, sample)`` lanes
 (``n_components * n_samples``) and a largest component of at most
 ``FUSED_MAX_COMPONENT = 512`` atoms. Each lane walks one component atom by atom,
@@ -134,9 +134,9 @@ def single_path(topo: Topology) -> bool:
     """Whether the scan engine builds ``topo`` as one path without gathers (a chain), cheaply.
 
     Whole-array passes over the rows, no plan built: the table computes it once
-    when it is made, so that :func:`auto_method` reads a plain ``bool``. True
+    when it is made, so that `auto_method` reads a plain ``bool``. True
     when every fully referenced row is a ``PARENT`` row of the frame tree
-    (:mod:`.frame_tree`) and they form one unbranched path below the table's
+    (`frame_tree`) and they form one unbranched path below the table's
     only third seed atom; tables without fully referenced rows count as one
     path too. Tables with rows placed from positions (several scan rounds)
     count as branched.
@@ -164,12 +164,12 @@ def single_path(topo: Topology) -> bool:
 
 
 def auto_method(table: Any, n_samples: int, device_type: str, compiled: bool = False) -> str:
-    """:func:`choose_method` for a :class:`~batched_nerf.ConstructionTable`.
+    """`choose_method` for a [`ConstructionTable`][batched_nerf.ConstructionTable].
 
     Reads only plain values fixed when the table is made (``table.depth``,
     ``table.single_path``, ``table.n_components``, ``table.largest_component``)
     and whether a fused backend imports (and has not failed,
-    :func:`.backends.auto_may_use`): no plan is built to dispatch. ``compiled``:
+    `backends.auto_may_use`): no plan is built to dispatch. ``compiled``:
     the choice of a ``torch.compile``-d build (never the fused engine; also
     implied while ``torch.compile`` traces).
     """

@@ -9,7 +9,7 @@ This is the package's definition of ``to_cartesian`` (``docs/conventions.md``,
 in a placement frame ``M_j`` (a rotation, columns ``e1, e2, e3``), and carries
 its *out-frame* ``O_j = M_j L(theta_j, phi_eff_j)`` to the rows below it, with
 ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
-``R_x(pi)`` where ``sin t < 0``. How ``M_j`` is obtained (:attr:`FrameTree.frame`):
+``R_x(pi)`` where ``sin t < 0``. How ``M_j`` is obtained (`FrameTree.frame`):
 
 * ``PARENT``: *primary* rows ``(b, a, d) = (b, bond_ref(b), angle_ref(b))``
   (after following sibling links, below) use ``M_j = O_b``, ``b = parent[j]``;
@@ -21,13 +21,13 @@ its *out-frame* ``O_j = M_j L(theta_j, phi_eff_j)`` to the rows below it, with
   The third seed itself has ``phi_eff = 0`` and ``O_T = anchor L(theta_T, 0)``;
 * ``POSITIONS``: every other (*irregular*) fully referenced row: ``M_j`` is the
   NeRF frame of the positions of ``(dihedral_ref[j], refs[j, 1], refs[j, 0])``
-  (:func:`.._geometry.nerf_frame`);
+  (`_geometry.nerf_frame`);
 * ``NONE``: roots, second seeds and fixed atoms (closed form, no frame).
 
 *Sibling* links: a row whose dihedral reference ``d`` is a fully referenced row
 with the same bond and angle references ``(b, a)`` shares ``d``'s frame; its
 dihedral is measured from ``d``: ``phi_from[j] = d`` and the link is followed
-(transitively) to :attr:`FrameTree.dihedral_ref`. The effective dihedral is
+(transitively) to `FrameTree.dihedral_ref`. The effective dihedral is
 
     phi_eff_j = phi_j + phi_eff[phi_from[j]] + pi [sin(theta[flip_on[j]]) < 0]
 
@@ -89,7 +89,7 @@ def _readonly(arr: np.ndarray) -> np.ndarray:
 
 
 def frame_tree(topo: Topology) -> FrameTree:
-    """Classify every row of ``topo`` (see :class:`FrameTree`).
+    """Classify every row of ``topo`` (see `FrameTree`).
 
     Example:
         >>> import batched_nerf as bn

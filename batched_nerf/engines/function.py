@@ -8,8 +8,8 @@ kernel takes on small inputs, against 5-10 us for a Function in the older style
 (``forward(ctx, ...)``, no ``setup_context``). The engines' Functions are written
 in the ``setup_context`` style, which ``torch.func`` needs, with positional
 arguments only, without defaults. Outside ``torch.func`` transforms
-:meth:`Function.apply` runs them through a twin in the older style, made once per
-class (:func:`_eager_twin`: its ``forward`` calls the class's ``forward`` and then
+`Function.apply` runs them through a twin in the older style, made once per
+class (`_eager_twin`: its ``forward`` calls the class's ``forward`` and then
 its ``setup_context`` on the same ``ctx``, its ``backward`` and ``jvp`` are the
 class's), which is what torch's own ``apply`` does after binding; inside a
 transform it is torch's ``apply`` (each ``forward`` carries its signature,
@@ -78,7 +78,7 @@ def jvp(fn: Any, primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
     """Tangent(s) of ``fn`` at ``primals`` along ``tangents`` (tensors; ``fn`` returns a tensor or a
     tuple of them), for a Function's ``jvp`` through a differentiable reference.
 
-    Under ``torch.func`` (``jvp``, ``jacfwd``, ``hessian``) this is :func:`torch.func.jvp`, which nests.
+    Under ``torch.func`` (``jvp``, ``jacfwd``, ``hessian``) this is `torch.func.jvp`, which nests.
     Under the older ``torch.autograd.forward_ad`` API a nested level is not allowed ("Nested forward
     mode AD is not supported"), so the reference runs on dual tensors of the level already open.
     """

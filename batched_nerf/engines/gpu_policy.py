@@ -1,7 +1,7 @@
 """When ``method="auto"`` runs the fused Triton kernels on a GPU, and what a kernel failure does.
 
-**The rule** (:func:`fused_fills_device`), until a device has measured the kernels.
-The Triton build kernel (:mod:`.fused.cuda.build`) gives each lane one
+**The rule** (`fused_fills_device`), until a device has measured the kernels.
+The Triton build kernel (`fused.cuda.build`) gives each lane one
 ``(component, sample)`` pair, which walks its component's atoms one after the
 other: the walk of the largest component is a chain of dependent steps (each
 reads positions and frames written by earlier steps of the same lane), and
@@ -10,7 +10,7 @@ lanes run side by side. So:
 * its time is about ``largest_component`` steps whatever the number of lanes,
   until the lanes outnumber the threads the device keeps resident (an H100 /
   H200: 132 SMs; a thread of the build kernel holds ~124 registers, so 16 warps
-  per SM, ~67,000 lanes); below :data:`FUSED_MIN_LANES` lanes most of the device
+  per SM, ~67,000 lanes); below `FUSED_MIN_LANES` lanes most of the device
   idles while each lane's dependent steps wait on memory;
 * the scan engine composes frames in ``log2(N)`` rounds of whole-batch torch
   kernels: tens of launches, whose cost hardly grows with the batch until memory
@@ -24,10 +24,10 @@ the engine ``auto`` takes without fused kernels: the scan engine, or the level
 engine for shallow tables (``depth <= 8``). Both thresholds are estimates, not
 measurements: ``benchmarks/gpu.py`` times both sides of them.
 
-**Failures** (:class:`KernelError`, :func:`fall_back`): a Triton compile or launch
+**Failures** (`KernelError`, `fall_back`): a Triton compile or launch
 error of a fused kernel under ``method="auto"`` warns once (naming the error),
 the call is built by that engine instead, and ``auto`` does not pick the fused
-kernels on that device type again in this process (:func:`disabled` says why;
+kernels on that device type again in this process (`disabled` says why;
 ``bn.backends()`` reports it). ``method="fused"`` raises the error.
 """
 
@@ -87,7 +87,7 @@ def fused_fills_device(n_lanes: int, largest_component: int) -> bool:
 
 
 def launch(name: str, kernel: Any, grid: tuple[int, ...], *args: Any, **options: Any) -> None:
-    """``kernel[grid](*args, **options)``; any error of the compile or the launch as :class:`KernelError`.
+    """``kernel[grid](*args, **options)``; any error of the compile or the launch as `KernelError`.
 
     (Errors a launch reports later, asynchronously, e.g. an illegal memory access seen at
     the next synchronisation, are outside this call and are not caught.)

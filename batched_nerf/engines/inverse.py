@@ -30,7 +30,7 @@ class InternalCoordinates(NamedTuple):
 
 @dataclass(frozen=True)
 class InversePlan(Movable):
-    """Index gathers of :func:`~batched_nerf.to_internal`: ``-1`` replaced by the atom itself."""
+    """Index gathers of [`to_internal`][batched_nerf.to_internal]: ``-1`` replaced by the atom itself."""
 
     refs: Tensor  # (N, 3) safe indices
     has_bond: Tensor  # (N,) bool
@@ -54,7 +54,7 @@ def internal_from_xyz(plan: InversePlan, xyz: Tensor) -> InternalCoordinates:
     """``(..., N, 3) -> 3 x (..., N)``, all atoms in one vectorised gather.
 
     Missing references point at the atom itself; the resulting zero vectors
-    give finite values and derivatives (see :mod:`batched_nerf._geometry`),
+    give finite values and derivatives (see `batched_nerf._geometry`),
     which the static masks then replace by exact zeros.
     """
     n = xyz.shape[-2]

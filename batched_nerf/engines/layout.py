@@ -8,7 +8,7 @@ would hand their gradients back as strided views and copy them element by
 element; here each map's backward is its adjoint, again one row scatter and
 one blocked transpose, and each adjoint's backward is the map itself, so
 every order of derivative (and ``jvp``, ``vmap``) stays in the fast layout.
-:class:`SinCos` likewise hands back ``cos`` and ``sin`` to its backward instead
+`SinCos` likewise hands back ``cos`` and ``sin`` to its backward instead
 of evaluating them again.
 """
 
@@ -62,7 +62,7 @@ class ToRows(Function):
 
 
 class FromRows(Function):
-    """Adjoint of :class:`ToRows`: rows scattered into zeros, transposed back to ``(3, B, N)``."""
+    """Adjoint of `ToRows`: rows scattered into zeros, transposed back to ``(3, B, N)``."""
 
     generate_vmap_rule = True
 
@@ -118,7 +118,7 @@ class ToXyz(Function):
 
 
 class FromXyz(Function):
-    """Adjoint of :class:`ToXyz`."""
+    """Adjoint of `ToXyz`."""
 
     generate_vmap_rule = True
 
@@ -169,21 +169,21 @@ class SinCos(Function):
 
 
 def to_rows(ic: Tensor, rows: Tensor) -> Tensor:
-    """``(3, B, N)`` -> ``(R, 3, B)``: :class:`ToRows` (plain ops while ``torch.compile`` traces)."""
+    """``(3, B, N)`` -> ``(R, 3, B)``: `ToRows` (plain ops while ``torch.compile`` traces)."""
     if torch.compiler.is_compiling():
         return ic.permute(2, 0, 1).index_select(0, rows)
     return ToRows.apply(ic, rows)
 
 
 def to_xyz(x: Tensor, inverse: Tensor) -> Tensor:
-    """``(T, 3, B)`` -> ``(B, N, 3)``: :class:`ToXyz` (plain ops while ``torch.compile`` traces)."""
+    """``(T, 3, B)`` -> ``(B, N, 3)``: `ToXyz` (plain ops while ``torch.compile`` traces)."""
     if torch.compiler.is_compiling():
         return x.index_select(0, inverse).permute(2, 0, 1)
     return ToXyz.apply(x, inverse)
 
 
 def sincos(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``(cos(x), sin(x))``: :class:`SinCos` (plain ops while ``torch.compile`` traces)."""
+    """``(cos(x), sin(x))``: `SinCos` (plain ops while ``torch.compile`` traces)."""
     if torch.compiler.is_compiling():
         return torch.cos(x), torch.sin(x)
     return SinCos.apply(x)

@@ -2,10 +2,10 @@
 
 One step per dependency level of the table (the longest chain of references):
 all atoms whose references are placed are built together. Fast for shallow,
-wide tables (small molecules, large batches); the scan engine (:mod:`.scan`)
+wide tables (small molecules, large batches); the scan engine (`scan`)
 takes over for deep ones.
 
-Frames follow the frame tree (:mod:`.frame_tree`, the definition every engine
+Frames follow the frame tree (`frame_tree`, the definition every engine
 shares): each level takes the placement frames ``M`` of its ``PARENT`` and
 ``ANCHOR`` rows from the out-frames ``O = M L`` of earlier levels (and the
 third seeds' anchors), builds NeRF frames from reference positions only for
@@ -15,11 +15,11 @@ continue smoothly, exactly as in the scan engine.
 
 Layout: the batch is flattened to ``B`` and kept innermost, atoms are rows
 ``(n, 3, B)``, frames ``(n, 3, 3, B)``. The inputs are transposed once on entry
-(:mod:`.layout`), the local offsets and rotations of all atoms are computed in
+(`layout`), the local offsets and rotations of all atoms are computed in
 one pass, the level loop places each level with a few kernels (more for
 ``POSITIONS`` rows), and the result is transposed once on exit.
 
-The level loop, :class:`LevelLoop`, is an ``autograd.Function``: its forward
+The level loop, `LevelLoop`, is an ``autograd.Function``: its forward
 keeps each level's frames; its backward walks the levels in reverse, turning
 the gradient of each placed atom and out-frame into gradients of its local
 offset and rotation, of its bond reference's position and of the frame it was
@@ -28,7 +28,7 @@ kernels than autograd records for the same graph. It serves first derivatives
 only: when a graph of the backward is wanted (``create_graph=True``,
 ``gradgradcheck``) it replays the plain differentiable loop, so every higher
 derivative is the plain one; under ``torch.func`` transforms, forward-mode AD
-and ``torch.compile`` the plain loop runs from the start (:func:`level_loop`).
+and ``torch.compile`` the plain loop runs from the start (`level_loop`).
 """
 
 from __future__ import annotations
@@ -373,13 +373,13 @@ def level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot
     """Positions of every block, ``(n0 + M, 3, B)`` in block order.
 
     Args:
-        plan: the table's :class:`~batched_nerf.engines.levels.LevelPlan`.
+        plan: the table's `LevelPlan`.
         block0: ``(n0, 3, B)`` positions of fixed, root and seed atoms.
         frame0: ``(2 S3, 3, 3, B)`` anchor frames, then out-frames, of the third
-            seeds (:func:`seed_frames`; ``(0, 3, 3, B)`` when no row reads them).
+            seeds (`seed_frames`; ``(0, 3, 3, B)`` when no row reads them).
         loc: ``(M, 3, B)`` local offsets ``r (-cos(theta), sin(theta) cos(phi),
             sin(theta) sin(phi))`` of the fully referenced atoms in build order.
-        rot: ``(M, 3, 3, B)`` their local rotations ``L(theta, phi)`` (:func:`local_frames`).
+        rot: ``(M, 3, 3, B)`` their local rotations ``L(theta, phi)`` (`local_frames`).
     """
     if not plan.level_sizes:
         return block0
@@ -390,7 +390,7 @@ def level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot
 
 
 class LevelLoop(Function):
-    """:func:`plain_level_loop` with a hand-written first-order backward."""
+    """`plain_level_loop` with a hand-written first-order backward."""
 
     generate_vmap_rule = True
 
@@ -529,11 +529,13 @@ def local_frames(r: Tensor, tp: Tensor, read: Tensor | None = None) -> tuple[Ten
 
     ``l = r u`` with ``u = (-cos t, sin t cos p, sin t sin p)``, and
     ``L(t, p) = R_x(p) R_z(pi - t)`` (first column ``u``), followed by a half turn
-    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform)::
+    ``R_x(pi)`` where ``sin t < 0`` (the scan engine's local transform):
 
-        L = [[-c,      -g s,      0      ],
-             [ s cp,   -g c cp,  -g sp   ],
-             [ s sp,   -g c sp,   g cp   ]]      g = sign(s) (+1 at s = 0)
+    ```text
+    L = [[-c,      -g s,      0      ],
+         [ s cp,   -g c cp,  -g sp   ],
+         [ s sp,   -g c sp,   g cp   ]]      g = sign(s) (+1 at s = 0)
+    ```
     """
     cos, sin = sincos(tp)
     ct, cp = cos.unbind(1)
@@ -579,7 +581,7 @@ def build_levels(
     reference gather copies whole rows of ``B`` values and every elementwise
     kernel runs on contiguous rows. The inputs are transposed once at entry
     and the result (contiguous) once at exit. Placement frames follow the frame
-    tree (:mod:`.frame_tree`), as in every engine.
+    tree (`frame_tree`), as in every engine.
     """
     batch = bonds.shape[:-1]
     n = bonds.shape[-1]

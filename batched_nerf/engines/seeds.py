@@ -76,7 +76,7 @@ def seed_positions(
     second atom (whose position is ``(r_b, 0, 0)``).
 
     Args:
-        plan: the :class:`SeedPlan`.
+        plan: the `SeedPlan`.
         r2: bonds of the second seed atoms, ``(..., S2)`` (``(S2, B)`` with ``rows``).
         r3, t3: bonds and angles of the third seed atoms, ``(..., S3)`` (``(S3, B)``).
         fixed_xyz: ``(..., F, 3)`` (``(F, 3, B)``) or None.
@@ -115,7 +115,7 @@ def seed_block(plan: SeedPlan, bonds: Tensor, angles: Tensor, fixed_xyz: Tensor 
     """Positions of block 0 (fixed atoms, roots, seed atoms): ``(..., n0, 3)``.
 
     Args:
-        plan: the :class:`SeedPlan`.
+        plan: the `SeedPlan`.
         bonds, angles: ``(..., N)`` with the batch shape already broadcast.
         fixed_xyz: ``(..., F, 3)`` broadcast to the same batch shape, or None.
     """

@@ -1,14 +1,18 @@
 """Readers, writers and adapters for molecular file formats and other packages.
 
-* :mod:`.xyz`: XYZ coordinate files, single- and multi-frame.
-* :mod:`.gaussian`: Gaussian input files and Z-matrix text (read as a :class:`~batched_nerf.ZMatrix`).
-* :mod:`.bgflow`: the integer z-matrices of bgflow / bgmol.
-* :mod:`.chemcoord`: chemcoord ``Zmat`` objects and files (needs ``chemcoord``).
-* :mod:`.ase`: ASE ``Atoms`` (needs ``ase``).
-* :mod:`.rdkit`: construction tables and coordinates from RDKit molecules (needs ``rdkit``).
-* :mod:`.mdanalysis`: tables from MDAnalysis ``AtomGroup`` objects, trajectory frames, and
+* [`xyz`][batched_nerf.formats.xyz]: XYZ coordinate files, single- and multi-frame.
+* [`gaussian`][batched_nerf.formats.gaussian]: Gaussian input files and Z-matrix text (read as a
+[`ZMatrix`][batched_nerf.ZMatrix]).
+* [`bgflow`][batched_nerf.formats.bgflow]: the integer z-matrices of bgflow / bgmol.
+* [`chemcoord`][batched_nerf.formats.chemcoord]: chemcoord ``Zmat`` objects and files (needs ``chemcoord``).
+* [`ase`][batched_nerf.formats.ase]: ASE ``Atoms`` (needs ``ase``).
+* [`rdkit`][batched_nerf.formats.rdkit]: construction tables and coordinates from RDKit molecules (needs
+``rdkit``).
+* [`mdanalysis`][batched_nerf.formats.mdanalysis]: tables from MDAnalysis ``AtomGroup`` objects, trajectory
+frames, and
   ``MDAnalysis.analysis.bat.BAT`` interoperability (needs ``MDAnalysis``).
-* :mod:`.mdtraj`: mdtraj trajectories in Angstrom, with their tables and unit cells (needs ``mdtraj``).
+* [`mdtraj`][batched_nerf.formats.mdtraj]: mdtraj trajectories in Angstrom, with their tables and unit cells
+(needs ``mdtraj``).
 
 The optional packages are imported only when their functions are called.
 """

@@ -1,18 +1,20 @@
-"""Adapter for `ASE <https://wiki.fysik.dtu.dk/ase/>`_ ``Atoms`` (an optional dependency).
+"""Adapter for [ASE](https://wiki.fysik.dtu.dk/ase/) ``Atoms`` (an optional dependency).
 
 ASE is imported only when these functions are called. Coordinates are in
 Angstrom on both sides; nothing is converted. ASE reads and writes dozens of
 file formats (``ase.io.read``/``ase.io.write``), so these two functions open
-all of them to batched_nerf::
+all of them to batched_nerf:
 
-    import ase.io
-    import batched_nerf as bn
-    from batched_nerf.formats import from_ase, to_ase
+```python
+import ase.io
+import batched_nerf as bn
+from batched_nerf.formats import from_ase, to_ase
 
-    elements, xyz = from_ase(ase.io.read("molecule.pdb"))
-    table = bn.ConstructionTable.from_xyz(xyz, elements)
-    ...
-    ase.io.write("conformers.extxyz", to_ase(elements, new_xyz))  # (F, N, 3) -> list of Atoms
+elements, xyz = from_ase(ase.io.read("molecule.pdb"))
+table = bn.ConstructionTable.from_xyz(xyz, elements)
+...
+ase.io.write("conformers.extxyz", to_ase(elements, new_xyz))  # (F, N, 3) -> list of Atoms
+```
 """
 
 from __future__ import annotations

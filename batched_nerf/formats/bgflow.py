@@ -5,7 +5,7 @@ bgflow's internal-coordinate flows (``bgflow.nn.flow.crd_transform.ic``) take a
 from its bond partner ``b``, angle partner ``a`` and torsion partner ``d``,
 plus an optional list of ``fixed_atoms`` kept in Cartesian coordinates.
 
-How bgflow's conventions map onto :class:`~batched_nerf.ConstructionTable`:
+How bgflow's conventions map onto [`ConstructionTable`][batched_nerf.ConstructionTable]:
 
 * **Rows and atoms.** A bgflow row is our row ``refs[i] = (b, a, d)``; bgflow's
   rows may come in any order and its outputs (bonds, angles, torsions) follow
@@ -30,7 +30,7 @@ How bgflow's conventions map onto :class:`~batched_nerf.ConstructionTable`:
   torsions are radians, but with ``normalize_angles=True`` (the default) bgflow
   outputs ``angle / pi`` and ``(torsion + pi) / (2 pi)`` in ``[0, 1]``: undo that
   with ``angle = u * pi`` and ``dihedral = v * 2 pi - pi`` before
-  :func:`~batched_nerf.to_cartesian`.
+  [`to_cartesian`][batched_nerf.to_cartesian].
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def refs_from_bgflow(
 def table_from_bgflow(
     z_matrix: Any, fixed_atoms: Any = None, n_atoms: int | None = None
 ) -> ConstructionTable:
-    """A :class:`~batched_nerf.ConstructionTable` from a bgflow / bgmol z-matrix.
+    """A [`ConstructionTable`][batched_nerf.ConstructionTable] from a bgflow / bgmol z-matrix.
 
     See the module docstring for how bgflow's conventions map onto ours.
 
@@ -128,8 +128,8 @@ def table_from_bgflow(
         The validated table.
 
     Raises:
-        ValueError: as :func:`refs_from_bgflow`, and for tables the
-            :class:`~batched_nerf.ConstructionTable` rejects (cycles, bad seeds).
+        ValueError: as [`refs_from_bgflow`][batched_nerf.formats.refs_from_bgflow], and for tables the
+            [`ConstructionTable`][batched_nerf.ConstructionTable] rejects (cycles, bad seeds).
 
     Example:
         >>> from batched_nerf.formats import table_from_bgflow
@@ -142,7 +142,8 @@ def table_from_bgflow(
 
 
 def refs_to_bgflow(refs: Any, fixed: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """bgflow z-matrix rows from construction-table rows (see :func:`table_to_bgflow`)."""
+    """bgflow z-matrix rows from construction-table rows (see
+    [`table_to_bgflow`][batched_nerf.formats.table_to_bgflow])."""
     ref_arr = as_numpy(refs, np.int64)
     if ref_arr.ndim != 2 or ref_arr.shape[1] != 3:
         raise ValueError(f"refs must have shape (N, 3), got {tuple(ref_arr.shape)}")
@@ -164,7 +165,7 @@ def table_to_bgflow(table: ConstructionTable) -> tuple[np.ndarray, np.ndarray]:
     and no fixed atoms (see the module docstring for its seed convention).
 
     Args:
-        table: a :class:`~batched_nerf.ConstructionTable` (or any object with
+        table: a [`ConstructionTable`][batched_nerf.ConstructionTable] (or any object with
             ``refs`` and ``fixed``).
 
     Returns:

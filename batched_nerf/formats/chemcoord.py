@@ -1,38 +1,40 @@
-"""Adapter for `chemcoord <https://github.com/mcocdawc/chemcoord>`_ ``Zmat`` objects.
+"""Adapter for [chemcoord](https://github.com/mcocdawc/chemcoord) ``Zmat`` objects.
 
 chemcoord (an optional dependency, imported only when these functions are
 called) describes a molecule as a table of rows ``atom, b, bond, a, angle, d,
 dihedral``, indexed by atom labels, every row referencing three earlier atoms
 or one of the *absolute references* ``origin``, ``e_x``, ``e_y``, ``e_z``
 (stored as strings, or internally as very negative integers). The mapping onto
-:class:`~batched_nerf.ZMatrix`:
+[`ZMatrix`][batched_nerf.ZMatrix]:
 
 * **Rows.** The ``Zmat``'s rows become the first rows of the table, in the same
   order; row ``k``'s label (the ``Zmat`` index) is kept as ``labels[k]``.
 * **Absolute references** become *fixed dummy atoms*, appended after the real
   rows, at ``origin = (0, 0, 0)``, ``e_x = (1, 0, 0)``, ``e_y = (0, 1, 0)`` and
   ``e_z = (0, 0, 1)`` (element ``"X"``, label the reference's name, not
-  :attr:`~batched_nerf.ZMatrix.real`). So every chemcoord row is a fully
-  referenced row, and :meth:`~batched_nerf.ZMatrix.to_cartesian` reproduces
+  [`real`][batched_nerf.ZMatrix.real]). So every chemcoord row is a fully
+  referenced row, and [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian] reproduces
   ``zmat.get_cartesian()`` exactly, not just up to a rigid motion.
 * **Units and signs.** chemcoord's angles are degrees; its dihedral is the
   negative of the IUPAC dihedral used here (chemcoord places atom ``i`` at
   ``B @ (r sin a cos d, -r sin a sin d, -r cos a)``), so
   ``dihedrals = -radians(zmat["dihedral"])``.
-* **Seeds.** Going the other way (:func:`to_chemcoord`), the seed rows of a
+* **Seeds.** Going the other way ([`to_chemcoord`][batched_nerf.formats.to_chemcoord]), the seed rows of a
   component are written with absolute references that reproduce this package's
   canonical frame: the root at the origin (``origin, e_z, e_x``, bond ``0``), the
   second seed on ``+x`` (``root, e_z, e_x``, angle 90 deg) and the third in the
   ``xy``-plane with ``y > 0`` (``b, a, e_y``, dihedral 0).
 
-Example (needs chemcoord)::
+Example (needs chemcoord):
 
-    import chemcoord as cc
-    import batched_nerf as bn
-    zmat = cc.Cartesian.read_xyz("molecule.xyz").get_zmat()
-    z = bn.from_chemcoord(zmat)              # radians, IUPAC dihedrals
-    xyz = z.to_cartesian()                   # == zmat.get_cartesian() coordinates
-    zmat2 = bn.to_chemcoord(z)               # the same Zmat again
+```python
+import chemcoord as cc
+import batched_nerf as bn
+zmat = cc.Cartesian.read_xyz("molecule.xyz").get_zmat()
+z = bn.from_chemcoord(zmat)              # radians, IUPAC dihedrals
+xyz = z.to_cartesian()                   # == zmat.get_cartesian() coordinates
+zmat2 = bn.to_chemcoord(z)               # the same Zmat again
+```
 """
 
 from __future__ import annotations
@@ -85,14 +87,14 @@ def _absolute_name(ref: Any) -> str | None:
 
 
 def from_chemcoord(zmat: Any) -> ZMatrix:
-    """A :class:`~batched_nerf.ZMatrix` from a chemcoord ``Zmat``.
+    """A [`ZMatrix`][batched_nerf.ZMatrix] from a chemcoord ``Zmat``.
 
     Args:
         zmat: a ``chemcoord.Zmat`` (numeric values; sympy symbols must be
             substituted first with ``zmat.subs``).
 
     Returns:
-        A float64, unbatched :class:`~batched_nerf.ZMatrix` (radians, IUPAC
+        A float64, unbatched [`ZMatrix`][batched_nerf.ZMatrix] (radians, IUPAC
         dihedrals) whose first ``len(zmat)`` rows are the ``Zmat``'s rows in its
         order, followed by one fixed dummy atom per absolute reference used;
         ``elements`` are the ``atom`` column (``"X"`` for the dummies) and
@@ -164,20 +166,21 @@ def from_chemcoord(zmat: Any) -> ZMatrix:
 
 
 def read_chemcoord(path_or_file: PathOrFile | IO[bytes]) -> ZMatrix:
-    """Read a chemcoord Z-matrix file (as ``Zmat.to_zmat`` writes it) as a :class:`~batched_nerf.ZMatrix`.
+    """Read a chemcoord Z-matrix file (as ``Zmat.to_zmat`` writes it) as a [`ZMatrix`][batched_nerf.ZMatrix].
 
     Lines ``atom b bond a angle d dihedral`` (``#`` starts a comment), the
     references 1-based atom numbers or absolute references (``origin``,
     ``e_x``, ``e_y``, ``e_z``); or chemcoord's short form whose first three
     lines have 1, 3 and 5 fields. The lines are checked here, naming the
     file's line and atom, then read by ``chemcoord.Zmat.read_zmat`` and
-    converted by :func:`from_chemcoord`. A leading byte-order mark is ignored.
+    converted by [`from_chemcoord`][batched_nerf.formats.from_chemcoord]. A leading byte-order mark is
+    ignored.
 
     Args:
         path_or_file: a path or an open file (text or binary, UTF-8).
 
     Returns:
-        The :class:`~batched_nerf.ZMatrix` of :func:`from_chemcoord`.
+        The [`ZMatrix`][batched_nerf.ZMatrix] of [`from_chemcoord`][batched_nerf.formats.from_chemcoord].
 
     Raises:
         ImportError: chemcoord is not installed.
@@ -237,12 +240,12 @@ def read_chemcoord(path_or_file: PathOrFile | IO[bytes]) -> ZMatrix:
 
 
 def to_chemcoord(zmatrix: ZMatrix) -> Any:
-    """A chemcoord ``Zmat`` from a :class:`~batched_nerf.ZMatrix` of one conformation.
+    """A chemcoord ``Zmat`` from a [`ZMatrix`][batched_nerf.ZMatrix] of one conformation.
 
     Fixed atoms must be dummies at the positions of chemcoord's absolute
-    references (as :func:`from_chemcoord` makes them); they become references
+    references (as [`from_chemcoord`][batched_nerf.formats.from_chemcoord] makes them); they become references
     to ``origin``/``e_x``/``e_y``/``e_z``. Seed rows are written with absolute
-    references that put the atoms where :func:`~batched_nerf.to_cartesian`
+    references that put the atoms where [`to_cartesian`][batched_nerf.to_cartesian]
     does (see the module description), so ``to_chemcoord(z).get_cartesian()``
     equals ``z.to_cartesian()`` (for the rows it keeps). Rows are written in a
     build order (chemcoord references only earlier rows) that keeps the
@@ -252,10 +255,11 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
     acetylene); such rows take the least collinear absolute reference as ``d``
     instead, with the dihedral measured in the built coordinates. The index is
     taken from the labels when they are distinct integers (as after
-    :func:`from_chemcoord`), else it is the row number among the non-fixed rows.
+    [`from_chemcoord`][batched_nerf.formats.from_chemcoord]), else it is the row number among the non-fixed
+    rows.
 
     Args:
-        zmatrix: a :class:`~batched_nerf.ZMatrix` with ``elements`` and a batch
+        zmatrix: a [`ZMatrix`][batched_nerf.ZMatrix] with ``elements`` and a batch
             of one conformation (any dtype and device).
 
     Returns:
@@ -267,7 +271,7 @@ def to_chemcoord(zmatrix: ZMatrix) -> Any:
         ValueError: no elements, more than one conformation, a fixed atom
             that is not at one of the absolute references, or several seeded
             components (their relative placement is not in the ZMatrix; link
-            them first, see :meth:`~batched_nerf.ZMatrix.from_cartesian`).
+            them first, see [`from_cartesian`][batched_nerf.ZMatrix.from_cartesian]).
 
     Example (needs chemcoord; run on the adapter's docs page):
         >>> import batched_nerf as bn  # doctest: +SKIP

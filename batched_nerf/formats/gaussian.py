@@ -1,42 +1,44 @@
 """Gaussian input files and Gaussian-style Z-matrix text (the molecule specification).
 
 One atom per line, references 1-based (or by the label of an earlier line),
-lengths as written (usually Angstrom), angles in degrees::
+lengths as written (usually Angstrom), angles in degrees:
 
-    C
-    H 1 1.09
-    H 1 1.09 2 109.5
-    H 1 R1 2 A1 3 -D1
+```text
+C
+H 1 1.09
+H 1 1.09 2 109.5
+H 1 R1 2 A1 3 -D1
 
-    R1 1.09
-    A1 109.5
-    D1 120.0
+R1 1.09
+A1 109.5
+D1 120.0
+```
 
 A value may be a variable name, optionally signed (``-D1``), defined after a
 blank line as ``name value`` or ``name=value`` (an optional ``Variables:`` or
 ``Constants:`` header line is skipped). Commas may separate fields and ``!``
 starts a comment. Gaussian's dihedral ``i-b-a-d`` is the IUPAC dihedral, the
-same as :mod:`batched_nerf`'s, so values carry over unchanged.
+same as `batched_nerf`'s, so values carry over unchanged.
 
 A full input file (``.gjf``/``.com``) is read too: optional Link 0 lines
 (``%chk=...``), the route section (``#...``), a blank line, the title section,
 a blank line, the charge and multiplicity line, then the molecule
 specification and its variables; sections after the variables (basis sets,
-``ModRedundant`` input, ...) are ignored. :func:`read_gaussian` returns the
-header too, :func:`write_gaussian` writes a complete input file.
+``ModRedundant`` input, ...) are ignored. [`read_gaussian`][batched_nerf.formats.read_gaussian] returns the
+header too, [`write_gaussian`][batched_nerf.formats.write_gaussian] writes a complete input file.
 
 Atom lines are Z-matrix lines or Cartesian lines ``label x y z`` (also
 ``label 0 x y z`` with a freeze flag); Cartesian atoms become fixed atoms of
-the :class:`~batched_nerf.ZMatrix`, so the coordinates are kept as written.
+the [`ZMatrix`][batched_nerf.ZMatrix], so the coordinates are kept as written.
 Labels start with an element symbol, ``D``/``T`` (hydrogen isotopes, also
-read as Gaussian's ``H(Iso=2)``/``H(Iso=3)``, which :func:`write_gaussian`
+read as Gaussian's ``H(Iso=2)``/``H(Iso=3)``, which [`write_gaussian`][batched_nerf.formats.write_gaussian]
 writes) or ``X`` (a dummy atom: it takes part in the build but is not
-:attr:`~batched_nerf.ZMatrix.real`). Not supported: the two-angle form of a
+[`real`][batched_nerf.ZMatrix.real]). Not supported: the two-angle form of a
 Z-matrix line (flag ``1``/``-1``), and Z-matrix seed lines (fewer than three
 references) together with Cartesian lines.
 
 A Gaussian row may only reference earlier rows and the first three rows are the
-seeds. Construction tables allow any row order, so :func:`write_zmat` writes the
+seeds. Construction tables allow any row order, so [`write_zmat`][batched_nerf.formats.write_zmat] writes the
 rows in a valid build order (a topological sort that keeps the original order
 where it can) and returns that order.
 """
@@ -79,7 +81,7 @@ class GaussianInput:
     """A Gaussian input file: the molecule and the sections around it.
 
     Attributes:
-        zmatrix: the molecule specification as a :class:`~batched_nerf.ZMatrix`.
+        zmatrix: the molecule specification as a [`ZMatrix`][batched_nerf.ZMatrix].
         route: the route section (``"#p B3LYP/6-31G(d) opt"``; lines joined by
             newlines), ``None`` for a bare Z-matrix.
         title: the title section, ``None`` for a bare Z-matrix.
@@ -121,7 +123,8 @@ def _element(label: str, lineno: int) -> str:
 
 
 def _check_labels(elements: Sequence[str]) -> list[str]:
-    """Element labels as strings, each one that :func:`read_zmat` reads back as the same single field."""
+    """Element labels as strings, each one that [`read_zmat`][batched_nerf.formats.read_zmat] reads back as
+    the same single field."""
     out = [str(e) for e in elements]
     for i, label in enumerate(out):
         ok = bool(label) and not any(c.isspace() or c in ",!" for c in label)
@@ -184,9 +187,10 @@ def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
         path_or_file: a path or an open text file.
 
     Returns:
-        A :class:`GaussianInput`: the molecule as a :class:`~batched_nerf.ZMatrix`
+        A [`GaussianInput`][batched_nerf.formats.GaussianInput]: the molecule as a
+        [`ZMatrix`][batched_nerf.ZMatrix]
         (float64, unbatched, angles in radians, elements and labels as written,
-        dummy atoms ``X`` not :attr:`~batched_nerf.ZMatrix.real`, Cartesian atoms
+        dummy atoms ``X`` not [`real`][batched_nerf.ZMatrix.real], Cartesian atoms
         as fixed atoms) and, for a full input file, the route, title, charge,
         multiplicity and Link 0 lines (``None`` for a bare Z-matrix).
 
@@ -247,20 +251,20 @@ def read_gaussian(path_or_file: PathOrFile) -> GaussianInput:
 def read_zmat(path_or_file: PathOrFile) -> ZMatrix:
     """Read a Gaussian-style Z-matrix, or the molecule of a full Gaussian input file.
 
-    The same as :func:`read_gaussian` without the header (route, title,
+    The same as [`read_gaussian`][batched_nerf.formats.read_gaussian] without the header (route, title,
     charge, multiplicity).
 
     Args:
         path_or_file: a path or an open text file.
 
     Returns:
-        A :class:`~batched_nerf.ZMatrix` (float64, unbatched, angles in radians)
+        A [`ZMatrix`][batched_nerf.ZMatrix] (float64, unbatched, angles in radians)
         with the element symbols and the labels as written; dummy atoms (element
-        ``X``) are marked as not :attr:`~batched_nerf.ZMatrix.real`; Cartesian
+        ``X``) are marked as not [`real`][batched_nerf.ZMatrix.real]; Cartesian
         lines become fixed atoms.
 
     Raises:
-        ValueError: as :func:`read_gaussian`, naming the 1-based line.
+        ValueError: as [`read_gaussian`][batched_nerf.formats.read_gaussian], naming the 1-based line.
 
     Example:
         >>> import io
@@ -388,10 +392,10 @@ def write_zmat(
 
     Args:
         path_or_file: a path (overwritten) or an open text file.
-        elements: ``N`` element symbols, or a :class:`~batched_nerf.ZMatrix` of
+        elements: ``N`` element symbols, or a [`ZMatrix`][batched_nerf.ZMatrix] of
             one conformation with elements (then ``refs`` and the values are
             taken from it and must not be passed).
-        refs: a :class:`~batched_nerf.ConstructionTable` (without fixed atoms) or
+        refs: a [`ConstructionTable`][batched_nerf.ConstructionTable] (without fixed atoms) or
             an ``(N, 3)`` integer array, ``-1`` for no reference.
         bonds: ``(N,)`` bond lengths of one conformation (numpy, lists or
             torch tensors); entries unused by an atom are ignored.
@@ -401,7 +405,7 @@ def write_zmat(
         variables: write symbolic ``R<k>``/``A<k>``/``D<k>`` names and a variable block.
         precision: decimals written per value (a non-negative integer).
 
-    Bond angles outside ``[0, 180]`` degrees (which :func:`read_zmat` refuses)
+    Bond angles outside ``[0, 180]`` degrees (which [`read_zmat`][batched_nerf.formats.read_zmat] refuses)
     are written as the equivalent angle in that range with the dihedral turned
     by 180 deg: the same atom position (for the third seed atom, which has no
     dihedral, the same molecule turned about its first bond).
@@ -550,14 +554,14 @@ def write_gaussian(
 
     The file holds the Link 0 lines, the route section, a blank line, the
     title, a blank line, the charge and multiplicity, the molecule (Z-matrix
-    lines as :func:`write_zmat` writes them, rows in build order, or Cartesian
+    lines as [`write_zmat`][batched_nerf.formats.write_zmat] writes them, rows in build order, or Cartesian
     lines ``element x y z`` with ``cartesian=True``, rows in table order,
     dummies included), the variables when ``variables=True``, and the closing
     blank line that Gaussian needs.
 
     Args:
         path_or_file: a path (overwritten) or an open text file.
-        zmatrix: a :class:`~batched_nerf.ZMatrix` of one conformation with elements.
+        zmatrix: a [`ZMatrix`][batched_nerf.ZMatrix] of one conformation with elements.
         route: the route section; must start with ``#``.
         title: the title (one or more non-blank lines).
         charge: total charge.
@@ -565,7 +569,7 @@ def write_gaussian(
             of electrons, 2 for an odd one.
         link0: Link 0 lines, each starting with ``%`` (e.g. ``["%chk=mol.chk", "%mem=1GB"]``;
             a string is one line, or several separated by newlines).
-        cartesian: write Cartesian lines (from :meth:`~batched_nerf.ZMatrix.to_cartesian`)
+        cartesian: write Cartesian lines (from [`to_cartesian`][batched_nerf.ZMatrix.to_cartesian])
             instead of Z-matrix lines; needed for tables with fixed atoms.
         variables: symbolic ``R<k>``/``A<k>``/``D<k>`` values and a variable block.
         precision: decimals written per value (a non-negative integer).
@@ -580,7 +584,7 @@ def write_gaussian(
             lines, a Link 0 line not starting with ``%``, a charge or multiplicity
             that is not an integer, a multiplicity that is not positive or does
             not fit the number of electrons, or what
-            :func:`write_zmat` refuses.
+            [`write_zmat`][batched_nerf.formats.write_zmat] refuses.
 
     Example:
         >>> import io

@@ -1,29 +1,33 @@
-r"""Adapter for `MDAnalysis <https://www.mdanalysis.org>`_ (an optional dependency: ``batched-nerf[md]``).
+r"""Adapter for [MDAnalysis](https://www.mdanalysis.org) (an optional dependency: ``batched-nerf[md]``).
 
 MDAnalysis is imported only when these functions are called. Coordinates are
 in Angstrom on both sides (MDAnalysis's unit); nothing is converted.
 
-* :func:`table_from_atomgroup`: a construction table from the bonds of any
+* [`table_from_atomgroup`][batched_nerf.formats.table_from_atomgroup]: a construction table from the bonds of
+any
   ``AtomGroup`` (several molecules, heavy atoms only, any selection), and
-  :func:`frames`: a trajectory slice as one ``(F, N, 3)`` tensor, so that a
-  whole trajectory is converted by one :func:`~batched_nerf.to_internal` call.
-* :func:`table_from_bat`, :func:`from_bat`, :func:`to_bat`: interoperability
+  [`frames`][batched_nerf.formats.frames]: a trajectory slice as one ``(F, N, 3)`` tensor, so that a
+  whole trajectory is converted by one [`to_internal`][batched_nerf.to_internal] call.
+* [`table_from_bat`][batched_nerf.formats.table_from_bat], [`from_bat`][batched_nerf.formats.from_bat],
+[`to_bat`][batched_nerf.formats.to_bat]: interoperability
   with ``MDAnalysis.analysis.bat.BAT``: a table that follows BAT's own tree,
   and converters between BAT's ``results.bat`` layout and
-  ``(bonds, angles, dihedrals)`` with a :class:`~batched_nerf.Pose`, so that
+  ``(bonds, angles, dihedrals)`` with a [`Pose`][batched_nerf.Pose], so that
   every frame of ``results.bat`` becomes Cartesian coordinates in one
-  :func:`~batched_nerf.to_cartesian` call (equal to ``BAT.Cartesian``)::
+  [`to_cartesian`][batched_nerf.to_cartesian] call (equal to ``BAT.Cartesian``):
 
-    import MDAnalysis as mda
-    from MDAnalysis.analysis.bat import BAT
-    import batched_nerf as bn
-    from batched_nerf.formats.mdanalysis import from_bat, table_from_bat, to_bat
+  ```python
+  import MDAnalysis as mda
+  from MDAnalysis.analysis.bat import BAT
+  import batched_nerf as bn
+  from batched_nerf.formats.mdanalysis import from_bat, table_from_bat, to_bat
 
-    bat = BAT(u.select_atoms("resid 1-40")).run()
-    bt = table_from_bat(bat)
-    ic, pose = from_bat(bat.results.bat, bt)                            # (F, N) each, (F, 3, 3), (F, 3)
-    xyz = bn.to_cartesian(*ic, bt.table, rotation=pose.rotation, translation=pose.translation)
-    values = to_bat(*bn.to_internal(xyz, bt.table, return_pose=True), bt)  # == bat.results.bat
+  bat = BAT(u.select_atoms("resid 1-40")).run()
+  bt = table_from_bat(bat)
+  ic, pose = from_bat(bat.results.bat, bt)                            # (F, N) each, (F, 3, 3), (F, 3)
+  xyz = bn.to_cartesian(*ic, bt.table, rotation=pose.rotation, translation=pose.translation)
+  values = to_bat(*bn.to_internal(xyz, bt.table, return_pose=True), bt)  # == bat.results.bat
+  ```
 
 BAT's layout, per frame, ``3 N`` values (radians, Angstrom): the root atom's
 position ``x, y, z``; the orientation ``phi, theta, omega`` (the direction of
@@ -99,17 +103,18 @@ def _positions(atoms: Any) -> np.ndarray | None:
 
 
 class AtomGroupTable(NamedTuple):
-    """A :class:`~batched_nerf.ConstructionTable` of an ``AtomGroup`` and its atoms.
+    """A [`ConstructionTable`][batched_nerf.ConstructionTable] of an ``AtomGroup`` and its atoms.
 
     Attributes:
         table: ``N`` rows; row ``i`` is atom ``ag[i]`` (the table keeps the
             AtomGroup's order, whatever order it builds in).
         indices: ``(N,)`` ``torch.long`` universe indices of the rows
             (``ag.indices``): ``u.atoms[indices]`` is the AtomGroup again, and
-            :func:`frames` ``(u, indices=...)`` reads coordinates in row order.
+            [`frames`][batched_nerf.formats.frames] ``(u, indices=...)`` reads coordinates in row order.
         torsion_rows: ``(K,)`` ``torch.long``: the row whose dihedral is the
             ``k``-th requested torsion, ``-1`` where it could not be made one
-            (see :func:`table_from_atomgroup`); empty when none were requested.
+            (see [`table_from_atomgroup`][batched_nerf.formats.table_from_atomgroup]); empty when none were
+            requested.
     """
 
     table: ConstructionTable
@@ -150,7 +155,8 @@ def _torsion_quads(torsions: Any, position: np.ndarray) -> np.ndarray:
 def _set_torsions(refs: np.ndarray, quads: np.ndarray) -> np.ndarray:
     """Make each quad ``(p, q, s, t)`` the dihedral of one row where the build order allows it.
 
-    The rule of :func:`batched_nerf.protein.table_from_topology`: atom ``t`` with
+    The rule of [`batched_nerf.protein.table_from_topology`][batched_nerf.protein.table_from_topology]: atom
+    ``t`` with
     references ``(s, q, *)`` (or atom ``p`` with ``(q, s, *)``) takes the fourth atom
     as its dihedral reference if that atom comes earlier in one fixed build order of
     the bond-graph table, so no rewrite can make a reference cycle.
@@ -183,7 +189,7 @@ def table_from_atomgroup(
     several molecules, a protein with its ligand, heavy atoms only (whose bonds
     to the removed hydrogens simply vanish; ``BAT`` refuses such selections,
     MDAnalysis issue #4566, and groups of more than one molecule). The rules
-    are those of :meth:`~batched_nerf.ConstructionTable.from_connectivity`
+    are those of [`from_connectivity`][batched_nerf.ConstructionTable.from_connectivity]
     (bonded references, proper torsions, branches on a sibling); with the
     group's current coordinates, near-linear reference triples are avoided and
     the molecules are linked into one build (each further molecule's seed rows
@@ -206,7 +212,8 @@ def table_from_atomgroup(
             bond and angle and the build order allows it; otherwise ``-1``.
 
     Returns:
-        :class:`AtomGroupTable` ``(table, indices, torsion_rows)``; row ``i`` of
+        [`AtomGroupTable`][batched_nerf.formats.AtomGroupTable] ``(table, indices, torsion_rows)``; row ``i``
+        of
         the table is ``ag[i]``.
 
     Raises:
@@ -284,7 +291,8 @@ def frames(
 
     Args:
         universe_or_atomgroup: an ``MDAnalysis.Universe`` or ``AtomGroup``;
-            atoms in its order (the row order of :func:`table_from_atomgroup`
+            atoms in its order (the row order of
+            [`table_from_atomgroup`][batched_nerf.formats.table_from_atomgroup]
             and of a ``BAT`` table). An ``UpdatingAtomGroup`` is read as the
             atoms it holds now, in every frame.
         start: the slice of frames: its first frame.
@@ -380,7 +388,8 @@ class BATTable(NamedTuple):
 
 
 def table_from_bat(bat: Any) -> BATTable:
-    """The construction table that follows a ``BAT`` analysis's tree (see :class:`BATTable`).
+    """The construction table that follows a ``BAT`` analysis's tree (see
+    [`BATTable`][batched_nerf.formats.BATTable]).
 
     Reads what ``BAT.__init__`` set up (its root atoms ``_root``, torsion list
     ``_torsions`` and primary torsions, as positions in ``bat.atoms``); ``run``
@@ -390,7 +399,7 @@ def table_from_bat(bat: Any) -> BATTable:
         bat: an ``MDAnalysis.analysis.bat.BAT``.
 
     Returns:
-        :class:`BATTable`.
+        [`BATTable`][batched_nerf.formats.BATTable].
 
     Raises:
         ImportError: MDAnalysis is not installed.
@@ -472,12 +481,14 @@ def from_bat(values: Any, bat_table: BATTable) -> tuple[InternalCoordinates, Pos
 
     With ``bt = table_from_bat(bat)``, per frame (BAT layout in the module
     docstring; ``t_k`` the stored torsions, ``p(k)`` the primary of torsion
-    ``k``)::
+    ``k``):
 
-        dihedrals[a0_k] = wrap(t_k + t_p(k))   (improper: p(k) != k)   or   wrap(t_k)
-        bonds[a0_k], angles[a0_k] = the k-th bond and angle
-        bonds[root1] = r01,  bonds[root2] = r12,  angles[root2] = a012
-        rotation = Rz(phi) Ry(theta) Rz(omega) P,   translation = (x, y, z)
+    ```text
+    dihedrals[a0_k] = wrap(t_k + t_p(k))   (improper: p(k) != k)   or   wrap(t_k)
+    bonds[a0_k], angles[a0_k] = the k-th bond and angle
+    bonds[root1] = r01,  bonds[root2] = r12,  angles[root2] = a012
+    rotation = Rz(phi) Ry(theta) Rz(omega) P,   translation = (x, y, z)
+    ```
 
     with ``wrap`` into ``(-pi, pi]`` and ``P`` the axis permutation that carries
     batched_nerf's seed frame (root 0 -> 1 along ``+x``, root 2 in the
@@ -492,16 +503,16 @@ def from_bat(values: Any, bat_table: BATTable) -> tuple[InternalCoordinates, Pos
     Args:
         values: ``(..., 3 N)`` BAT coordinates (numpy or torch; e.g.
             ``bat.results.bat`` ``(F, 3 N)``), radians and Angstrom.
-        bat_table: the :class:`BATTable` of the same BAT.
+        bat_table: the [`BATTable`][batched_nerf.formats.BATTable] of the same BAT.
 
     Returns:
-        ``(ic, pose)``: :class:`~batched_nerf.InternalCoordinates` ``(..., N)``
+        ``(ic, pose)``: [`InternalCoordinates`][batched_nerf.InternalCoordinates] ``(..., N)``
         each (entries the table does not use are ``0``) and
-        :class:`~batched_nerf.Pose` ``(..., 3, 3)``, ``(..., 3)``; dtype of
+        [`Pose`][batched_nerf.Pose] ``(..., 3, 3)``, ``(..., 3)``; dtype of
         ``values`` (float64 for numpy float64 and for integers).
 
     Raises:
-        TypeError: ``bat_table`` is not a :class:`BATTable`, or complex or
+        TypeError: ``bat_table`` is not a [`BATTable`][batched_nerf.formats.BATTable], or complex or
             boolean values.
         ValueError: the last dimension of ``values`` is not ``3 N``.
 
@@ -559,14 +570,17 @@ def from_bat(values: Any, bat_table: BATTable) -> tuple[InternalCoordinates, Pos
 
 
 def to_bat(internal: Any, pose: Any, bat_table: BATTable) -> Tensor:
-    r"""BAT's ``results.bat`` layout from internal coordinates and a pose: the inverse of :func:`from_bat`.
+    r"""BAT's ``results.bat`` layout from internal coordinates and a pose: the inverse of
+    [`from_bat`][batched_nerf.formats.from_bat].
 
     With ``e = rotation[..., :, 0]`` (the direction root 0 -> 1) and
-    ``f = rotation[..., :, 1]``::
+    ``f = rotation[..., :, 1]``:
 
-        phi = atan2(e_y, e_x),  theta = arccos(e_z),
-        omega = atan2(f . (Rz(phi) Ry(theta) y), f . (Rz(phi) Ry(theta) x))
-        t_k = wrap_bat(dihedrals[a0_k] - dihedrals[a0_p(k)])  (improper)   or   wrap_bat(dihedrals[a0_k])
+    ```text
+    phi = atan2(e_y, e_x),  theta = arccos(e_z),
+    omega = atan2(f . (Rz(phi) Ry(theta) y), f . (Rz(phi) Ry(theta) x))
+    t_k = wrap_bat(dihedrals[a0_k] - dihedrals[a0_p(k)])  (improper)   or   wrap_bat(dihedrals[a0_k])
+    ```
 
     with ``wrap_bat(t) = ((t + pi) mod 2 pi) - pi`` in ``[-pi, pi)``, BAT's own
     wrapping. ``to_bat(*to_internal(xyz, bt.table, return_pose=True), bt)``
@@ -575,17 +589,17 @@ def to_bat(internal: Any, pose: Any, bat_table: BATTable) -> Tensor:
 
     Args:
         internal: ``(bonds, angles, dihedrals)``, each ``(..., N)`` (an
-            :class:`~batched_nerf.InternalCoordinates`), radians.
+            [`InternalCoordinates`][batched_nerf.InternalCoordinates]), radians.
         pose: ``(rotation (..., 3, 3), translation (..., 3))`` (a
-            :class:`~batched_nerf.Pose`).
-        bat_table: the :class:`BATTable` of the BAT.
+            [`Pose`][batched_nerf.Pose]).
+        bat_table: the [`BATTable`][batched_nerf.formats.BATTable] of the BAT.
 
     Returns:
         ``(..., 3 N)`` tensor, the batch shapes broadcast, in the widest dtype
         of the inputs (float32 bonds with a float64 pose give float64).
 
     Raises:
-        TypeError: ``bat_table`` is not a :class:`BATTable`, or complex or
+        TypeError: ``bat_table`` is not a [`BATTable`][batched_nerf.formats.BATTable], or complex or
             boolean inputs.
         ValueError: shapes other than ``(..., N)``, ``(..., 3, 3)`` and
             ``(..., 3)``, or batch shapes that do not broadcast.

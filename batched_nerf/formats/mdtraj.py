@@ -1,16 +1,18 @@
-"""Adapter for `mdtraj <https://www.mdtraj.org>`_ trajectories (an optional dependency).
+"""Adapter for [mdtraj](https://www.mdtraj.org) trajectories (an optional dependency).
 
 mdtraj is imported only when these functions are called (it is part of the
 ``protein`` extra). mdtraj stores coordinates and unit cells in
 **nanometres**; everything returned here is in **Angstrom**, the unit of the
-rest of the library's adapters::
+rest of the library's adapters:
 
-    import mdtraj as md
-    import batched_nerf as bn
-    from batched_nerf.formats.mdtraj import from_mdtraj
+```python
+import mdtraj as md
+import batched_nerf as bn
+from batched_nerf.formats.mdtraj import from_mdtraj
 
-    batch = from_mdtraj(md.load("traj.xtc", top="top.pdb"))  # (F, N, 3) and (F, 3, 3) in Angstrom
-    ic = bn.to_internal(batch.xyz, batch.topology.table)     # every frame in one call
+batch = from_mdtraj(md.load("traj.xtc", top="top.pdb"))  # (F, N, 3) and (F, 3, 3) in Angstrom
+ic = bn.to_internal(batch.xyz, batch.topology.table)     # every frame in one call
+```
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class MDTrajFrames(NamedTuple):
         box: ``(F, 3, 3)`` unit-cell vectors in rows, in Angstrom
             (``traj.unitcell_vectors * 10``), or ``None`` for a trajectory
             without unit cells.
-        topology: the :class:`~batched_nerf.protein.TopologyTable` of
+        topology: the [`TopologyTable`][batched_nerf.protein.TopologyTable] of
             ``traj.topology`` (table, atom labels, backbone and side-chain
             torsion rows), or ``None`` with ``table=False``.
     """
@@ -52,7 +54,7 @@ def from_mdtraj(
 ) -> MDTrajFrames:
     """Coordinates, unit cells and construction table of an mdtraj ``Trajectory``, in Angstrom.
 
-    The table is :func:`batched_nerf.protein.table_from_topology` of
+    The table is [`batched_nerf.protein.table_from_topology`][batched_nerf.protein.table_from_topology] of
     ``traj.topology`` with the first frame's coordinates (near-linear
     references avoided; chains, ligands and waters linked into one build
     unless ``link_fragments=False``); its rows are the trajectory's atoms in
@@ -66,7 +68,7 @@ def from_mdtraj(
         link_fragments: passed to ``table_from_topology``.
 
     Returns:
-        :class:`MDTrajFrames` ``(xyz, box, topology)``.
+        [`MDTrajFrames`][batched_nerf.formats.MDTrajFrames] ``(xyz, box, topology)``.
 
     Raises:
         ImportError: mdtraj is not installed.

@@ -1,19 +1,22 @@
-"""Adapter for `RDKit <https://www.rdkit.org>`_ molecules (an optional dependency).
+"""Adapter for [RDKit](https://www.rdkit.org) molecules (an optional dependency).
 
 RDKit is imported only when these functions are called. The bond graph of a
 ``Mol`` gives a chemically sensible construction table (see
-:meth:`batched_nerf.ConstructionTable.from_connectivity`), and its conformers give
+[`batched_nerf.ConstructionTable.from_connectivity`][batched_nerf.ConstructionTable.from_connectivity]), and
+its conformers give
 coordinates, so any molecule RDKit can read (SMILES, SDF, MOL2, PDB) can be
-converted::
+converted:
 
-    from rdkit import Chem
-    from rdkit.Chem import AllChem
-    from batched_nerf.formats import table_from_rdkit, xyz_from_rdkit
+```python
+from rdkit import Chem
+from rdkit.Chem import AllChem
+from batched_nerf.formats import table_from_rdkit, xyz_from_rdkit
 
-    mol = Chem.AddHs(Chem.MolFromSmiles("CC(=O)NC(C)C(=O)NC"))
-    AllChem.EmbedMolecule(mol, randomSeed=0)
-    table = table_from_rdkit(mol)
-    elements, xyz = xyz_from_rdkit(mol)          # (F, N, 3), one frame per conformer
+mol = Chem.AddHs(Chem.MolFromSmiles("CC(=O)NC(C)C(=O)NC"))
+AllChem.EmbedMolecule(mol, randomSeed=0)
+table = table_from_rdkit(mol)
+elements, xyz = xyz_from_rdkit(mol)          # (F, N, 3), one frame per conformer
+```
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ def table_from_rdkit(
     Atom ``i`` of the table is RDKit atom ``i`` (hydrogens only if they are
     explicit atoms: use ``Chem.AddHs`` first). With a conformer, near-linear
     reference triples are avoided, as in
-    :meth:`~batched_nerf.ConstructionTable.from_xyz`, and the fragments of a
+    [`from_xyz`][batched_nerf.ConstructionTable.from_xyz], and the fragments of a
     salt or a complex (``CC(=O)[O-].[Na+]``) are linked into one build: each
     further fragment's seed atoms reference the nearest atoms already placed
-    (see :func:`~batched_nerf.nonbonded_references`).
+    (see [`nonbonded_references`][batched_nerf.nonbonded_references]).
 
     Args:
         mol: an ``rdkit.Chem.Mol``.
@@ -57,7 +60,7 @@ def table_from_rdkit(
             conformer is used), or give each its own seed triple (``False``).
 
     Returns:
-        A :class:`~batched_nerf.ConstructionTable` with ``mol.GetNumAtoms()`` rows.
+        A [`ConstructionTable`][batched_nerf.ConstructionTable] with ``mol.GetNumAtoms()`` rows.
 
     Raises:
         ImportError: RDKit is not installed.

@@ -1,20 +1,25 @@
 """Proteins: all heavy atoms (or every atom) of amino-acid sequences from torsions, and back.
 
 A layer above the core (which never imports it), built on the public API
-(:class:`batched_nerf.ConstructionTable`, :func:`batched_nerf.to_cartesian`,
-:func:`batched_nerf.to_internal`, :func:`batched_nerf.pack_tables`):
+([`batched_nerf.ConstructionTable`][batched_nerf.ConstructionTable],
+[`batched_nerf.to_cartesian`][batched_nerf.to_cartesian],
+[`batched_nerf.to_internal`][batched_nerf.to_internal],
+[`batched_nerf.pack_tables`][batched_nerf.pack_tables]):
 
-- :func:`protein_table`: the Z-matrix of a sequence from residue templates
+- [`protein_table`][batched_nerf.protein.protein_table]: the Z-matrix of a sequence from residue templates
   (Engh & Huber 1991 bond lengths and angles; hydrogens with Amber ff14SB
   values, PDB/Amber names, variants HID HIE HIP CYX ASH GLH LYN, caps ACE NME;
   CHARMM and GROMACS residue and atom names read too),
   cached per sequence, with phi/psi/omega/chi1-chi4 and the hydrogen rotors as
   single named rows;
-- :func:`build` / :func:`build_batch`: coordinates from torsions, for one
+- [`build`][batched_nerf.protein.build] / [`build_batch`][batched_nerf.protein.build_batch]: coordinates from
+torsions, for one
   sequence or a mixed batch;
-- :func:`torsions` / :func:`torsions_batch` / :func:`internal_coordinates`: the inverse;
-- :func:`write_pdb`: PDB output, one MODEL per structure;
-- :func:`table_from_topology`: a table for every atom of an mdtraj/OpenMM
+- [`torsions`][batched_nerf.protein.torsions] / [`torsions_batch`][batched_nerf.protein.torsions_batch] /
+[`internal_coordinates`][batched_nerf.protein.internal_coordinates]: the inverse;
+- [`write_pdb`][batched_nerf.protein.write_pdb]: PDB output, one MODEL per structure;
+- [`table_from_topology`][batched_nerf.protein.table_from_topology]: a table for every atom of an
+mdtraj/OpenMM
   topology or PDB file (ligands, waters), backbone torsions as rows.
 
 Example:

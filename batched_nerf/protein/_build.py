@@ -29,7 +29,7 @@ _DEG = math.pi / 180.0
 
 
 class Protein(NamedTuple):
-    """Result of :func:`build`.
+    """Result of [`build`][batched_nerf.protein.build].
 
     Attributes:
         xyz: ``(..., N, 3)`` heavy-atom coordinates (A); for a mixed batch of
@@ -72,7 +72,8 @@ def _float(value: Any, name: str, like: Tensor | None) -> Tensor:
 def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
     """Template ``(bonds, angles, dihedrals, omega, chi)`` (radians) of a table, cast once per dtype/device.
 
-    ``owner`` is a :class:`ProteinTable` or :class:`PackedProteins`; ``omega`` is
+    ``owner`` is a [`ProteinTable`][batched_nerf.protein.ProteinTable] or
+    [`PackedProteins`][batched_nerf.protein.PackedProteins]; ``omega`` is
     trans everywhere, ``chi`` the default rotamers. The casts are made outside
     ``torch.inference_mode`` (a first call in a validation pass must not cache
     inference tensors that a later backward would have to save).
@@ -227,13 +228,15 @@ def build(
     r"""All heavy atoms of a protein (every atom with ``hydrogens=True``) from its torsions.
 
     Torsions follow IUPAC-IUB (1970), ``i`` the residue (0-based, ``L``
-    residues), radians (degrees with ``degrees=True``), IUPAC sign::
+    residues), radians (degrees with ``degrees=True``), IUPAC sign:
 
-        phi[i]    = dihedral(C[i-1], N[i], CA[i], C[i])      phi[..., 0] is ignored
-        psi[i]    = dihedral(N[i], CA[i], C[i], N[i+1])      last residue: (N, CA, C, OXT)
-        omega[i]  = dihedral(CA[i], C[i], N[i+1], CA[i+1])   omega[..., L-1] is ignored
-        chi[i, k] = chi(k+1) of residue i, on the atoms of mdtraj's compute_chi1..4;
-                    entries beyond the residue's side chain are ignored
+    ```text
+    phi[i]    = dihedral(C[i-1], N[i], CA[i], C[i])      phi[..., 0] is ignored
+    psi[i]    = dihedral(N[i], CA[i], C[i], N[i+1])      last residue: (N, CA, C, OXT)
+    omega[i]  = dihedral(CA[i], C[i], N[i+1], CA[i+1])   omega[..., L-1] is ignored
+    chi[i, k] = chi(k+1) of residue i, on the atoms of mdtraj's compute_chi1..4;
+                entries beyond the residue's side chain are ignored
+    ```
 
     Bond lengths and angles are Engh & Huber (1991) ideal values (or those of
     ``geometry``); hydrogens take Amber ff14SB's. The first residue's N (an
@@ -241,32 +244,35 @@ def build(
     its C in the ``xy``-plane (``y > 0``). Every CA is L. Caps count as residues
     (``"ACE ALA NME"``: ``L = 3``; ALA's phi and psi at index 1). Differentiable to any
     order and ``torch.func`` compatible: the torsions enter through one gather,
-    then :func:`batched_nerf.to_cartesian`. The table is analysed once per
-    sequence (:func:`protein_table`, cached).
+    then [`batched_nerf.to_cartesian`][batched_nerf.to_cartesian]. The table is analysed once per
+    sequence ([`protein_table`][batched_nerf.protein.protein_table], cached).
 
     Args:
         sequence: one-letter string (``"ACDEF"``), or three-letter names
-            (variants, caps) separated by spaces or listed (:func:`parse_sequence`).
+            (variants, caps) separated by spaces or listed
+            ([`parse_sequence`][batched_nerf.protein.parse_sequence]).
         phi: ``(..., L)`` torsions (numpy arrays keep their float dtype).
         psi: ``(..., L)`` torsions, like ``phi``.
         omega: ``(..., L)``; default trans (``pi``) everywhere.
         chi: ``(..., L, 4)``; default one common rotamer per residue type
-            (:data:`batched_nerf.protein.DEFAULT_CHI`).
+            ([`batched_nerf.protein.DEFAULT_CHI`][batched_nerf.protein.DEFAULT_CHI]).
         hydrogens: also build every hydrogen (Amber / PDB names, after each
             residue's heavy atoms; ideal geometry, Amber ff14SB bond lengths and
             angles). The heavy atoms are the same as without hydrogens.
         rotors: ``(..., K)`` dihedrals of the ``K`` hydrogen rotors (methyl,
             ammonium, amine, hydroxyl, thiol groups:
-            :attr:`ProteinTable.rotor_rows` / ``rotor_names``); default staggered.
+            `ProteinTable.rotor_rows` / ``rotor_names``); default staggered.
         geometry: optional ``(bonds, angles, dihedrals)`` each ``(..., N)`` (e.g.
-            :func:`internal_coordinates` of a structure) replacing the ideal bond
+            [`internal_coordinates`][batched_nerf.protein.internal_coordinates] of a structure) replacing the
+            ideal bond
             lengths and angles and the fixed (non-torsion) dihedrals.
         degrees: torsions (and ``geometry``'s angles and dihedrals) in degrees.
-        method: passed to :func:`batched_nerf.to_cartesian`.
-        accumulate_dtype: passed to :func:`batched_nerf.to_cartesian`.
+        method: passed to [`batched_nerf.to_cartesian`][batched_nerf.to_cartesian].
+        accumulate_dtype: passed to [`batched_nerf.to_cartesian`][batched_nerf.to_cartesian].
 
     Returns:
-        :class:`Protein` ``(xyz (..., N, 3), atom_names, residue_index, elements, sequence, mask)``.
+        [`Protein`][batched_nerf.protein.Protein] ``(xyz (..., N, 3), atom_names, residue_index, elements,
+        sequence, mask)``.
 
     Raises:
         ValueError: an unknown residue; torsions, ``rotors`` or ``geometry`` of the wrong shape.
@@ -326,8 +332,8 @@ def _given_torsions(phi: Any, psi: Any, omega: Any, chi: Any, n_residues: int) -
 
 
 def _bound(t: Any, given: list[Tensor | None], degrees: bool, method: str) -> Tensor | None:
-    """``(..., N, 3)`` heavy atoms of ``given`` torsions (:func:`_given_torsions`) through the table's
-    :class:`~batched_nerf.engines.fused.torsions.TorsionBuild`, or None where it does not serve the call
+    """``(..., N, 3)`` heavy atoms of ``given`` torsions (`_given_torsions`) through the table's
+    `TorsionBuild`, or None where it does not serve the call
     (not a CPU float tensor, numba absent, a ``torch.func`` transform or forward-mode level active, or
     ``method="auto"`` choosing another engine for this batch): the general path then builds it."""
     phi = given[0]
@@ -356,7 +362,7 @@ def _auto(bound: dict, table: Any, m: int) -> str:
 
 
 def _torsion_build(t: Any, omega: bool, chi: bool) -> TorsionBuild:
-    """The :class:`TorsionBuild` of ``t`` reading ``cat([phi, psi, omega?, chi?])`` (one per layout)."""
+    """The `TorsionBuild` of ``t`` reading ``cat([phi, psi, omega?, chi?])`` (one per layout)."""
     plan = configure(t.table.plan("fused", torch.device("cpu")), None, True)
     k = (2 + omega + 4 * chi) * t.n_residues
     values = (x.numpy().astype(np.float64) for x in (t.bonds, t.angles, t.dihedrals))
@@ -367,7 +373,7 @@ def _gather(t: Any, template: Tensor, given: list[Tensor | None], degrees: bool)
     """``(..., N)`` dihedrals: the template's with the given torsions in their rows (one gather).
 
     ``cat([template (N), phi, psi, omega, chi])`` over the torsions given, read
-    through :func:`_source` (rows of an omitted omega or chi keep the
+    through `_source` (rows of an omitted omega or chi keep the
     template's value: its default).
     """
     parts = [v if not degrees else v * _DEG for v in given[:3] if v is not None]
@@ -395,7 +401,7 @@ def _source(t: Any, omega: bool, chi: bool, device: torch.device) -> Tensor:
 
 
 def _remapped(t: Any, omega: bool, chi: bool) -> Tensor:
-    """:func:`_source` on the CPU (numpy)."""
+    """`_source` on the CPU (numpy)."""
     n, length = t.n_atoms, t.n_residues
     src = t.source.numpy().copy()
     rows = np.arange(n)
@@ -420,7 +426,8 @@ def _mask(t: Any, device: torch.device) -> Tensor:
 
 
 class _Layout(NamedTuple):
-    """A :class:`ProteinTable`'s arrays that :class:`PackedProteins` concatenates (numpy, made once)."""
+    """A [`ProteinTable`][batched_nerf.protein.ProteinTable]'s arrays that
+    [`PackedProteins`][batched_nerf.protein.PackedProteins] concatenates (numpy, made once)."""
 
     n: int
     n_residues: int
@@ -433,7 +440,7 @@ class _Layout(NamedTuple):
 
 
 def _layout(t: Any) -> _Layout:
-    """The :class:`_Layout` of a :class:`ProteinTable` (kept on it).
+    """The `_Layout` of a [`ProteinTable`][batched_nerf.protein.ProteinTable] (kept on it).
 
     The table's own ``source`` is ``src < n`` (its template), ``n + c L + r`` (phi,
     psi, omega of residue ``r``, ``c < 3``) or ``n + 3 L + 4 r + c'`` (chi). Packed as
@@ -472,8 +479,8 @@ class PackedProteins:
     """Several sequences in one packed table, with the index maps of a padded layout (cached per tuple).
 
     Attributes:
-        tables: the :class:`ProteinTable` of each sequence.
-        table: their :func:`batched_nerf.pack_tables`.
+        tables: the [`ProteinTable`][batched_nerf.protein.ProteinTable] of each sequence.
+        table: their [`batched_nerf.pack_tables`][batched_nerf.pack_tables].
         n_max, l_max: most atoms / residues of a sequence.
         source: ``(N_total,)`` gather index of the packed dihedrals into
             ``cat([template (N_total), phi (B*L_max), psi, omega, chi (4*B*L_max)])``.
@@ -482,7 +489,8 @@ class PackedProteins:
         bonds, angles, dihedrals: ``(N_total,)`` the packed template values (radians).
 
     ``source``, ``unpad``, ``pad`` and the template values are made on first use
-    (the checked path; the bound build of :func:`build_batch` reads the sequences'
+    (the checked path; the bound build of [`build_batch`][batched_nerf.protein.build_batch] reads the
+    sequences'
     own arrays). Its tensors are made outside ``torch.inference_mode`` (a tuple
     first packed in a validation pass still serves training).
     """
@@ -552,10 +560,12 @@ def _packed(sequences: tuple[tuple[str, ...], ...], hydrogens: bool) -> PackedPr
 
 
 def packed_proteins(sequences: Sequence[str | Sequence[str]], *, hydrogens: bool = False) -> PackedProteins:
-    """The (cached) :class:`PackedProteins` of a tuple of sequences (``hydrogens``: all atoms).
+    """The (cached) [`PackedProteins`][batched_nerf.protein.PackedProteins] of a tuple of sequences
+    (``hydrogens``: all atoms).
 
     Raises:
-        ValueError: an empty list, or a bad sequence (see :func:`protein_table`).
+        ValueError: an empty list, or a bad sequence (see
+            [`protein_table`][batched_nerf.protein.protein_table]).
 
     Example:
         >>> import batched_nerf as bn
@@ -589,19 +599,20 @@ def build_batch(
     method: str = "auto",
     accumulate_dtype: torch.dtype | None = None,
 ) -> Protein:
-    r"""A mixed batch of ``B`` different sequences in one call (conventions of :func:`build`).
+    r"""A mixed batch of ``B`` different sequences in one call (conventions of
+    [`build`][batched_nerf.protein.build]).
 
     Torsions are padded to ``(..., B, L_pad)`` (``chi``: ``(..., B, L_pad, 4)``)
     with ``L_pad`` at least the longest sequence ``L_max``; entries beyond each
     sequence are ignored (they get zero gradient). All
-    chains are built by one :func:`batched_nerf.to_cartesian` call on the
-    packed table (:func:`batched_nerf.pack_tables`), analysed once per tuple of
-    sequences (:func:`packed_proteins`, cached; the per-sequence tables are
+    chains are built by one [`batched_nerf.to_cartesian`][batched_nerf.to_cartesian] call on the
+    packed table ([`batched_nerf.pack_tables`][batched_nerf.pack_tables]), analysed once per tuple of
+    sequences ([`packed_proteins`][batched_nerf.protein.packed_proteins], cached; the per-sequence tables are
     cached separately). ``hydrogens=True`` builds every atom (hydrogen rotors at
     their staggered defaults).
 
     Returns:
-        :class:`Protein` with ``xyz`` ``(..., B, N_max, 3)`` (zeros in padding),
+        [`Protein`][batched_nerf.protein.Protein] with ``xyz`` ``(..., B, N_max, 3)`` (zeros in padding),
         ``mask`` and ``residue_index`` ``(B, N_max)`` (``-1`` in padding), and
         per-sequence tuples of ``atom_names``, ``elements`` and ``sequence``.
 
@@ -645,8 +656,8 @@ def _bound_batch(
     """``(..., B, N_max, 3)`` padded coordinates through the packed table's bound build (written in the
     padded layout by the kernels), or None where it does not serve the call: torsions that are not
     tensors of one dtype, device and shape ``(..., B, L_pad)``, ``L_pad >= L_max`` (chi
-    ``(..., B, L_pad, 4)``), or see :func:`_bound`. The build (one per ``L_pad``) is bound on the
-    first call (:func:`_packed_build`)."""
+    ``(..., B, L_pad, 4)``), or see `_bound`. The build (one per ``L_pad``) is bound on the
+    first call (`_packed_build`)."""
     b = len(packed.tables)
     length = phi.shape[-1] if isinstance(phi, Tensor) and phi.ndim >= 2 else -1
     if length < packed.l_max:
@@ -686,9 +697,9 @@ def _defaults(
 
 
 def _packed_build(packed: PackedProteins, length: int | None = None) -> TorsionBuild:
-    """The :class:`TorsionBuild` of a packed table, writing the padded ``(B N_max)`` layout and reading
+    """The `TorsionBuild` of a packed table, writing the padded ``(B N_max)`` layout and reading
     torsions padded to ``length`` residues (default ``L_max``), assembled from the sequences' cached plans
-    and arrays (:func:`_bound_part`): a new combination of cached sequences costs the concatenation of
+    and arrays (`_bound_part`): a new combination of cached sequences costs the concatenation of
     their plans with offsets and the padded value arrays, no re-planning."""
     parts = [_bound_part(t) for t in packed.tables]
     b, l_max = len(parts), packed.l_max if length is None else length
@@ -712,7 +723,7 @@ def _table_plan(table: Any) -> Any:
 
 
 class _BoundPart(NamedTuple):
-    """A sequence's share of a packed :class:`TorsionBuild` (numpy, made once per sequence)."""
+    """A sequence's share of a packed `TorsionBuild` (numpy, made once per sequence)."""
 
     plan: Any  # its fused plan (CPU)
     values: np.ndarray  # (3, N) float64 template bonds, angles, dihedrals
@@ -723,7 +734,7 @@ class _BoundPart(NamedTuple):
 
 
 def _bound_part(t: Any) -> _BoundPart:
-    """The :class:`_BoundPart` of a :class:`ProteinTable` (kept on it)."""
+    """The `_BoundPart` of a [`ProteinTable`][batched_nerf.protein.ProteinTable] (kept on it)."""
     part = t.__dict__.get("_bound_part")
     if part is None:
         layout = _layout(t)

@@ -11,19 +11,19 @@ Bond lengths and target bond angles are the equilibrium values of Amber ff14SB
 
 Four kinds of groups, each one or a few rows of the construction table:
 
-- :class:`Rotor` (methyl, ammonium, amine, hydroxyl, thiol): the first hydrogen's
+- `Rotor` (methyl, ammonium, amine, hydroxyl, thiol): the first hydrogen's
   dihedral is a free torsion (one row, default staggered: anti to the dihedral
   reference), the others hang on it at +-120 deg (from the angles);
-- :class:`Methylene` (``HB2``/``HB3`` ...) and :class:`Methine` (``HA``, Val ``HB``...):
+- `Methylene` (``HB2``/``HB3`` ...) and `Methine` (``HA``, Val ``HB``...):
   ideal tetrahedral positions from the heavy atoms (H-C-H 109.5 deg, the methine H
   opposite the sum of its neighbours' bond directions);
-- :class:`Planar` (aromatic and amide H on an atom with two heavy neighbours): in
+- `Planar` (aromatic and amide H on an atom with two heavy neighbours): in
   their plane, the two angles as close to their targets as the ring angle allows;
-- :class:`Amide` (``NH2`` of Asn, Gln, Arg): in the plane, cis and trans to a reference
+- `Amide` (``NH2`` of Asn, Gln, Arg): in the plane, cis and trans to a reference
   (the first name cis to ``d``).
 
 The fixed (non-rotor) rows' angles and dihedrals are measured once per residue
-type on an ideal heavy-atom build (:func:`hydrogen_rows`), so hydrogens move
+type on an ideal heavy-atom build (`hydrogen_rows`), so hydrogens move
 rigidly with the torsions of their heavy atoms. Methylene hydrogens are named
 ``2``/``3`` by one geometric rule: seen from the neighbour of lower locant
 (``a``), the neighbour of higher locant (``b``), H2 and H3 run clockwise, so

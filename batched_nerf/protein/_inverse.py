@@ -15,7 +15,7 @@ from ._sequence import protein_table
 
 
 class Torsions(NamedTuple):
-    """Backbone and side-chain torsions (conventions of :func:`build`).
+    """Backbone and side-chain torsions (conventions of [`build`][batched_nerf.protein.build]).
 
     ``phi``, ``psi``, ``omega`` are ``(..., L)``, ``chi`` ``(..., L, 4)``; entries
     a residue does not have (``phi`` of the first residue, ``omega`` of the
@@ -50,20 +50,22 @@ def _gather(dihedrals: Tensor, rows: Tensor) -> Torsions:
 def internal_coordinates(
     xyz: Any, sequence: str | Sequence[str], *, hydrogens: bool = False, degrees: bool = False
 ) -> InternalCoordinates:
-    """Bond lengths, angles and dihedrals of every heavy atom, in the rows of :func:`protein_table`.
+    """Bond lengths, angles and dihedrals of every heavy atom, in the rows of
+    [`protein_table`][batched_nerf.protein.protein_table].
 
     ``bn.protein.build(sequence, *torsions(xyz, sequence), geometry=internal_coordinates(xyz, sequence))``
     reproduces ``xyz`` up to a rigid motion.
 
     Args:
         xyz: ``(..., N, 3)`` heavy atoms in the table's atom order (reorder
-            other files with :meth:`ProteinTable.order_from`).
-        sequence: as for :func:`build`.
-        hydrogens: ``xyz`` holds every atom (the all-atom table of :func:`build`).
+            other files with [`ProteinTable.order_from`][batched_nerf.protein.ProteinTable.order_from]).
+        sequence: as for [`build`][batched_nerf.protein.build].
+        hydrogens: ``xyz`` holds every atom (the all-atom table of [`build`][batched_nerf.protein.build]).
         degrees: angles and dihedrals in degrees.
 
     Returns:
-        :class:`batched_nerf.InternalCoordinates`, each ``(..., N)``; the hydrogen
+        [`batched_nerf.InternalCoordinates`][batched_nerf.InternalCoordinates], each ``(..., N)``; the
+        hydrogen
         rotors' dihedrals are ``dihedrals[..., table.rotor_rows]``.
 
     Raises:
@@ -86,20 +88,21 @@ def torsions(
 ) -> Torsions:
     r"""phi, psi, omega and chi1-chi4 of every residue from heavy-atom coordinates.
 
-    The inverse of :func:`build`: ``build(sequence, *torsions(xyz, sequence))``
+    The inverse of [`build`][batched_nerf.protein.build]: ``build(sequence, *torsions(xyz, sequence))``
     rebuilds ``xyz`` (with ideal bond lengths and angles). Values agree with
     mdtraj's ``compute_phi``/``compute_psi``/``compute_omega``/``compute_chi1..4``
     where those define them, in ``(-pi, pi]``. Differentiable (``atan2`` based,
     finite at degenerate geometry).
 
     Args:
-        xyz: ``(..., N, 3)`` in the atom order of :func:`protein_table`.
-        sequence: as for :func:`build`.
+        xyz: ``(..., N, 3)`` in the atom order of [`protein_table`][batched_nerf.protein.protein_table].
+        sequence: as for [`build`][batched_nerf.protein.build].
         hydrogens: ``xyz`` holds every atom (order of ``protein_table(sequence, hydrogens=True)``).
         degrees: return degrees.
 
     Returns:
-        :class:`Torsions` ``(phi, psi, omega (..., L), chi (..., L, 4))``, zeros where undefined.
+        [`Torsions`][batched_nerf.protein.Torsions] ``(phi, psi, omega (..., L), chi (..., L, 4))``, zeros
+        where undefined.
 
     Raises:
         ValueError: ``xyz`` is not ``(..., N, 3)``, or a bad sequence.
@@ -121,7 +124,7 @@ def torsions(
 def torsions_batch(
     xyz: Any, sequences: Sequence[str | Sequence[str]], *, hydrogens: bool = False, degrees: bool = False
 ) -> Torsions:
-    """Torsions of a mixed batch: the inverse of :func:`build_batch`.
+    """Torsions of a mixed batch: the inverse of [`build_batch`][batched_nerf.protein.build_batch].
 
     Args:
         xyz: ``(..., B, N_max, 3)`` padded coordinates (padding is ignored).
@@ -130,7 +133,8 @@ def torsions_batch(
         degrees: return degrees.
 
     Returns:
-        :class:`Torsions` with ``(..., B, L_max)`` (``chi``: ``(..., B, L_max, 4)``), zeros in padding.
+        [`Torsions`][batched_nerf.protein.Torsions] with ``(..., B, L_max)`` (``chi``: ``(..., B, L_max,
+        4)``), zeros in padding.
 
     Raises:
         ValueError: ``xyz`` is not ``(..., B, N_max, 3)``, or a bad sequence.

@@ -2,7 +2,7 @@
 
 The templates use wwPDB / Amber names. CHARMM (PSF files) and GROMACS (GRO,
 TPR files of the GROMOS and OPLS-AA force fields) name some atoms otherwise;
-:func:`to_pdb_names` translates one residue's names, group by group, to the
+`to_pdb_names` translates one residue's names, group by group, to the
 PDB name of the atom *of the same place*: the two hydrogens of a methylene
 group are told apart by their stereochemistry, the three of a methyl group by
 their order around the bond, the two of an amide ``NH2`` by cis/trans. Each

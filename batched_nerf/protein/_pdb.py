@@ -65,10 +65,11 @@ def write_pdb(
     chain: str = "A",
     disulfides: Sequence[tuple[int, int]] = (),
 ) -> str | None:
-    """Write a built :class:`Protein` (or a mixed batch) as PDB, one ``MODEL`` per structure.
+    """Write a built [`Protein`][batched_nerf.protein.Protein] (or a mixed batch) as PDB, one ``MODEL`` per
+    structure.
 
     Every leading batch index of ``protein.xyz`` becomes one model (row-major);
-    for a mixed batch (:func:`build_batch`) each sequence of each batch entry is
+    for a mixed batch ([`build_batch`][batched_nerf.protein.build_batch]) each sequence of each batch entry is
     one model with its own atoms (readers that need one topology for all
     models, like mdtraj, load batches of one sequence). Residues are numbered
     from 1, atoms serially per model; the chain ends with ``TER``. Protonation
@@ -78,7 +79,8 @@ def write_pdb(
     ``ACE``/``NME`` keep their names.
 
     Args:
-        protein: the result of :func:`build` or :func:`build_batch`.
+        protein: the result of [`build`][batched_nerf.protein.build] or
+            [`build_batch`][batched_nerf.protein.build_batch].
         path_or_file: a file name or an open text file; ``None`` returns the text.
         chain: one-character chain identifier.
         disulfides: pairs of residue indices (0-based) whose SG atoms are bonded

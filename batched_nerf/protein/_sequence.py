@@ -66,7 +66,7 @@ def parse_sequence(sequence: Any) -> str:
     three-letter names, which may also be the protonation variants ``HID HIE HIP
     CYX ASH GLH LYN`` and the caps ``ACE`` (first residue only) and ``NME`` (last
     only). CHARMM and GROMACS names read as the variant they mean
-    (:data:`batched_nerf.protein.RESIDUE_ALIASES`: ``HSD``,
+    ([`batched_nerf.protein.RESIDUE_ALIASES`][batched_nerf.protein.RESIDUE_ALIASES]: ``HSD``,
     ``HISA``, ``HISD`` -> ``HID``; ``HSE``, ``HISB``, ``HISE`` -> ``HIE``;
     ``HSP``, ``HISH`` -> ``HIP``; ``LYSH`` -> ``LYS``; ``LSN``, ``LYSN`` ->
     ``LYN``; ``ASPP``, ``ASPH`` -> ``ASH``; ``GLUP``, ``GLUH`` -> ``GLH``;
@@ -131,7 +131,8 @@ def parse_sequence(sequence: Any) -> str:
 
 
 def residue_names(sequence: str) -> tuple[str, ...]:
-    """Three-letter names of a canonical sequence (:func:`parse_sequence`)."""
+    """Three-letter names of a canonical sequence
+    ([`parse_sequence`][batched_nerf.protein.parse_sequence])."""
     if " " in sequence or sequence in _SINGLE_NAMES:
         return tuple(sequence.split())
     return tuple(ONE_TO_THREE[s] for s in sequence)
@@ -319,39 +320,41 @@ def _ideal_heavy(res: str, first: bool, prev_ace: bool):
 class ProteinTable:
     """The atoms of one sequence as a Z-matrix, with named torsion rows (heavy atoms, or every atom).
 
-    Made by :func:`protein_table` (cached per sequence). Atoms come residue by
+    Made by [`protein_table`][batched_nerf.protein.protein_table] (cached per sequence). Atoms come residue by
     residue in PDB order (``N, CA, C, O``, side chain, and ``OXT`` after the last
     residue's side chain; with ``hydrogens`` each residue's hydrogens follow its
-    heavy atoms). Rows (``R`` = residue ``i``, ``R-1`` the previous one)::
+    heavy atoms). Rows (``R`` = residue ``i``, ``R-1`` the previous one):
 
-        N(0): root;  CA(0): (N);  C(0): (CA, N)
-        N(i)   (C(i-1), CA(i-1), N(i-1))   dihedral psi(i-1)
-        CA(i)  (N(i), C(i-1), CA(i-1))     dihedral omega(i-1)
-        C(i)   (CA(i), N(i), C(i-1))       dihedral phi(i)
-        O(i)   (C(i), CA(i), N(i+1))       180 deg  (last residue: (C, CA, OXT))
-        OXT    (C, CA, N)                  dihedral psi(L-1)
-        CB     (CA, N, C)                  L-chirality, from the three angles at CA
-        side chain as in :data:`~batched_nerf.protein._templates.SIDE_CHAINS`
-        ACE    CH3 root; C (CH3); O (C, CH3); the next N (C, CH3, O) at 180 deg
-        NME    N as above; C (N, C(i-1), CA(i-1)) dihedral omega(i-1)
-        H      on their heavy atom (:mod:`~batched_nerf.protein._hydrogens`)
+    ```text
+    N(0): root;  CA(0): (N);  C(0): (CA, N)
+    N(i)   (C(i-1), CA(i-1), N(i-1))   dihedral psi(i-1)
+    CA(i)  (N(i), C(i-1), CA(i-1))     dihedral omega(i-1)
+    C(i)   (CA(i), N(i), C(i-1))       dihedral phi(i)
+    O(i)   (C(i), CA(i), N(i+1))       180 deg  (last residue: (C, CA, OXT))
+    OXT    (C, CA, N)                  dihedral psi(L-1)
+    CB     (CA, N, C)                  L-chirality, from the three angles at CA
+    side chain as in `SIDE_CHAINS`
+    ACE    CH3 root; C (CH3); O (C, CH3); the next N (C, CH3, O) at 180 deg
+    NME    N as above; C (N, C(i-1), CA(i-1)) dihedral omega(i-1)
+    H      on their heavy atom (`_hydrogens`)
+    ```
 
     so each of phi, psi, omega, chi1-chi4 is the dihedral of exactly one row
-    (:meth:`row`, :attr:`torsion_rows`), and so is each hydrogen rotor
-    (:attr:`rotor_rows`).
+    ([`row`][batched_nerf.protein.ProteinTable.row], `torsion_rows`), and so is each hydrogen rotor
+    (`rotor_rows`).
 
     Attributes:
-        sequence: canonical sequence (:func:`parse_sequence`): one-letter, or
+        sequence: canonical sequence ([`parse_sequence`][batched_nerf.protein.parse_sequence]): one-letter, or
             three-letter names separated by spaces.
         residues: three-letter names, ``L``.
         hydrogens: whether the table holds the hydrogens.
-        table: the :class:`~batched_nerf.ConstructionTable` of the ``N`` atoms.
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable] of the ``N`` atoms.
         atom_names: ``N`` PDB atom names.
         elements: ``N`` element symbols.
         residue_index: ``(N,)`` ``torch.long`` residue of each atom.
         bonds, angles, dihedrals: ``(N,)`` float64 template values (A, radians);
             the torsion rows hold the defaults (trans omega, the
-            :data:`~batched_nerf.protein._templates.DEFAULT_CHI` rotamer, staggered
+            [`DEFAULT_CHI`][batched_nerf.protein.DEFAULT_CHI] rotamer, staggered
             rotors; phi and psi ``0``, they are always given).
         torsion_rows: ``(L, 7)`` ``torch.long`` row of phi, psi, omega, chi1..chi4
             of each residue, ``-1`` where the residue has no such torsion.
@@ -421,7 +424,7 @@ class ProteinTable:
 
         The bond references of a protein table are chemical bonds that span a
         tree; the rings of Pro (``N-CD``), Phe, Tyr, His and Trp close with
-        bonds that are no reference. :func:`batched_nerf.losses.clash_loss` reads
+        bonds that are no reference. [`batched_nerf.losses.clash_loss`][batched_nerf.losses.clash_loss] reads
         this when given the protein table, so ring atoms are not scored as clashes.
 
         Example:
@@ -507,14 +510,14 @@ class ProteinTable:
         are skipped. ``residues`` are 0-based positions in the sequence.
 
         Names are read in one of the conventions of
-        :mod:`~batched_nerf.protein._names` (``convention="pdb"``,
+        `_names` (``convention="pdb"``,
         ``"charmm"``, ``"gromacs"``; ``"auto"``: CHARMM if a CHARMM-only name
         such as ``HN`` or ``OT1`` occurs, GROMACS if a methylene is numbered
         ``HB1 HB2``, else PDB), each translated to the PDB name of the atom in
         the same place (CHARMM ``HB1`` is PDB ``HB3``, GROMACS ``HB1`` PDB
         ``HB2``; Ile ``CD`` is ``CD1``; the table in ``docs/protein.md``).
         A name still missing may be found under the other spellings of
-        :data:`NAME_ALIASES` (``H`` for the N-terminal ``H1`` as OpenMM's
+        [`NAME_ALIASES`][batched_nerf.protein.NAME_ALIASES] (``H`` for the N-terminal ``H1`` as OpenMM's
         ``Modeller.addHydrogens`` writes it, Amber's ``HH31``... for the caps'
         ``H1``..., ``OT2``/``O2``/``OC2`` for ``OXT``).
 
@@ -588,18 +591,19 @@ def _cached(sequence: str, hydrogens: bool) -> ProteinTable:
 
 
 def protein_table(sequence: str | Sequence[str], *, hydrogens: bool = False) -> ProteinTable:
-    """The (cached) :class:`ProteinTable` of a sequence: analysed once per sequence per process.
+    """The (cached) [`ProteinTable`][batched_nerf.protein.ProteinTable] of a sequence: analysed once per
+    sequence per process.
 
     Args:
         sequence: one-letter codes (``"ACDEF"``, case-insensitive), three-letter
             names separated by spaces (``"ACE ALA NME"``) or a list of them
-            (see :func:`parse_sequence`).
+            (see [`parse_sequence`][batched_nerf.protein.parse_sequence]).
         hydrogens: include every hydrogen (Amber / PDB names, after each residue's heavy atoms).
 
-    The cache keeps the :data:`CACHE_SIZE` (4,096) most recently used tables.
+    The cache keeps the `CACHE_SIZE` (4,096) most recently used tables.
 
     Raises:
-        TypeError, ValueError: see :func:`parse_sequence`.
+        TypeError, ValueError: see [`parse_sequence`][batched_nerf.protein.parse_sequence].
 
     Example:
         >>> import batched_nerf as bn

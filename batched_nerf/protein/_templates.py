@@ -11,7 +11,7 @@ the torsion in the IUPAC-IUB 1970 convention, as in mdtraj's ``compute_chi*``);
 the other atoms of a branch or ring hang on that atom with a fixed dihedral
 (``180``/``0`` in planar groups; a ``Branch`` at tetrahedral centres, whose
 value follows from the three bond angles at the centre, see
-:func:`branch_dihedral`), so they move rigidly with the torsion. CB makes every
+`branch_dihedral`), so they move rigidly with the torsion. CB makes every
 CA L (S, except Cys: R); Ile CB is S and Thr CB is R; the prochiral methyls
 follow the IUPAC-IUB names (Val CG1 and Leu CD1 are pro-R).
 """
@@ -61,10 +61,12 @@ UNSUPPORTED_RESIDUES = {
 
 
 def residue_name(name: str) -> str:
-    """``name`` (upper case) in the spelling of :data:`RESIDUE_NAMES`: other force fields' names mapped.
+    """``name`` (upper case) in the spelling of [`RESIDUE_NAMES`][batched_nerf.protein.RESIDUE_NAMES]: other
+    force fields' names mapped.
 
     Raises:
-        ValueError: a name of a state no template has (:data:`UNSUPPORTED_RESIDUES`), naming it.
+        ValueError: a name of a state no template has
+            ([`UNSUPPORTED_RESIDUES`][batched_nerf.protein.UNSUPPORTED_RESIDUES]), naming it.
 
     Example:
         >>> residue_name("hsd"), residue_name("HISB"), residue_name("LYSH"), residue_name("ALA")
@@ -108,7 +110,7 @@ class Branch(NamedTuple):
 
     ``angle_xby`` is the bond angle ``X-B-Y`` (degrees); ``sign`` picks the
     handedness (``+1``/``-1``); the dihedral value follows from the three angles
-    at ``B`` (:func:`branch_dihedral`).
+    at ``B`` (`branch_dihedral`).
     """
 
     angle_xby: float
@@ -122,7 +124,7 @@ class AtomRow(NamedTuple):
     """A side-chain atom: name, references (atom names of the same residue), bond (A), angle (deg), dihedral.
 
     ``dihedral`` is a fixed value in degrees, the name of a torsion (``"chi1"``
-    ... ``"chi4"``), or a :class:`Branch`.
+    ... ``"chi4"``), or a `Branch`.
     """
 
     name: str

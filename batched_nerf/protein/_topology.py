@@ -19,7 +19,7 @@ TORSION_COLUMNS = (*BACKBONE_COLUMNS, *CHI_NAMES)
 
 
 class TopologyTable(NamedTuple):
-    """A :class:`~batched_nerf.ConstructionTable` for a whole topology, with its atoms' labels.
+    """A [`ConstructionTable`][batched_nerf.ConstructionTable] for a whole topology, with its atoms' labels.
 
     Attributes:
         table: the table of all ``N`` atoms (proteins, ligands, waters; each
@@ -27,7 +27,7 @@ class TopologyTable(NamedTuple):
         atom_names, elements, residue_names: ``N`` labels.
         residue_index: ``(N,)`` ``torch.long`` residue of each atom (the topology's numbering, from 0).
         torsion_rows: ``(R, 7)`` ``torch.long``: the row whose dihedral is phi,
-            psi, omega, chi1..chi4 of each residue (conventions of :func:`build`),
+            psi, omega, chi1..chi4 of each residue (conventions of [`build`][batched_nerf.protein.build]),
             ``-1`` where the residue has none (termini, non-amino-acid residues, a
             seed row of the table, or a torsion the bond graph's build order
             cannot hold as one row).
@@ -151,13 +151,14 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
     """Table of every atom of an mdtraj ``Topology``, an OpenMM ``Topology`` or a PDB file.
 
     References come from the bond graph
-    (:meth:`batched_nerf.ConstructionTable.from_connectivity`: bonded
+    ([`batched_nerf.ConstructionTable.from_connectivity`][batched_nerf.ConstructionTable.from_connectivity]:
+    bonded
     references, proper torsions, hydrogens and other branches on a sibling;
     with coordinates, chains, ligands and waters are linked into one build by
     non-bonded references unless ``link_fragments=False``, which keeps each
     molecule its own component), then each
     backbone torsion phi, psi, omega (between peptide-bonded residues) is made
-    the dihedral of exactly one row, listed in :attr:`TopologyTable.torsion_rows`.
+    the dihedral of exactly one row, listed in `TopologyTable.torsion_rows`.
 
     Hydrogens hang on their heavy atom (their only bond); chi1..chi4 of the
     standard residues (and the Amber variants) are single rows too, where the
@@ -171,10 +172,10 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
             ``Quantity`` (any length unit, converted), used to avoid
             near-linear reference triples and to link the molecules.
         link_fragments: link separate molecules into one build (needs
-            coordinates; see :func:`batched_nerf.nonbonded_references`).
+            coordinates; see [`batched_nerf.nonbonded_references`][batched_nerf.nonbonded_references]).
 
     Returns:
-        :class:`TopologyTable`.
+        [`TopologyTable`][batched_nerf.protein.TopologyTable].
 
     Raises:
         ImportError: a path is given but mdtraj is not installed.

@@ -2,13 +2,13 @@
 
 Rooms (policy above, backends below; imports point down):
 
-* :mod:`.build`: the plan (``FusedPlan``), the ``to_cartesian`` builder and its
+* `build`: the plan (``FusedPlan``), the ``to_cartesian`` builder and its
   ``autograd.Function``\\ s, the engine record ``FUSED``;
-* :mod:`.inverse`: ``to_internal``'s fused pass and its ``autograd.Function``\\ s;
-* :mod:`.cpu`: the numba kernels (per-sample and blocked loops, the vectorised
+* `inverse`: ``to_internal``'s fused pass and its ``autograd.Function``\\ s;
+* `cpu`: the numba kernels (per-sample and blocked loops, the vectorised
   ``cos``/``sin``/``atan2`` loops, the inverse's per-row formulas);
-* :mod:`.cuda`: the Triton kernels.
+* `cuda`: the Triton kernels.
 
-The backends are found lazily by :mod:`batched_nerf.engines.backends`; nothing
+The backends are found lazily by `batched_nerf.engines.backends`; nothing
 here imports numba or triton.
 """

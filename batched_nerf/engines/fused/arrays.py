@@ -1,6 +1,6 @@
 """Tensors handed to the CPU kernels: numpy views, and whether a call may skip autograd.
 
-Shared by the builder (:mod:`.build`), the pose (:mod:`.pose`) and their
+Shared by the builder (`build`), the pose (`pose`) and their
 ``torch.autograd.Function``\\ s; nothing here depends on an engine.
 """
 

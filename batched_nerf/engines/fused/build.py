@@ -4,28 +4,28 @@ Every other engine runs tens to hundreds of small torch kernels per call; this
 one runs one compiled loop over the atoms in build order for each
 ``(sample, unit)`` work item (a *unit* is a run of whole components; on the
 CPU, from 8 samples on, a block of samples per item, vectorised across them:
-:mod:`.cpu.build`), split over the CPU's threads. Its values follow the frame tree
-(:mod:`.frame_tree`) exactly like the scan engine's, degenerate inputs
+`cpu.build`), split over the CPU's threads. Its values follow the frame tree
+(`frame_tree`) exactly like the scan engine's, degenerate inputs
 included: ``x_j = x_b + r_j M_j u_j``, ``O_j = M_j L_j``, with ``M_j`` the
 anchor frame, the parent's out-frame or the NeRF frame of the references'
 positions. Frames and positions are accumulated in float64 whatever the input
 dtype (float32 in, float32 out). On CUDA tensors the same walk runs as Triton
-kernels (:mod:`.cuda.build`: a lane per ``(component, sample)``), accumulating
+kernels (`cuda.build`: a lane per ``(component, sample)``), accumulating
 in float64 too unless the call asks for float32 (``accumulate_dtype``, see
-:func:`configure`); under ``method="auto"`` a Triton compile or launch error
-falls back to the reference engine with one warning (:mod:`..gpu_policy`).
+`configure`); under ``method="auto"`` a Triton compile or launch error
+falls back to the reference engine with one warning (`gpu_policy`).
 
-Plan (:func:`fused_plan`, vectorised numpy, once per table): a ``(12, N)``
+Plan (`fused_plan`, vectorised numpy, once per table): a ``(12, N)``
 integer array over the atoms in work order (see ``cpu.samples``' row names:
 atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
 flip atom, fixed slot, anchor sign, third-seed flag, pose slot) and the unit boundaries.
 
-The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from :func:`trig`
+The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from `trig`
 (one vectorised float64 loop); the forward's array is kept for the backward
-(:class:`Turns`).
+(`Turns`).
 
-Derivatives: :class:`FusedBuild` runs the forward kernel; its backward is
-:class:`FusedVJP`, the fused backward kernel (reverse accumulation, one pass);
+Derivatives: `FusedBuild` runs the forward kernel; its backward is
+`FusedVJP`, the fused backward kernel (reverse accumulation, one pass);
 the backward of that, forward-mode AD (``jvp``) and everything beyond are the
 torch graph of a reference engine (the same values and derivatives: the level
 engine for shallow tables, ``depth <= 8``, else the scan engine), so
@@ -95,7 +95,7 @@ class FusedPlan(Movable):
             blocked forward keeps a ring of scratch rows that long plus a chunk.
         accumulate: the GPU kernels' scratch dtype (float64, or float32 when a call
             asks; the CPU kernels always accumulate in float64). Set per call by
-            :func:`configure`.
+            `configure`.
         fallback: a Triton kernel error falls back to the reference engine with a
             warning (``method="auto"``) instead of raising (``method="fused"``).
     """
@@ -164,7 +164,7 @@ def _units(topo: Topology) -> np.ndarray:
 
 
 def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
-    """The fused plan of ``topo`` (see :class:`FusedPlan`); numpy only, no loop over atoms."""
+    """The fused plan of ``topo`` (see `FusedPlan`); numpy only, no loop over atoms."""
     n = topo.n_atoms
     refs = np.asarray(topo.refs)
     kind = np.asarray(topo.kind)
@@ -216,18 +216,18 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
 def trig(angles: Tensor, dihedrals: Tensor, out: np.ndarray | None = None) -> np.ndarray:
     """``(4, B, N)`` float64 ``cos(angles), cos(dihedrals), sin(angles), sin(dihedrals)`` for the CPU kernels.
 
-    One vectorised numba loop over the values (:mod:`.cpu.trig`, within
+    One vectorised numba loop over the values (`cpu.trig`, within
     2 ulp of libm) instead of a scalar libm call per atom inside the kernels:
     the forward kernel's transcendental functions were a third of its time.
-    ``out``: ``4 B N`` float64 values to write into (:mod:`.workspace`).
+    ``out``: ``4 B N`` float64 values to write into (`workspace`).
     """
     return require("cpu").trig(_np(angles), _np(dihedrals), out)
 
 
 class Turns:
-    """The :func:`trig` array of a forward call, kept for its backward (a non-tensor argument, so
+    """The `trig` array of a forward call, kept for its backward (a non-tensor argument, so
     autograd and ``torch.func`` pass it through untouched); ``cs`` is None where it was not made.
-    ``lease``: the :class:`.workspace.Lease` whose buffer ``cs`` is written in, returned to its table
+    ``lease``: the `workspace.Lease` whose buffer ``cs`` is written in, returned to its table
     when this object (the graph holding it) is freed."""
 
     __slots__ = ("cs", "lease")
@@ -262,7 +262,7 @@ def _identity_rows(n_seeded: int) -> np.ndarray:
 
 def _pose_rows(plan: FusedPlan, rot: Tensor | None, tr: Tensor | None, nan: bool) -> np.ndarray:
     """The CPU kernels' pose rows of ``(B, S, 3, 3)`` rotations and ``(B, S, 3)`` translations (both or
-    neither), the identity's without (:func:`.cpu.pose.pose_rows`)."""
+    neither), the identity's without (`cpu.pose.pose_rows`)."""
     if rot is None or tr is None:
         return _identity_rows(plan.topology.seed_root.size)
     return require("cpu").pose.pose_rows(_np(rot), _np(tr), nan)
@@ -343,7 +343,7 @@ def _detached(*tensors: Tensor | None) -> tuple[Any, ...]:
 
 
 def _guarded(plan: FusedPlan, b: Tensor, kernel: Any, reference: Any) -> Any:
-    """``kernel()`` (Triton); under ``auto`` (``plan.fallback``) a :class:`KernelError` warns once and
+    """``kernel()`` (Triton); under ``auto`` (``plan.fallback``) a `KernelError` warns once and
     returns ``reference()``, also for every later call on that device type."""
     device = b.device.type
     if plan.fallback and disabled(device) is not None:
@@ -531,7 +531,7 @@ def build_fused(
     ``pose``: ``(rotation (..., S, 3, 3), translation (..., S, 3))`` of the seeded components, of the
     inputs' batch shape and dtype (checked by the caller): each component is built in its pose, ``x =
     R y + t`` for every atom of a seeded component, NaN where ``det R < 0`` (the CPU kernels write
-    it out that way; elsewhere :func:`.pose.reference` follows the build).
+    it out that way; elsewhere `pose.reference` follows the build).
 
     Raises:
         RuntimeError: numba is not installed, or the device has no fused backend.
@@ -566,7 +566,7 @@ def build_fused(
 
 
 def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
-    """The forward's :func:`trig` array, made here to keep for the backward (numba kernels, plain
+    """The forward's `trig` array, made here to keep for the backward (numba kernels, plain
     tensors), in a buffer leased from the table's workspace."""
     if (
         getattr(require(a.device.type), "TENSORS", False)  # Triton (on CUDA, or interpreted)

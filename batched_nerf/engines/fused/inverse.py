@@ -1,27 +1,27 @@
 """Fused inverse map: numba (CPU) or Triton (CUDA) kernels behind twice-differentiable autograd Functions.
 
-:func:`internal_from_xyz` computes what :func:`batched_nerf.engines.inverse.internal_from_xyz`
+`internal_from_xyz` computes what `batched_nerf.engines.inverse.internal_from_xyz`
 does (the same formulas and singular-geometry rules, see
-:mod:`.cpu.inverse`) in one compiled pass over every (sample, atom)
+`cpu.inverse`) in one compiled pass over every (sample, atom)
 instead of a chain of torch kernels. Derivatives are kernels too:
 
-* :class:`FusedInternal`: ``xyz -> (bonds, angles, dihedrals)``; its backward is
-* :class:`FusedInternalVJP`: ``(xyz, g) -> J^T g``; its backward is
-* :class:`FusedInternalSecond`: ``(xyz, g, V) -> (sum_k g_k H_k V, J V)``, whose own
-  backward (third order) runs the torch engine's graph through :mod:`torch.func`,
+* `FusedInternal`: ``xyz -> (bonds, angles, dihedrals)``; its backward is
+* `FusedInternalVJP`: ``(xyz, g) -> J^T g``; its backward is
+* `FusedInternalSecond`: ``(xyz, g, V) -> (sum_k g_k H_k V, J V)``, whose own
+  backward (third order) runs the torch engine's graph through `torch.func`,
   so every order stays exact.
 
-Forward mode: :class:`FusedInternal`'s ``jvp`` is ``J t`` from the second-order
+Forward mode: `FusedInternal`'s ``jvp`` is ``J t`` from the second-order
 kernel; the ``jvp`` of the other two run the torch engine through
-:func:`torch.func.jvp` (``torch.func`` transforms only: plain
+`torch.func.jvp` (``torch.func`` transforms only: plain
 ``torch.autograd.forward_ad`` cannot nest it).
 
 Each Function has a ``vmap`` staticmethod (vmapped dims moved to the front; the
 kernels take any leading shape), so ``torch.func.vmap``, ``jacrev``, ``jacfwd`` and
-``hessian`` work. numba is optional (found through :mod:`.backends`, like the
-fused ``to_cartesian`` engine): :func:`available` says whether the kernels can
-run, :func:`unavailable_reason` why not. On CUDA the forward and vjp are the
-Triton kernels of :mod:`.cuda.inverse`; the second-order term there is
+``hessian`` work. numba is optional (found through `backends`, like the
+fused ``to_cartesian`` engine): `available` says whether the kernels can
+run, `unavailable_reason` why not. On CUDA the forward and vjp are the
+Triton kernels of `cuda.inverse`; the second-order term there is
 the torch engine's graph.
 """
 
@@ -84,7 +84,7 @@ TRITON_ON_CPU = False
 
 
 def _triton(xyz: Tensor) -> ModuleType | None:
-    """The Triton kernels for ``xyz``'s device (CUDA, or the CPU under :data:`TRITON_ON_CPU`), else None."""
+    """The Triton kernels for ``xyz``'s device (CUDA, or the CPU under `TRITON_ON_CPU`), else None."""
     if xyz.device.type == "cpu" and not TRITON_ON_CPU:
         return None
     if not backends.available("cuda"):
@@ -97,7 +97,7 @@ def _has(plan: InversePlan) -> Tensor:
 
 
 def unavailable_reason() -> str:
-    """Why :func:`available` is false (``""`` when it is true)."""
+    """Why `available` is false (``""`` when it is true)."""
     return _load()[1]
 
 
@@ -175,7 +175,7 @@ def internal_from_xyz(plan: InversePlan, xyz: Tensor, fallback: bool = False) ->
 
     ``fallback`` (``method="auto"``): a Triton compile or launch error warns once and
     this call, its derivatives and later ``auto`` calls on the device type take the
-    torch engine (:mod:`.gpu_policy`); without it the error is raised.
+    torch engine (`gpu_policy`); without it the error is raised.
 
     Raises:
         KernelError: a Triton kernel failed to compile or launch, without ``fallback``.
@@ -191,7 +191,7 @@ class _FallbackPlan(InversePlan):
 
 
 def _guarded(plan: InversePlan, xyz: Tensor, kernel: Any, reference: Any) -> Any:
-    """``kernel()`` (Triton), or under ``auto`` after a :class:`KernelError` (warned once) ``reference()``."""
+    """``kernel()`` (Triton), or under ``auto`` after a `KernelError` (warned once) ``reference()``."""
     device, fallback = xyz.device.type, isinstance(plan, _FallbackPlan)
     if fallback and disabled(device) is not None:
         return reference()
@@ -384,7 +384,7 @@ class FusedInternalVJP(Function):
 
 
 class FusedInternalSecond(Function):
-    """``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``: the backward of :class:`FusedInternalVJP`.
+    """``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``: the backward of `FusedInternalVJP`.
 
     Outputs ``(..., N, 3)`` (cotangent of ``xyz``) and three ``(..., N)`` (of ``gb, ga, gd``).
     """

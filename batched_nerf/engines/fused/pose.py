@@ -1,13 +1,13 @@
 """The global pose on the fused engine's side: the torch reference of ``x -> R x + t`` per seeded
 component, and the pose of coordinates in one kernel pass.
 
-:func:`reference` is what :func:`batched_nerf.apply_pose` computes for several
+`reference` is what [`batched_nerf.apply_pose`][batched_nerf.apply_pose] computes for several
 components (NaN for an improper rotation, anchored atoms unchanged); the fused
 build applies it wherever its own kernels do not build in the pose
-(:func:`.build.build_fused`: Triton, the reference engines) and differentiates
+(`build.build_fused`: Triton, the reference engines) and differentiates
 it for second order. On the CPU the builder's kernels place each seeded
-component directly in its pose (:mod:`.cpu.samples`, :mod:`.cpu.blocks`).
-:func:`extract` is the inverse, for calls with nothing to differentiate.
+component directly in its pose (`cpu.samples`, `cpu.blocks`).
+`extract` is the inverse, for calls with nothing to differentiate.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ __all__ = ["extract", "kernel_runs", "reference"]
 
 
 def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
-    """``R x + t`` per atom in torch (what :func:`batched_nerf.apply_pose` computes for several
+    """``R x + t`` per atom in torch (what [`batched_nerf.apply_pose`][batched_nerf.apply_pose] computes for
+    several
     components): ``x`` ``(..., N, 3)``, ``rot`` ``(..., S, 3, 3)`` and ``tr`` ``(..., S, 3)`` of one
     batch shape, ``slot`` ``(N,)`` long (``S``: anchored atom, unchanged) -> ``(..., N, 3)``; NaN
     for the atoms of a component with ``det R < 0``."""
@@ -41,7 +42,7 @@ def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
 
 def kernel_runs(x: Tensor) -> bool:
     """Whether the CPU kernels can take ``x``: a CPU float32/float64 tensor, no ``torch.compile``
-    tracing (numba must also be installed: :func:`.backends.available`)."""
+    tracing (numba must also be installed: `backends.available`)."""
     cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
     return cpu and not torch.compiler.is_compiling()
 
@@ -52,7 +53,7 @@ def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Te
     None (the caller takes the torch operations) unless the kernel can serve
     the call exactly: a CPU float32/float64 tensor with nothing to
     differentiate (no gradient, tangent or ``torch.func`` wrapper), numba
-    installed, not under ``torch.compile``. Arguments: see :func:`.cpu.pose.extract`.
+    installed, not under ``torch.compile``. Arguments: see `cpu.pose.extract`.
     """
     if not kernel_runs(x) or not available("cpu") or not plain(x):
         return None

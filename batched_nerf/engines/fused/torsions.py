@@ -1,24 +1,24 @@
 """The fused CPU build of a table with fixed bonds and angles from its torsions alone, bound once.
 
-Protein builders call :func:`batched_nerf.to_cartesian` with the same ideal
+Protein builders call [`batched_nerf.to_cartesian`][batched_nerf.to_cartesian] with the same ideal
 bonds and angles on every step and only the torsions new: the dihedrals are a
 template with some rows replaced, ``dihedrals[j] = cat([template, values])[source[j]]``.
 Through the general path each call checks, broadcasts and gathers its inputs
 in torch and then re-derives the plan (about 150 Python calls around an 8 us
-kernel for a 10-residue chain). A :class:`TorsionBuild` is made once per table
+kernel for a 10-residue chain). A `TorsionBuild` is made once per table
 and layout of the values: it holds the fused plan, the bonds, angles and template
-dihedrals as numpy arrays per batch size (within :data:`KEPT_BYTES` over all of
+dihedrals as numpy arrays per batch size (within `KEPT_BYTES` over all of
 them), and the ``source`` split into the template rows and the rows that read a
 value. A call is one gather of the values (numpy for small calls, torch for large
-ones), the ``cos``/``sin`` loop and the build kernel (:mod:`.cpu`).
+ones), the ``cos``/``sin`` loop and the build kernel (`cpu`).
 
-Derivatives: :class:`TorsionFn` runs the forward kernel and, for a first-order
+Derivatives: `TorsionFn` runs the forward kernel and, for a first-order
 backward, the backward kernel, whose dihedral gradients it reads back into the
 values' columns (each value feeds at most one row: a gather, not a scatter).
-Under ``create_graph=True`` its backward goes through :class:`.build.FusedVJP`
+Under ``create_graph=True`` its backward goes through `build.FusedVJP`
 on the torch gather of the values, which is differentiable to any order.
 Forward mode, ``torch.func`` transforms and ``torch.compile`` never take this
-path: :func:`serves` says no and the caller takes the general one.
+path: `serves` says no and the caller takes the general one.
 """
 
 from __future__ import annotations
@@ -58,13 +58,13 @@ SMALL_VALUES = 1 << 16
 
 
 def kept_bytes() -> int:
-    """Bytes of the arrays the :class:`TorsionBuild` objects keep now (at most :data:`KEPT_BYTES`)."""
+    """Bytes of the arrays the `TorsionBuild` objects keep now (at most `KEPT_BYTES`)."""
     with _kept_lock:
         return sum(size for ref, size in _kept.values() if ref() is not None)
 
 
 def _evict() -> None:
-    """Drop the entries of freed builds, then the least recently used until within :data:`KEPT_BYTES`
+    """Drop the entries of freed builds, then the least recently used until within `KEPT_BYTES`
     (hold ``_kept_lock``)."""
     for key in [key for key, (ref, _) in _kept.items() if ref() is None]:
         del _kept[key]
@@ -82,7 +82,7 @@ def _forward_ad_active() -> bool:
 
 
 def serves(values: Tensor) -> bool:
-    """Whether a :class:`TorsionBuild` can take ``values``: a CPU float32/float64 tensor, numba installed,
+    """Whether a `TorsionBuild` can take ``values``: a CPU float32/float64 tensor, numba installed,
     no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active."""
     return (
         values.device.type == "cpu"
@@ -99,7 +99,7 @@ class TorsionBuild:
     """One table's fused CPU build with fixed ``bonds``, ``angles`` and template dihedrals.
 
     Args:
-        plan: the table's :class:`~.build.FusedPlan`.
+        plan: the table's `FusedPlan`.
         bonds, angles, template: ``(N,)`` float64 (A, radians, radians).
         source: ``(N,)`` int: row ``j``'s dihedral is ``template[j]`` where
             ``source[j] < N`` (then ``source[j] == j``), else value ``source[j] - N``.
@@ -175,7 +175,7 @@ class TorsionBuild:
 
         Args:
             kernel_plan: the packed table's plan in that layout
-                (:func:`batched_nerf.engines.compose.compose_padded`, configured).
+                (`batched_nerf.engines.compose.compose_padded`, configured).
             parts: per part, its ``(3, N_k)`` float64 bonds, angles and template dihedrals and
                 the ``(R_k,)`` ascending atoms of the part that read a value.
             slots: ``(R,)`` the value each of those atoms reads, parts in order (each read once).
@@ -207,7 +207,7 @@ class TorsionBuild:
         return tb
 
     def __getattr__(self, name: str) -> Any:
-        """An attribute that :meth:`padded` leaves to first use, made now."""
+        """An attribute that `padded` leaves to first use, made now."""
         make = self.__dict__.get("_lazy", {}).get(name)
         if make is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -216,7 +216,7 @@ class TorsionBuild:
 
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
         """``(bonds, angles)`` ``(m, n_out)`` of ``dtype``, ``fixed`` ``(m, 0, 3)`` and the template
-        dihedrals ``(m, n_out)`` (read, never written), kept within :data:`KEPT_BYTES` over every
+        dihedrals ``(m, n_out)`` (read, never written), kept within `KEPT_BYTES` over every
         table (a training loop over thousands of sequences keeps only the recent ones)."""
         mine = self.__dict__.setdefault("_arrays", {})
         kept = mine.get((dtype, m))
@@ -262,10 +262,10 @@ class TorsionBuild:
         """Cartesian coordinates ``(*batch, n_out, 3)`` of the values, given in parts of one dtype and
         batch shape ``batch`` (default all but the first part's last dimension) whose other dimensions
         hold ``K`` values together, in order (radians); differentiable. Call only where
-        :func:`serves` holds.
+        `serves` holds.
 
         The dihedrals are scratch (read by the trig pass) in a borrowed workspace buffer; the trig array
-        is borrowed too, or leased to the graph where it is kept for the backward (:mod:`.workspace`).
+        is borrowed too, or leased to the graph where it is kept for the backward (`workspace`).
 
         Example:
             >>> import torch, batched_nerf as bn
@@ -292,7 +292,7 @@ class TorsionBuild:
 
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
         """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
-        dihedrals (:func:`.build.trig`); zeros where no atom is."""
+        dihedrals (`build.trig`); zeros where no atom is."""
         bonds, _, fixed, _ = self.arrays(dtype, cs.shape[1])
         plan = self.kernel_plan
         pose = _identity_rows(plan.topology.seed_root.size)
@@ -348,7 +348,7 @@ class TorsionBuild:
 
 
 def _padded_atoms(sizes: list[int], stride: int, _: TorsionBuild) -> np.ndarray:
-    """``(N,)`` output position of each atom of :meth:`TorsionBuild.padded`'s parts."""
+    """``(N,)`` output position of each atom of `TorsionBuild.padded`'s parts."""
     return np.concatenate([np.arange(n) + k * stride for k, n in enumerate(sizes)])
 
 
@@ -368,9 +368,9 @@ def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
 
 
 class TorsionFn(Function):
-    """``parts`` -> ``(m, n_out, 3)`` positions of a :class:`TorsionBuild`, from the values' trig array
+    """``parts`` -> ``(m, n_out, 3)`` positions of a `TorsionBuild`, from the values' trig array
     (``turns``, made by the caller); the backward kernel for a first-order backward,
-    :class:`.build.FusedVJP` (differentiable, on the table's own layout) under ``create_graph=True``."""
+    `build.FusedVJP` (differentiable, on the table's own layout) under ``create_graph=True``."""
 
     @staticmethod
     def forward(tb: TorsionBuild, turns: Turns, *parts: Tensor) -> Tensor:  # type: ignore[override]

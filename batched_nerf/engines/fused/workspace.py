@@ -1,28 +1,28 @@
 """Reusable float64 work buffers of the CPU kernels, a few per table.
 
 A call of the fused CPU build makes a ``(4, B, N)`` float64 array of the
-cosines and sines of its angles and dihedrals (:func:`.build.trig`). A fresh
+cosines and sines of its angles and dihedrals (`build.trig`). A fresh
 array that large is fresh memory, and its first touch costs a page fault per
 4 KiB (glibc hands every block past 32 MiB back to the kernel when it is freed,
 so a loop of such calls faults on every one): for AdK's first 40 residues with
 hydrogens (613 atoms) x 9,800 frames (188 MiB) the trig pass took 20-24 ms into
 a new array against 9-12 ms into a reused one, of a 90-110 ms build. So the
 array comes from buffers kept with the table (its
-:class:`~batched_nerf._topology.Topology`, weakly: they go when the table does):
+[`Topology`][batched_nerf.Topology], weakly: they go when the table does):
 
-* :func:`borrowed`: for the length of a ``with`` block (a call with nothing to
+* `borrowed`: for the length of a ``with`` block (a call with nothing to
   differentiate, or scratch a backward reads and drops at once);
-* :func:`lease`: for as long as the returned :class:`Lease` lives (a call with a
+* `lease`: for as long as the returned `Lease` lives (a call with a
   gradient keeps its trig array for its backward: the lease lives on the
-  autograd graph's :class:`~.build.Turns`, and the buffer comes back when the
+  autograd graph's `Turns`, and the buffer comes back when the
   graph is freed).
 
-Bounds: only arrays of at least :data:`MIN_BYTES` (smaller ones come from the
-allocator's heap cheaply) and at most :data:`MAX_BYTES`; each table keeps at
-most :data:`KEEP` idle buffers, the largest ones (a buffer in use is not kept
+Bounds: only arrays of at least `MIN_BYTES` (smaller ones come from the
+allocator's heap cheaply) and at most `MAX_BYTES`; each table keeps at
+most `KEEP` idle buffers, the largest ones (a buffer in use is not kept
 twice: a concurrent call, or a second graph alive at once, takes another or a
-new one), and all tables together at most :data:`IDLE_BYTES` of idle buffers,
-the most recently returned. :func:`release` drops every idle buffer now.
+new one), and all tables together at most `IDLE_BYTES` of idle buffers,
+the most recently returned. `release` drops every idle buffer now.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _forget(slot: _Slot, buffer: np.ndarray) -> None:
 
 
 def _settle() -> None:
-    """Take in the inboxes, then keep within :data:`KEEP` per table and :data:`IDLE_BYTES` in all
+    """Take in the inboxes, then keep within `KEEP` per table and `IDLE_BYTES` in all
     (hold ``_lock``)."""
     while _freed:
         slot = _slots.pop(_freed.pop(), None)
@@ -114,13 +114,13 @@ def _settle() -> None:
 
 
 def _in_bounds(n_bytes: int) -> bool:
-    """Whether an array of ``n_bytes`` is kept (:data:`MIN_BYTES` to :data:`MAX_BYTES`)."""
+    """Whether an array of ``n_bytes`` is kept (`MIN_BYTES` to `MAX_BYTES`)."""
     return MIN_BYTES <= n_bytes <= MAX_BYTES
 
 
 def _take(owner: object, n_values: int) -> tuple[_Slot, np.ndarray]:
     """``owner``'s smallest idle buffer of at least ``n_values`` float64 values (no longer idle), else a
-    new one of ``n_values`` (the caller checked :func:`_in_bounds`)."""
+    new one of ``n_values`` (the caller checked `_in_bounds`)."""
     with _lock:
         _settle()
         slot = _slots.get(id(owner))
@@ -145,7 +145,7 @@ def _give(slot: _Slot, buffer: np.ndarray) -> None:
 
 
 class _Borrowed:
-    """The context manager :func:`borrowed` returns (a class: cheaper per call than a generator)."""
+    """The context manager `borrowed` returns (a class: cheaper per call than a generator)."""
 
     __slots__ = ("_dtype", "_n", "_owner", "_taken")
 
@@ -163,7 +163,7 @@ class _Borrowed:
 
 
 class _Nothing:
-    """:func:`borrowed` outside the bounds: yields None (one shared instance)."""
+    """`borrowed` outside the bounds: yields None (one shared instance)."""
 
     __slots__ = ()
 
@@ -207,7 +207,7 @@ def borrowed(
 
 
 class Lease:
-    """A buffer of :func:`lease`: ``array`` is valid while this object lives; its memory goes back to the
+    """A buffer of `lease`: ``array`` is valid while this object lives; its memory goes back to the
     table's idle buffers when it is freed (nothing else may keep ``array`` or a view of it)."""
 
     __slots__ = ("_buffer", "_slot", "array")
@@ -220,7 +220,7 @@ class Lease:
 
 
 def lease(owner: object, n_values: int) -> Lease | None:
-    """A :class:`Lease` of a float64 array of ``n_values`` kept with ``owner``, or None (outside the
+    """A `Lease` of a float64 array of ``n_values`` kept with ``owner``, or None (outside the
     bounds: the caller makes its own array).
 
     Example:
@@ -241,7 +241,7 @@ def lease(owner: object, n_values: int) -> Lease | None:
 
 
 def held_bytes() -> int:
-    """Bytes of the idle buffers kept for the tables alive now (at most :data:`IDLE_BYTES`)."""
+    """Bytes of the idle buffers kept for the tables alive now (at most `IDLE_BYTES`)."""
     with _lock:
         _settle()
         return _idle[0]

@@ -1,7 +1,7 @@
 """The log-depth (scan) engine: frames composed by pointer jumping.
 
-* :mod:`.plan`: the planner (frame-tree compilation into rounds, numpy, once per
+* `plan`: the planner (frame-tree compilation into rounds, numpy, once per
   table and band size);
-* :mod:`.path`: banded scans of ``3 x 3`` rotations along single paths;
-* :mod:`.build`: the builder ``build_scan`` and the engine record ``SCAN``.
+* `path`: banded scans of ``3 x 3`` rotations along single paths;
+* `build`: the builder ``build_scan`` and the engine record ``SCAN``.
 """

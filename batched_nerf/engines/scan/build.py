@@ -1,10 +1,10 @@
 """Scan engine: compose rigid frames along the reference tree in O(log depth) steps.
 
-Frame-tree compilation (once per table and band size, :mod:`.plan`)
+Frame-tree compilation (once per table and band size, `plan`)
 -------------------------------------------------------------------------
 Every fully referenced atom ``j`` with references ``(b, a, d)`` is placed from
 the frame ``M_j`` spanned by the atoms ``(d, a, b)`` (see
-:func:`._geometry.place`). Call ``O_b = M_b L_b`` the *out-frame* of ``b``: the
+`_geometry.place`). Call ``O_b = M_b L_b`` the *out-frame* of ``b``: the
 frame spanned by ``(a_b, b_b, b)``, where ``L(theta, phi)`` is the rotation that
 carries ``M_b`` to it. Then:
 
@@ -35,10 +35,10 @@ change results.
 Paths
 -----
 A round whose scanned atoms form one path below one root (a chain) skips all of
-the above: :mod:`.path` composes ``3 x 3`` rotations in bands of ``K``
+the above: `path` composes ``3 x 3`` rotations in bands of ``K``
 (chosen per call from the path length and batch size), jumps across band tops
 in float64 and sums bond vectors with ``cumsum``, with the batch innermost and
-no index gathers (every take is a slice: see :class:`.path.Take`).
+no index gathers (every take is a slice: see `path.Take`).
 """
 
 from __future__ import annotations

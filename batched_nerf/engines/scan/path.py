@@ -3,7 +3,7 @@
 When the scanned atoms of a round form a single path below one root (a linear
 chain, the backbone of a polymer built atom after atom), the frame of atom
 ``j`` is the product ``R_j = G L_1 L_2 ... L_j`` of its predecessors' local
-rotations (see :func:`local_rotations`), and its position is a plain prefix sum
+rotations (see `local_rotations`), and its position is a plain prefix sum
 
     x_j = o + sum_{i <= j} r_i R_i e_1
 
@@ -99,11 +99,13 @@ def local_rotations(r: Tensor, theta: Tensor, phi: Tensor) -> tuple[Tensor, Tens
     is the bond direction ``u = (-cos theta, sin theta cos phi, sin theta sin phi)``.
     For ``sin theta < 0`` the second and third columns change sign (a half turn
     about the bond), so that the frame matches the position-based placement for
-    any angle::
+    any angle:
 
-        L = [[-c,      -g s,      0      ],
-             [ s cp,   -g c cp,  -g sp   ],
-             [ s sp,   -g c sp,   g cp   ]]
+    ```text
+    L = [[-c,      -g s,      0      ],
+         [ s cp,   -g c cp,  -g sp   ],
+         [ s sp,   -g c sp,   g cp   ]]
+    ```
 
     with ``c, s = cos(theta), sin(theta)``, ``cp, sp = cos(phi), sin(phi)`` and
     ``g = sign(s)`` (``+1`` at ``s = 0``).

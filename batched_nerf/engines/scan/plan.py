@@ -1,16 +1,16 @@
 """Scan plan: the frame tree cut into rounds, bands and pointer-jumping steps, once per table.
 
-The planner of the scan engine (:mod:`.scan`, where the method is described):
-numpy work on the table's :class:`~batched_nerf.Topology` and its frame tree
-(:mod:`.frame_tree`), made on first use for one band size (the plan variant)
-and cached by the table. The result, :class:`ScanPlan`, holds index tensors
+The planner of the scan engine (`scan`, where the method is described):
+numpy work on the table's [`Topology`][batched_nerf.Topology] and its frame tree
+(`frame_tree`), made on first use for one band size (the plan variant)
+and cached by the table. The result, `ScanPlan`, holds index tensors
 and Python values only.
 
 Whole-array numpy, in phases: subtree roots and depths by pointer jumping
-(:func:`_forest`), rounds frontier by frontier over the irregular rows'
-dependencies (:func:`_round_members`), then one vectorised pass per round
-(:func:`_round_plan`, with one step per band depth in :func:`_bands`) and the
-dihedral sums column by column (:func:`_finish`). No loop runs over rows.
+(`_forest`), rounds frontier by frontier over the irregular rows'
+dependencies (`_round_members`), then one vectorised pass per round
+(`_round_plan`, with one step per band depth in `_bands`) and the
+dihedral sums column by column (`_finish`). No loop runs over rows.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class RoundPlan(Movable):
 
 @dataclass(frozen=True)
 class ScanPlan(Movable):
-    """Everything :func:`build_scan` needs."""
+    """Everything `build_scan` needs."""
 
     seeds: SeedPlan
     phi_paths: Tensor  # (N, L) dihedral indices summed into the effective dihedral (N = zero)
@@ -203,7 +203,7 @@ def _round_plan(
     """The plan of the next round (its atoms ``members``, in index order) and its depth.
 
     Nodes: ``[sentinel, anchors, irregular roots, scanned atoms]``; scanned
-    atoms in bands of ``K = min(block, depth)`` depths (see :class:`RoundPlan`).
+    atoms in bands of ``K = min(block, depth)`` depths (see `RoundPlan`).
     """
     kind = topo.kind
     irr = members[tree.frame[members] == POSITIONS]
@@ -401,7 +401,7 @@ def _chains(start: np.ndarray, link: np.ndarray, n: int) -> np.ndarray | None:
 
 
 def _take(index: np.ndarray, max_runs: int = 4) -> Take:
-    """:meth:`Take.of` without the loop over entries: the runs from the breaks of ``index``."""
+    """`Take.of` without the loop over entries: the runs from the breaks of ``index``."""
     idx = np.array(index, dtype=np.int64).reshape(-1)
     breaks = np.flatnonzero(idx[1:] != idx[:-1] + 1) + 1
     if idx.size == 0 or breaks.size >= max_runs:  # Take.of keeps 1 to max_runs runs

@@ -5,7 +5,7 @@ a contiguous run of items. Every row is a few loops of ``LANES`` iterations
 over the block's samples (in a short last block the spare lanes compute on
 finite leftovers and are never written out). The forward's inputs and outputs
 move between the ``(B, N, ...)`` arrays and the scratch in tiles
-(:data:`TILE`); the backward's row by row, through strided views of the
+(`TILE`); the backward's row by row, through strided views of the
 block's samples (``x[b0:b1, atom]``), which measured faster there.
 
 Scratch layout, chosen so that LLVM vectorises those loops without runtime
@@ -19,10 +19,10 @@ view provably do not overlap and only the few views need comparing. (With
 ``(rows, fields, samples)`` arrays numba's run-time strides made LLVM emit one
 alias check per pair of accessed fields, ~50 per loop, which cost more than
 the 32-sample loop itself.) The forward gathers, builds and writes out
-:data:`CHUNK` rows at a time into a ring of scratch rows just long enough for
-the farthest reference back (:func:`_ring`), so wide units stay in the caches;
+`CHUNK` rows at a time into a ring of scratch rows just long enough for
+the farthest reference back (`_ring`), so wide units stay in the caches;
 the backward keeps every row's scratch for its reverse walk. Same formulas as
-:mod:`.samples` (see :mod:`.build`).
+`samples` (see `build`).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def _blocks_parallel(p, starts, bonds, trig, fixed, pose, out, nt, rows, mask):
 
 def forward_call(p, starts, bonds, trig, fixed, pose, out, nt, width, reach):  # type: ignore[no-untyped-def]
     """``(kernel, args)``: ``kernel(*args)`` writes the positions into ``out`` on ``nt`` threads
-    (arguments as :func:`.build.forward`'s)."""
+    (arguments as `build.forward`'s)."""
     rows, mask = _ring(reach, width)
     if nt > 1:
         return _blocks_parallel, (p, starts, bonds, trig, fixed, pose, out, nt, rows, mask)
@@ -529,7 +529,7 @@ def _blocks_backward_parallel(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga,
 
 def backward_call(p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose, nt, width):  # type: ignore[no-untyped-def]
     """``(kernel, args)``: ``kernel(*args)`` writes the input gradients into ``gb, ga, gd, gf`` (and
-    ``gpose``) on ``nt`` threads (arguments as :func:`.build.backward`'s)."""
+    ``gpose``) on ``nt`` threads (arguments as `build.backward`'s)."""
     args = (p, starts, bonds, trig, fixed, pose, gxyz, gb, ga, gd, gf, gpose)
     if nt > 1:
         return _blocks_backward_parallel, (*args, nt, width)

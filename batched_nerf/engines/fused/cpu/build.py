@@ -1,20 +1,20 @@
 """CPU backend of the fused engine (numba): one compiled loop per pass, and which loop runs.
 
 Imported lazily (numba is the optional extra ``fast``). Two kernel layouts:
-per sample (:mod:`.samples`: work items ``(sample, unit)``, a unit
+per sample (`samples`: work items ``(sample, unit)``, a unit
 being a run of whole components in build order,
-:func:`batched_nerf.engines.fused.build.fused_plan`) and, from :data:`BLOCK_MIN`
-samples on (units of at most :data:`FORWARD_MAX_WIDTH` /
-:data:`BACKWARD_MAX_WIDTH` atoms, enough blocks for the threads), blocks of
-samples innermost (:mod:`.blocks`, vectorised across samples), once compiled or cached
-(:mod:`.tiers`: until then the per-sample kernels). Small calls and calls
+`batched_nerf.engines.fused.build.fused_plan`) and, from `BLOCK_MIN`
+samples on (units of at most `FORWARD_MAX_WIDTH` /
+`BACKWARD_MAX_WIDTH` atoms, enough blocks for the threads), blocks of
+samples innermost (`blocks`, vectorised across samples), once compiled or cached
+(`tiers`: until then the per-sample kernels). Small calls and calls
 with a single work item run on the calling thread (a round trip through numba's
 thread pool can cost a scheduler time slice on a busy machine). Every frame and
 position is kept in float64 scratch per thread (``O(unit size)``); inputs and
 outputs keep their dtype (float32 or float64).
 The kernels call no transcendental function: the cosines and sines of the
-angles and dihedrals come in as one float64 array (:func:`trig`, one
-vectorised loop over the values, :mod:`.trig`), and ``phi_eff``
+angles and dihedrals come in as one float64 array (`trig`, one
+vectorised loop over the values, `trig`), and ``phi_eff``
 is composed as a turn ``(cos, sin)``: a sibling's turn multiplied in, ``pi``
 a sign change.
 
@@ -22,9 +22,11 @@ Per atom ``j`` (plan row ``k``), with placement frame ``M_j`` and
 ``L = L(theta, phi_eff)`` (columns: ``u = (-cos t, sin t cos p, sin t sin p)``
 and two more; columns 2, 3 negated when ``sin(theta) < 0``, the scan engine's
 half turn, whose half-angle test agrees with ``sin(theta) < 0`` for every angle
-but negative ones within ``1e-16`` of zero)::
+but negative ones within ``1e-16`` of zero):
 
-    x_j = x_b + r_j M_j u_j        O_j = M_j L_j      (out-frame, read by children)
+```text
+x_j = x_b + r_j M_j u_j        O_j = M_j L_j      (out-frame, read by children)
+```
 
 The backward kernel recomputes a unit's forward into its scratch, then walks
 the unit in reverse: the adjoint of each placement gives the gradients of
@@ -33,8 +35,8 @@ out-frame (``PARENT`` rows) or, through the NeRF frame, of the three reference
 positions (``POSITIONS`` rows); ``phi_eff``'s adjoint flows on to the sibling
 it adds.
 
-Entry points: :func:`forward` and :func:`backward` below, on numpy arrays (the
-Triton port, :mod:`..cuda.build`, walks the same rows on device tensors).
+Entry points: `forward` and `backward` below, on numpy arrays (the
+Triton port, `cuda.build`, walks the same rows on device tensors).
 """
 
 from __future__ import annotations
@@ -91,13 +93,13 @@ def forward(
     """Positions ``(B, N, 3)`` from ``bonds`` ``(B, N)``, ``trig`` and ``fixed`` ``(B, F, 3)`` (``F``: 0 ok).
 
     ``trig`` ``(4, B, N)`` float64: ``cos(angles), cos(dihedrals), sin(angles),
-    sin(dihedrals)`` (:func:`batched_nerf.engines.fused.build.trig`). ``pose``
+    sin(dihedrals)`` (`batched_nerf.engines.fused.build.trig`). ``pose``
     ``(B or 1, S, 13)`` float64: the pose rows of the seeded components
-    (:func:`.pose.pose_rows`: ``R`` row-major, ``t``, and 1 for a proper
+    (`pose.pose_rows`: ``R`` row-major, ``t``, and 1 for a proper
     rotation; the identity's rows where no pose is given): each seeded atom
     is written out as ``R y + t`` of its built position ``y``. ``index``
     ``(12, N)``, ``starts`` ``(U + 1,)``, ``width`` and ``reach`` are the plan's
-    (:class:`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
+    (`batched_nerf.engines.fused.build.FusedPlan`); every array C-contiguous,
     ``bonds`` and ``fixed`` of one float dtype, which the output keeps. ``out``: a
     ``(B, N, 3)`` array of that dtype to write the atoms of the plan into (the other
     positions keep their values); default a new one.
@@ -139,7 +141,7 @@ def backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Gradients ``(g_bonds, g_angles, g_dihedrals, g_fixed, g_pose)`` of ``sum(grad_xyz * xyz)``.
 
-    Shapes as the inputs of :func:`forward`; ``grad_xyz`` ``(B, N, 3)``; ``pose``
+    Shapes as the inputs of `forward`; ``grad_xyz`` ``(B, N, 3)``; ``pose``
     here keeps an improper rotation's values (its components get no gradient).
     ``g_pose`` ``(B, S, 12)`` float64 (``R`` row-major, ``t``) with ``pose_grad``,
     else ``(0, S, 12)``. ``out``: three C-contiguous ``(B, N)`` arrays of the bonds'

@@ -8,7 +8,7 @@ training step), so it is announced, before it starts:
 * once per process, a ``logging`` WARNING on the logger ``batched_nerf`` (shown by
   default: with no logging configured, Python's last-resort handler prints it to
   stderr), naming what compiles, that it happens once, where the cache lives and
-  how to compile ahead (:func:`batched_nerf.warmup`);
+  how to compile ahead ([`batched_nerf.warmup`][batched_nerf.warmup]);
 * every compile, an INFO record when it starts and when it ends (with its time).
 
 A logging record rather than ``warnings.warn``: the message is raised from inside
@@ -168,7 +168,7 @@ def _locked_save(self: Any, key: Any, data: Any) -> None:
 
 
 def lock_cache_writes(module: Any) -> int:
-    """Give every cached numba kernel of ``module`` the process-safe cache write (:func:`_locked_save`).
+    """Give every cached numba kernel of ``module`` the process-safe cache write (`_locked_save`).
 
     Returns how many kernels it changed (0 where numba's cache internals differ from those
     known here, or without ``fcntl``: numba's own writes then).

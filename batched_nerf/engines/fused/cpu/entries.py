@@ -1,11 +1,13 @@
 r"""The flow layer's entries (numba): per-atom values <-> compact entries, with the log-det in the same pass.
 
-:class:`batched_nerf.InternalCoordinateTransform` keeps the informative
+[`batched_nerf.InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] keeps the informative
 internal coordinates only, ``(B, E_k)`` per kind ``k`` (bonds, angles,
 dihedrals), and needs ``log|det|`` of each direction, a weighted sum over the
-bond and angle entries::
+bond and angle entries:
 
-    log_det = sum_e kb_e log|b_e| + sum_e ka_e log|sin a_e|      (kb, ka: small integers)
+```text
+log_det = sum_e kb_e log|b_e| + sum_e ka_e log|sin a_e|      (kb, ka: small integers)
+```
 
 In torch that is seven passes over the batch (``sin``, ``abs``, two ``log``,
 two ``matmul``, an ``add``) plus a ``cat`` of slices per kind, each slow on a
@@ -15,7 +17,7 @@ as a float64 *product* of ``|b|**kb`` and ``|sin a|**ka``, rescaled by
 ``10**200`` where it leaves ``(1e-200, 1e200)``, with one ``log`` at the end;
 a sample with a factor outside ``(1e-60, 1e60)`` (zero, ``inf``, NaN, or an
 extreme value) takes the sum of logs instead (``-inf``, ``inf``, NaN where the
-reference gives them). The sines come from the vectorised loop of :mod:`.trig`.
+reference gives them). The sines come from the vectorised loop of `trig`.
 Measured on alanine dipeptide x 4,096 (float32, 2 threads, one process, best
 of 60): the flow layer's inverse 1.53 -> 1.38 ms, its forward 1.63 -> 1.46 ms,
 the inverse with its backward 4.18 -> 3.83 ms, against ``to_cartesian`` with
@@ -23,9 +25,9 @@ the pose 0.84 ms and ``to_internal`` 0.92 ms.
 The kernel pass itself (~0.38 ms) is not at its floor: the product is one
 dependent chain per sample and the per-atom moves are gathers.
 
-* :func:`spread`: entries -> ``(B, N)`` values (zero at atoms without an entry) and the log-det;
-* :func:`gather`: ``(B, N)`` values -> entries and the log-det;
-* :func:`spread_grad` / :func:`gather_grad`: the adjoints of the two, given the log-det's cotangent
+* `spread`: entries -> ``(B, N)`` values (zero at atoms without an entry) and the log-det;
+* `gather`: ``(B, N)`` values -> entries and the log-det;
+* `spread_grad` / `gather_grad`: the adjoints of the two, given the log-det's cotangent
   ``g`` ``(B,)``, which adds ``g kb_e / b_e`` and ``g ka_e cos a_e / sin a_e``.
 
 Arrays: ``maps`` ``(3, N)`` int64, the entry of each atom per kind (``-1``: none);
@@ -234,7 +236,7 @@ def _gather_grad_parallel(gb, ga, gd, g, b, a, maps, kb, ka, ob, oa, od, nt):
 
 
 def _run(items, parallel, values: int, *args) -> None:  # type: ignore[no-untyped-def]
-    """``items`` on this thread below :data:`SERIAL_VALUES` values (or one chunk), else ``parallel``."""
+    """``items`` on this thread below `SERIAL_VALUES` values (or one chunk), else ``parallel``."""
     nt = 1 if values < SERIAL_VALUES else min(numba.get_num_threads(), -(-args[0].shape[0] // CHUNK))
     if nt > 1:
         parallel(*args, nt)
@@ -244,8 +246,8 @@ def _run(items, parallel, values: int, *args) -> None:  # type: ignore[no-untype
 
 @functools.cache
 def _probe(dtype: np.dtype) -> tuple[object, ...]:
-    """Arguments of :func:`_spread_items`'s signature for ``dtype`` values (tiny arrays, made once per
-    dtype: :func:`ready` is asked on every call)."""
+    """Arguments of `_spread_items`'s signature for ``dtype`` values (tiny arrays, made once per
+    dtype: `ready` is asked on every call)."""
     v, i = np.zeros((1, 1), dtype=dtype), np.zeros((3, 1), dtype=np.int64)
     k, ld = np.zeros(1, dtype=np.int64), np.zeros(1)
     return (0, 1, v, v, v, i, k, k, v, v, v, ld)
@@ -253,14 +255,14 @@ def _probe(dtype: np.dtype) -> tuple[object, ...]:
 
 def ready(dtype: np.dtype) -> bool:
     """Whether this family's kernels may run on ``dtype`` values now: compiled or cached, or the
-    torch reference has run long enough on their calls (:mod:`.tiers`, with :func:`timed`); until
+    torch reference has run long enough on their calls (`tiers`, with `timed`); until
     then the flow layer takes the reference, so a short script does not pay their cold compile
     (~5 s per dtype on the 2-core benchmark machine)."""
     return tiers.ready(_spread_items, _probe(np.dtype(dtype)), str(np.dtype(dtype)))
 
 
 def timed(dtype: np.dtype, run):  # type: ignore[no-untyped-def]
-    """``run()`` (the reference, on a call this family was not :func:`ready` for), its time charged
+    """``run()`` (the reference, on a call this family was not `ready` for), its time charged
     to the family's tier."""
     return tiers.timed(_spread_items, str(np.dtype(dtype)), run)
 
@@ -289,7 +291,7 @@ def gather(b, a, d, atoms, kb, ka):  # type: ignore[no-untyped-def]
 
 
 def spread_grad(gb, ga, gd, g, b, a, atoms, kb, ka):  # type: ignore[no-untyped-def]
-    """The adjoint of :func:`spread` at entries ``b``, ``a``: ``(B, N)`` cotangents and the log-det's
+    """The adjoint of `spread` at entries ``b``, ``a``: ``(B, N)`` cotangents and the log-det's
     ``g`` ``(B,)`` -> entry gradients ``(B, E_k)``."""
     ob, oa, od = _outputs(gb, *(x.size for x in atoms))
     args = (gb, ga, gd, g, b, a, *atoms, kb, ka, ob, oa, od)
@@ -298,7 +300,7 @@ def spread_grad(gb, ga, gd, g, b, a, atoms, kb, ka):  # type: ignore[no-untyped-
 
 
 def gather_grad(gb, ga, gd, g, b, a, maps, kb, ka):  # type: ignore[no-untyped-def]
-    """The adjoint of :func:`gather` at entries ``b``, ``a``: entry cotangents ``(B, E_k)`` and the
+    """The adjoint of `gather` at entries ``b``, ``a``: entry cotangents ``(B, E_k)`` and the
     log-det's ``g`` ``(B,)`` -> ``(B, N)`` gradients."""
     n = maps.shape[1]
     ob, oa, od = _outputs(gb, n, n, n)

@@ -1,36 +1,38 @@
 """Numba kernels of the fused inverse map (imported only when numba is installed).
 
-One row ``i`` with references ``(b, a, d)`` reads four atoms and gives::
+One row ``i`` with references ``(b, a, d)`` reads four atoms and gives:
 
-    bond     = |x_i - x_b|
-    angle    = atan2(|u x v|, u . v),              u = x_i - x_b, v = x_a - x_b
-    dihedral = atan2(|b1| b0 . n2, n1 . n2),       b0 = x_a - x_d, b1 = x_b - x_a, b2 = x_i - x_b,
-                                                   n1 = b0 x b1, n2 = b1 x b2
+```text
+bond     = |x_i - x_b|
+angle    = atan2(|u x v|, u . v),              u = x_i - x_b, v = x_a - x_b
+dihedral = atan2(|b1| b0 . n2, n1 . n2),       b0 = x_a - x_d, b1 = x_b - x_a, b2 = x_i - x_b,
+                                               n1 = b0 x b1, n2 = b1 x b2
+```
 
-exactly the operations of :mod:`batched_nerf._geometry` (``safe_norm``: ``0`` with
+exactly the operations of `batched_nerf._geometry` (``safe_norm``: ``0`` with
 zero derivatives at a zero vector, NaN for NaN; ``safe_atan2``: ``atan2(0, 1)`` at
 ``(0, 0)``; ``(-pi, pi]`` wrap), so values and derivatives agree with the torch
 engine also at singular geometry. Three kernels, all in float64 internally and
 writing the caller's dtype:
 
-* :func:`forward`: the bonds and the ``atan2`` arguments of the angles and
+* `forward`: the bonds and the ``atan2`` arguments of the angles and
   dihedrals, parallel over every (sample, atom) (the caller takes the ``atan2``);
-* :func:`vjp`: ``J^T g``, the reverse-mode adjoint of each row, scatter-added into
+* `vjp`: ``J^T g``, the reverse-mode adjoint of each row, scatter-added into
   its four atoms;
-* :func:`second`: the backward of :func:`vjp`: for a cotangent ``V`` of ``J^T g``,
+* `second`: the backward of `vjp`: for a cotangent ``V`` of ``J^T g``,
   ``sum_k g_k H_k V`` (cotangent of the coordinates) and ``J V`` (cotangent of
   ``g``). The adjoint code is run on dual numbers with tangent ``V``
   (forward-over-reverse), so it is the exact derivative of the adjoint, branch
   for branch.
 
-Calls of fewer than :data:`PARALLEL_ROWS` rows run on one thread. Scatters never
+Calls of fewer than `PARALLEL_ROWS` rows run on one thread. Scatters never
 race: with at least as many samples as threads a thread owns whole samples (atoms
 in sequence); with fewer, the rows' contributions are computed in parallel into a
-buffer and summed per sample afterwards. From :data:`BLOCK_MIN` samples on (and
+buffer and summed per sample afterwards. From `BLOCK_MIN` samples on (and
 enough blocks for the threads), the vjp and second-order kernels run blocked,
-samples innermost (:mod:`.inverse_blocks`, vectorised across
-samples), once compiled or cached (:mod:`.tiers`). The per-row
-formulas both layouts share are in :mod:`.inverse_rows`.
+samples innermost (`inverse_blocks`, vectorised across
+samples), once compiled or cached (`tiers`). The per-row
+formulas both layouts share are in `inverse_rows`.
 """
 
 from __future__ import annotations
@@ -325,7 +327,7 @@ def forward(xyz, refs, hb, ha, hd, bonds, args):  # type: ignore[no-untyped-def]
     """``xyz`` ``(B, N, 3)`` -> ``bonds`` ``(B, N)`` and the ``atan2`` arguments ``args`` ``(4, B, N)``
     float64 (``y`` of the angles, of the dihedrals, then their ``x``), written in place.
 
-    :func:`angles` takes the ``atan2`` and wraps the dihedrals into ``(-pi,
+    `angles` takes the ``atan2`` and wraps the dihedrals into ``(-pi,
     pi]`` (a vectorised loop over the values: a scalar libm call per row was
     three quarters of this kernel's time).
     """

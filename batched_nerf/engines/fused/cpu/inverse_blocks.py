@@ -1,15 +1,15 @@
 """Blocked vjp and second-order kernels of the fused inverse map (numba): samples innermost, SIMD.
 
-The formulas and singular-geometry rules of :mod:`.inverse`, laid out
+The formulas and singular-geometry rules of `inverse`, laid out
 for a block of ``LANES`` samples in the scratch layout of the builder's blocked
-kernels (:mod:`.blocks`): one scratch row per atom, each field
+kernels (`blocks`): one scratch row per atom, each field
 ``LANES`` long at a constant offset (positions, tangents, adjoints: 3 fields;
 the cotangents of bond, angle, dihedral and ``J V``: 3), so that every loop is
 a constant-trip loop over a few row views that LLVM vectorises without
 run-time alias checks. Adjoints accumulate per atom with no race (a thread
 owns whole blocks); a short last block computes on finite leftovers in its
 spare lanes, never written out. The vjp calls the shared per-row formulas of
-:mod:`.inverse_rows`; the second-order loops state the dual-number
+`inverse_rows`; the second-order loops state the dual-number
 formulas of that module's ``_dangle_grad`` / ``_ddihedral_grad`` again, in
 select form (those helpers branch on singular geometry, which keeps a loop
 scalar). Scalar helpers are inlined by numba (``inline="always"``) and every
@@ -53,7 +53,7 @@ def _gather3(x, b0, R):
 
 @_jit
 def _gather_per_atom(gb, ga, gd, b0, R):
-    """``R[j, k * L + s] = (gb, ga, gd)[k][b0 + s, j]``: three ``(B, N)`` arrays, as :func:`_gather3`."""
+    """``R[j, k * L + s] = (gb, ga, gd)[k][b0 + s, j]``: three ``(B, N)`` arrays, as `_gather3`."""
     n, b1 = gb.shape[1], min(b0 + L, gb.shape[0])
     for j0 in range(0, n, TILE):
         for b in range(b0, b1):
@@ -83,7 +83,7 @@ def _put3(R, b0, out):
 
 @_jit
 def _put_per_atom(R, b0, ob, oa, od):
-    """``(ob, oa, od)[k][b0 + s, j] = R[j, k * L + s]``: the transpose of :func:`_gather_per_atom`."""
+    """``(ob, oa, od)[k][b0 + s, j] = R[j, k * L + s]``: the transpose of `_gather_per_atom`."""
     n, b1 = ob.shape[1], min(b0 + L, ob.shape[0])
     for j0 in range(0, n, TILE):
         for b in range(b0, b1):
@@ -94,7 +94,7 @@ def _put_per_atom(R, b0, ob, oa, od):
 
 @_inline
 def _acc(GXr, C, k, sign):
-    """``GX[row] += sign * C[k:k+3]`` (a run-time trip count: see :func:`.blocks.lanes`)."""
+    """``GX[row] += sign * C[k:k+3]`` (a run-time trip count: see `blocks.lanes`)."""
     n = lanes(GXr, 3)
     for c in range(3):
         for s in range(n):
@@ -268,7 +268,7 @@ def _angle_second_at(Xi, Xb, Xa, Ti, Tb, Ta, Gi, C, Ji, s):
 
 @_jit
 def _angle_second(Xi, Xb, Xa, Ti, Tb, Ta, Gi, C, Ji):
-    """The loop of :func:`_angle_second_at`."""
+    """The loop of `_angle_second_at`."""
     for s in range(L):
         _angle_second_at(Xi, Xb, Xa, Ti, Tb, Ta, Gi, C, Ji, s)
 
@@ -340,7 +340,7 @@ def _dihedral_second_at(Xi, Xb, Xa, Xd, Ti, Tb, Ta, Td, Gi, C, Ji, s):
 
 @_jit
 def _dihedral_second(Xi, Xb, Xa, Xd, Ti, Tb, Ta, Td, Gi, C, Ji):
-    """The loop of :func:`_dihedral_second_at`."""
+    """The loop of `_dihedral_second_at`."""
     for s in range(L):
         _dihedral_second_at(Xi, Xb, Xa, Xd, Ti, Tb, Ta, Td, Gi, C, Ji, s)
 

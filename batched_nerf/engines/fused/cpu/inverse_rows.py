@@ -4,13 +4,13 @@ One row ``i`` with references ``(b, a, d)``: its values (bond, ``atan2``
 arguments of angle and dihedral), their gradients w.r.t. the row's atoms, and
 those gradients on dual numbers (forward-over-reverse: the gradient, its
 tangent ``H V`` and the value's tangent ``J V``), with the singular-geometry
-rules of :mod:`batched_nerf._geometry` (see :mod:`.inverse`).
-Shared by the per-sample kernels (:mod:`.inverse`) and the blocked
-ones (:mod:`.inverse_blocks`), in two compiled forms:
+rules of `batched_nerf._geometry` (see `inverse`).
+Shared by the per-sample kernels (`inverse`) and the blocked
+ones (`inverse_blocks`), in two compiled forms:
 
 * the module's own names: each formula compiled once (and cached), called by
   the per-sample kernels, whose rows are scalar code anyway;
-* :data:`INLINED`: the same formulas, each inlined by numba into its caller
+* `INLINED`: the same formulas, each inlined by numba into its caller
   (``inline="always"``), for loops that must vectorise: left to LLVM, a call
   inside a blocked loop stays a call and the loop is not vectorised.
 
@@ -97,7 +97,7 @@ def _norm(v):  # type: ignore[no-untyped-def]
 
 @jit
 def _dnorm(v, tv):  # type: ignore[no-untyped-def]
-    """``(|v|, d|v|)`` for the tangent ``tv``, with :func:`_norm`'s rule at ``v = 0``."""
+    """``(|v|, d|v|)`` for the tangent ``tv``, with `_norm`'s rule at ``v = 0``."""
     n = _norm(v)
     return n, (0.0 if n == 0.0 else _dot(v, tv) / n)
 
@@ -105,7 +105,7 @@ def _dnorm(v, tv):  # type: ignore[no-untyped-def]
 @jit
 def _dscaled(v, tv, g, tg, n, tn):  # type: ignore[no-untyped-def]
     """``((g / n) v, d((g / n) v))`` for tangents ``tv, tg, tn``; exact zeros at ``n = 0`` (the
-    gradient of ``n = |v|``'s argument, zero there as :func:`_norm`'s)."""
+    gradient of ``n = |v|``'s argument, zero there as `_norm`'s)."""
     if n == 0.0:
         return _ZERO3, _ZERO3
     w = g / n
@@ -144,7 +144,7 @@ def _dihedral_args(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
 
 @jit
 def _atan2_grad(y, x):  # type: ignore[no-untyped-def]
-    """``(d/dy, d/dx)`` of :func:`_atan2` (``(1, 0)`` at the origin, as torch's double where)."""
+    """``(d/dy, d/dx)`` of `_atan2` (``(1, 0)`` at the origin, as torch's double where)."""
     if x == 0.0 and y == 0.0:
         return 1.0, 0.0
     den = x * x + y * y
@@ -202,7 +202,7 @@ def _dihedral_grad(p0, p1, p2, p3):  # type: ignore[no-untyped-def]
 
 @jit
 def _datan2_grad(y, ty, x, tx):  # type: ignore[no-untyped-def]
-    """``(gy, tgy, gx, tgx, J V)`` of :func:`_atan2_grad` with tangents ``ty``, ``tx``.
+    """``(gy, tgy, gx, tgx, J V)`` of `_atan2_grad` with tangents ``ty``, ``tx``.
 
     ``(1, 0, 0, 0, ty)`` at the origin. Selects, not an early return, so that a
     blocked loop calling it still vectorises.

@@ -1,7 +1,7 @@
 """The global pose of the seeded components (numba): the builder's pose rows, and the pose of
 coordinates.
 
-:func:`pose_rows` gives the builder's kernels (:mod:`.samples`, :mod:`.blocks`)
+`pose_rows` gives the builder's kernels (`samples`, `blocks`)
 the pose of every seeded component in every sample as 13 float64 values:
 ``R`` row-major, ``t``, and 1.0 for a proper rotation (``det R >= 0``); the
 kernels place each component's root at ``t``, its second atom along ``R e_x``
@@ -11,8 +11,8 @@ forward's rows make an improper (or NaN) rotation's component NaN; the
 backward's keep its values and its flag, and the backward gives that
 component no gradient (the reference's ``where``).
 
-:func:`extract` is the inverse, the pose of each seeded component from its seed
-atoms (:func:`batched_nerf.extract_pose`'s Gram-Schmidt frame), for calls with
+`extract` is the inverse, the pose of each seeded component from its seed
+atoms ([`batched_nerf.extract_pose`][batched_nerf.extract_pose]'s Gram-Schmidt frame), for calls with
 nothing to differentiate.
 
 Arrays: ``rot`` ``(B, S, 3, 3)``; ``tr`` ``(B, S, 3)``; ``x`` ``(B, N, 3)``; all
@@ -53,7 +53,7 @@ def _build_rows(rot, tr, nan, rows):
 
 
 def pose_rows(rot: np.ndarray, tr: np.ndarray, nan: bool) -> np.ndarray:
-    """``(B, S, 13)`` float64 pose rows for the builder's kernels (:func:`.build.forward`) from ``rot``
+    """``(B, S, 13)`` float64 pose rows for the builder's kernels (`build.forward`) from ``rot``
     ``(B, S, 3, 3)`` and ``tr`` ``(B, S, 3)``: ``R`` row-major, ``t``, and 1.0 where ``det R >= 0`` (else
     0.0); with ``nan`` (the forward's) an improper rotation's ``R`` and ``t`` are NaN, which makes its
     component NaN."""
@@ -72,7 +72,7 @@ def _unit(v0, v1, v2, eps):
 
 @njit(cache=True, error_model="numpy")
 def _extract_items(x, seeds, has2, has3, eps, rot, tr):
-    """Frame and root of every seeded component of every sample (see :func:`extract`)."""
+    """Frame and root of every seeded component of every sample (see `extract`)."""
     n_s = has2.shape[0]
     for b in range(x.shape[0]):
         xb = x[b]

@@ -1,10 +1,10 @@
 """Per-sample CPU kernels of the fused engine (numba), and the plan rows every CPU kernel reads.
 
 A work item is ``(sample, unit)`` -- a unit is a run of whole components in
-build order (:func:`batched_nerf.engines.fused.build.fused_plan`); thread ``t`` of
+build order (`batched_nerf.engines.fused.build.fused_plan`); thread ``t`` of
 ``nt`` takes items ``t, t + nt, ...``. Frames and positions are float64 scratch
 per thread (``O(unit size)``). The entry points that choose between these and
-the blocked kernels are in :mod:`.build`; the formulas are stated there.
+the blocked kernels are in `build`; the formulas are stated there.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """Tiered compilation of the blocked kernels: compiled when they are cached, or once they would pay.
 
-The CPU backend has two layouts of each kernel (:mod:`.build`, :mod:`.inverse`): per sample,
+The CPU backend has two layouts of each kernel (`build`, `inverse`): per sample,
 which serves every call, and blocked (samples innermost, SIMD), 2-6x faster from
-:data:`.build.BLOCK_MIN` samples on but also the larger cold compile (the committor pattern
+`build.BLOCK_MIN` samples on but also the larger cold compile (the committor pattern
 on alanine dipeptide: 10-16 s for the per-sample kernels, then 24-40 s more for the
 blocked ones at 64 samples, on the 2-core benchmark machine). So a call the dispatch rule
 gives to a blocked kernel takes it when:
 
 * it is compiled in this process, or numba's on-disk cache holds it for these argument types
-  (after :func:`batched_nerf.warmup`, or any earlier process that compiled it): loading costs
+  (after [`batched_nerf.warmup`][batched_nerf.warmup], or any earlier process that compiled it): loading costs
   milliseconds;
-* or the per-sample kernels have run :data:`TIER_UP_SECONDS` on calls that kernel would have
+* or the per-sample kernels have run `TIER_UP_SECONDS` on calls that kernel would have
   served (then it compiles, announced by a WARNING on the logger ``batched_nerf``): a job that
   runs long enough for the faster kernel to matter gets it after a bounded delay, and a short
   script never pays its compile (the ski-rental rule of tiered JIT compilers);
 * or tiering is off: ``BATCHED_NERF_TIERED=0`` in the environment (read at import), or
-  :func:`always` (what :func:`batched_nerf.warmup` and the test suite use).
+  `always` (what [`batched_nerf.warmup`][batched_nerf.warmup] and the test suite use).
 
 Each blocked entry kernel and dtype keeps its own state; results of the two layouts agree
 to rounding (tested), so the switch changes speed, not values beyond float rounding.
@@ -50,7 +50,7 @@ def always(enabled: bool = True) -> Iterator[None]:
     """Within the block, every blocked kernel may run (compiling where needed), as without tiering.
 
     On leaving it, kernels still waiting for their tier are asked again at their next call, so
-    that what the block compiled (:func:`batched_nerf.warmup`) runs at once afterwards.
+    that what the block compiled ([`batched_nerf.warmup`][batched_nerf.warmup]) runs at once afterwards.
     """
     global _always
     before, _always = _always, enabled
@@ -64,7 +64,7 @@ def always(enabled: bool = True) -> Iterator[None]:
 
 
 def disabled() -> bool:
-    """Whether tiering is off here (``BATCHED_NERF_TIERED=0``, or inside :func:`always`)."""
+    """Whether tiering is off here (``BATCHED_NERF_TIERED=0``, or inside `always`)."""
     return _always
 
 
@@ -112,7 +112,7 @@ def ready(kernel: Any, args: tuple[Any, ...], dtype: Any) -> bool:
 
 
 def timed(kernel: Any, dtype: Any, run: Callable[[], Any]) -> Any:
-    """``run()`` (the per-sample kernels of a call ``kernel`` was not :func:`ready` for), its time
+    """``run()`` (the per-sample kernels of a call ``kernel`` was not `ready` for), its time
     charged to ``kernel`` and ``dtype``."""
     t0 = time.perf_counter()
     try:
@@ -127,8 +127,8 @@ def timed(kernel: Any, dtype: Any, run: Callable[[], Any]) -> Any:
 
 def run(kernel: Any, args: tuple[Any, ...], dtype: Any, per_sample: Callable[[], Any]) -> None:
     """``kernel(*args)`` (a blocked kernel the dispatch rule picked, on arrays of float ``dtype``)
-    where it is :func:`ready`, else ``per_sample()`` (the same call on the per-sample kernels),
-    :func:`timed`."""
+    where it is `ready`, else ``per_sample()`` (the same call on the per-sample kernels),
+    `timed`."""
     if ready(kernel, args, dtype):
         kernel(*args)
     else:

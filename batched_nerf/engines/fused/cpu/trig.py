@@ -1,16 +1,16 @@
 """Vectorised float64 trigonometry of the CPU kernels (numba): ``cos``/``sin`` and ``atan2``.
 
-**cos, sin** (:func:`trig`, the builder's inputs).
+**cos, sin** (`trig`, the builder's inputs).
 
 ``x = k pi/2 + r`` with ``k = rint(2x / pi)`` and ``|r| <= pi/4``; ``pi/2`` is
-split in three (:data:`PIO2`: two 33-bit heads, so ``k * head`` is exact for
+split in three (`PIO2`: two 33-bit heads, so ``k * head`` is exact for
 ``|k| < 2**20``, and the rest), ``r = ((x - k h1) - k h2) - k h3``. ``sin r``
 and ``cos r`` are their Taylor series to ``r**17`` and ``r**18`` (truncation
 below ``1e-19`` on ``|r| <= pi/4``), and ``k mod 4`` picks the quadrant. Within
 2 ulp of libm for ``|x| <= LIMIT`` (checked against ``numpy`` in the tests);
 larger ``|x|``, ``inf`` and NaN go to ``math.sin``/``math.cos``.
 
-**atan2** (:func:`angles`, the inverse map's outputs). With ``lo, hi`` the
+**atan2** (`angles`, the inverse map's outputs). With ``lo, hi`` the
 smaller and larger of ``|x|, |y|``: ``atan(lo / hi)``, or ``pi/4 + atan((lo -
 hi) / (lo + hi))`` where ``lo / hi > tan(pi/8)`` (one division either way), a
 Taylor series on ``|t| <= tan(pi/8)`` to ``t**43`` (truncation below

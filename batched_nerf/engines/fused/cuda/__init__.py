@@ -1,8 +1,8 @@
 """The fused engine's CUDA backend: Triton kernels (the CUDA builds of torch ship triton).
 
-* :mod:`.build`: the builder's forward and vjp kernels (a lane per ``(component, sample)``);
-* :mod:`.inverse`: ``to_internal``'s forward and vjp kernels (a lane per ``(sample, atom)``).
+* `build`: the builder's forward and vjp kernels (a lane per ``(component, sample)``);
+* `inverse`: ``to_internal``'s forward and vjp kernels (a lane per ``(sample, atom)``).
 
-Imported only through :mod:`batched_nerf.engines.backends`; the tests run these
+Imported only through `batched_nerf.engines.backends`; the tests run these
 kernels in Triton's interpreter on the CPU (``TRITON_INTERPRET=1``).
 """

@@ -4,10 +4,10 @@ One launch builds every sample: each lane is one ``(component, sample)`` pair an
 walks that component's atoms in build order, keeping each placed atom's position
 and out-frame in a batch-innermost scratch (``(N, 3, B)`` and ``(N, 9, B)``), so
 that consecutive lanes read consecutive memory. Row by row it follows the frame
-convention of ``docs/conventions.md`` (:mod:`.frame_tree`): a placement frame
+convention of ``docs/conventions.md`` (`frame_tree`): a placement frame
 ``M_j`` from the parent's out-frame, a seed's anchor or the reference positions,
 the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
-``O_j = M_j L(theta_j, phi_j)`` (``L`` of :func:`...scan.path.local_rotations`).
+``O_j = M_j L(theta_j, phi_j)`` (``L`` of `scan.path.local_rotations`).
 
 ``TRITON_INTERPRET=1`` runs the kernel on CPU tensors (the tests do).
 """
@@ -470,7 +470,7 @@ def triton_build(
     """``(B, N, 3)`` positions from ``(B, N)`` internal coordinates (radians), no autograd.
 
     ``fixed_xyz`` is ``(B, F, 3)`` or None. Frames and positions are computed in
-    ``accumulate`` (float64 by default, or float32: see :data:`ACCUMULATE`); the
+    ``accumulate`` (float64 by default, or float32: see `ACCUMULATE`); the
     result has the inputs' dtype.
 
     Raises:
@@ -515,7 +515,7 @@ def triton_vjp(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Gradients ``(g_bonds, g_angles, g_dihedrals)`` ``(B, N)`` and ``g_fixed`` ``(B, F, 3)`` (or None).
 
-    ``saved`` is the scratch ``(pos, frames, phis)`` of :func:`triton_build` with
+    ``saved`` is the scratch ``(pos, frames, phis)`` of `triton_build` with
     ``return_saved=True`` (its dtype is the accumulation dtype); one reverse walk per
     lane, no atomics.
 

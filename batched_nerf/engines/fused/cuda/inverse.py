@@ -2,20 +2,20 @@
 
 Two kernels over ``(sample, atom)`` pairs, ``BLOCK`` pairs per program:
 
-* :func:`internal_forward`: gathers each atom's three references and writes its
+* `internal_forward`: gathers each atom's three references and writes its
   bond length and the two ``atan2`` arguments of its angle and dihedral (the
   ``atan2`` itself, which Triton has only through CUDA's libdevice, runs as one
   torch op afterwards, so the kernels also run in Triton's interpreter);
-* :func:`internal_vjp`: the vector-Jacobian product, each row's 12 coordinate
+* `internal_vjp`: the vector-Jacobian product, each row's 12 coordinate
   derivatives written out and accumulated into its four atoms with atomic adds.
 
-The formulas are those of :mod:`batched_nerf._geometry` (``distance``, ``angle``,
+The formulas are those of `batched_nerf._geometry` (``distance``, ``angle``,
 ``dihedral``), singular cases included: a zero-length vector has norm ``0`` and
 zero norm gradient, ``atan2(0, 0)`` reads ``0`` with derivative ``1`` in ``y`` and
 ``0`` in ``x``, and NaN coordinates give NaN in every value that reads them.
 Shapes: ``xyz`` ``(B, N, 3)`` contiguous, values ``(B, N)``; ``refs`` ``(N, 3)``
 int32 with ``-1`` replaced by the atom itself and ``has`` ``(N, 3)`` bool masks
-(the :class:`~batched_nerf.engines.inverse.InversePlan` fields).
+(the `InversePlan` fields).
 
 ``TRITON_INTERPRET=1`` runs both kernels on CPU tensors (the tests do).
 """
@@ -240,7 +240,7 @@ def internal_vjp(
 ) -> Tensor:
     """``(B, N, 3)`` gradient of ``sum(g_bonds * bonds + g_angles * angles + g_dihedrals * dihedrals)``.
 
-    Arguments as :func:`internal_forward`; the cotangents are ``(B, N)`` each.
+    Arguments as `internal_forward`; the cotangents are ``(B, N)`` each.
     """
     _check_available()
     xyz = xyz.detach().contiguous()
