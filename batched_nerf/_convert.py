@@ -78,7 +78,7 @@ def to_cartesian(
             order; required when the table has fixed atoms.
         method: ``"levels"`` (one step per dependency level), ``"scan"``
             (log-depth composition of frames), ``"fused"`` (one compiled kernel
-            per pass; CPU, needs numba: ``pip install "batched-nerf[fast]"``) or
+            per pass; CPU, needs numba: ``pip install -e ".[fast]"``) or
             ``"auto"`` (chosen from the table's shape, batch size, device and
             the installed backends: the fused engine on the CPU when numba
             imports; on CUDA the Triton kernels when the call has at least

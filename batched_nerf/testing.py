@@ -1,7 +1,7 @@
 """Hypothesis strategies and assertions for property-testing code built on batched_nerf.
 
 This module needs [hypothesis](https://hypothesis.readthedocs.io) (a test
-dependency, ``pip install batched-nerf[test]``); ``import batched_nerf`` does not
+dependency, ``pip install -e ".[test]"``); ``import batched_nerf`` does not
 import it.
 
 * [`construction_tables`][batched_nerf.testing.construction_tables] draws valid

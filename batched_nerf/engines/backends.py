@@ -1,6 +1,6 @@
 """Optional compiled backends of the fused engine, imported lazily.
 
-* CPU: numba (the extra ``fast``: ``pip install "batched-nerf[fast]"``), kernels
+* CPU: numba (the extra ``fast``: ``pip install -e ".[fast]"``), kernels
   in `fused.cpu.build`;
 * GPU (CUDA): triton (the CUDA builds of torch ship it), kernels in
   `fused.cuda.build` and `fused.cuda.inverse`; their tests run them in
