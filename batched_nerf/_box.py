@@ -358,7 +358,8 @@ def unwrap(xyz: Any, table: ConstructionTable, box: Any) -> Tensor:
 
     Example:
         >>> import torch, batched_nerf as bn
-        >>> xyz = torch.tensor([[9.5, 0.0, 0.0], [0.5, 0.0, 0.0], [1.5, 0.0, 0.0]])  # wrapped at x = 10
+        >>> # wrapped at x = 10
+        >>> xyz = torch.tensor([[9.5, 0.0, 0.0], [0.5, 0.0, 0.0], [1.5, 0.0, 0.0]])
         >>> bn.unwrap(xyz, bn.ConstructionTable.chain(3), [10.0, 10.0, 10.0, 90.0, 90.0, 90.0])[:, 0]
         tensor([ 9.5000, 10.5000, 11.5000])
     """

@@ -259,7 +259,8 @@ def to_internal(
         >>> ic = bn.to_internal(xyz, bn.ConstructionTable.chain(4), degrees=True)
         >>> ic.angles.tolist(), ic.dihedrals[3].item()
         ([0.0, 0.0, 90.0, 90.0], 90.0)
-        >>> wrapped = xyz - torch.tensor([[0.0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 5]])  # atom 3 wrapped
+        >>> # atom 3 wrapped
+        >>> wrapped = xyz - torch.tensor([[0.0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 5]])
         >>> bn.to_internal(wrapped, bn.ConstructionTable.chain(4), box=[5.0, 5, 5, 90, 90, 90]).bonds.tolist()
         [0.0, 1.0, 1.0, 1.0]
     """

@@ -413,14 +413,18 @@ def clash_loss(
         >>> from batched_nerf.losses import clash_loss
         >>> table = bn.ConstructionTable.chain(4)
         >>> xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [0.5, 0, 0]])
-        >>> clash_loss(xyz, table, min_distance=1.0, reduction="sum")  # only pair (0, 3): (1 - 0.5)^2
+        >>> # only pair (0, 3): (1 - 0.5)^2
+        >>> clash_loss(xyz, table, min_distance=1.0, reduction="sum")
         tensor(0.2500)
-        >>> clash_loss(xyz, table, connectivity=[(0, 3)], min_distance=1.0, reduction="sum")  # a ring
+        >>> # a ring
+        >>> clash_loss(xyz, table, connectivity=[(0, 3)], min_distance=1.0, reduction="sum")
         tensor(0.)
         >>> benzene = bn.data.load("benzene")
-        >>> float(clash_loss(benzene.to_cartesian(), benzene, min_distance=2.4))  # with its own bonds
+        >>> # with its own bonds
+        >>> float(clash_loss(benzene.to_cartesian(), benzene, min_distance=2.4))
         0.0
-        >>> float(clash_loss(benzene.to_cartesian(), benzene.table, min_distance=2.4)) > 0  # ring not closed
+        >>> # ring not closed
+        >>> float(clash_loss(benzene.to_cartesian(), benzene.table, min_distance=2.4)) > 0
         True
     """
     graph = _graph(table, connectivity)

@@ -24,9 +24,11 @@ any
 
   bat = BAT(u.select_atoms("resid 1-40")).run()
   bt = table_from_bat(bat)
-  ic, pose = from_bat(bat.results.bat, bt)                            # (F, N) each, (F, 3, 3), (F, 3)
+  # (F, N) each, (F, 3, 3), (F, 3)
+  ic, pose = from_bat(bat.results.bat, bt)
   xyz = bn.to_cartesian(*ic, bt.table, rotation=pose.rotation, translation=pose.translation)
-  values = to_bat(*bn.to_internal(xyz, bt.table, return_pose=True), bt)  # == bat.results.bat
+  # == bat.results.bat
+  values = to_bat(*bn.to_internal(xyz, bt.table, return_pose=True), bt)
   ```
 
 BAT's layout, per frame, ``3 N`` values (radians, Angstrom): the root atom's
@@ -614,7 +616,8 @@ def to_bat(internal: Any, pose: Any, bat_table: BATTable) -> Tensor:
         >>> bat = BAT(u.select_atoms("not resname WAT")).run(stop=3)
         >>> bt = table_from_bat(bat)
         >>> values = to_bat(*bn.to_internal(frames(bat.atoms, stop=3), bt.table, return_pose=True), bt)
-        >>> gap = np.angle(np.exp(1j * (values.numpy() - bat.results.bat)))  # compared on the circle
+        >>> # compared on the circle
+        >>> gap = np.angle(np.exp(1j * (values.numpy() - bat.results.bat)))
         >>> bool(np.abs(gap).max() < 1e-6)
         True
     """

@@ -10,7 +10,8 @@ import mdtraj as md
 import batched_nerf as bn
 from batched_nerf.formats.mdtraj import from_mdtraj
 
-batch = from_mdtraj(md.load("traj.xtc", top="top.pdb"))  # (F, N, 3) and (F, 3, 3) in Angstrom
+# (F, N, 3) and (F, 3, 3) in Angstrom
+batch = from_mdtraj(md.load("traj.xtc", top="top.pdb"))
 ic = bn.to_internal(batch.xyz, batch.topology.table)     # every frame in one call
 ```
 """
@@ -84,7 +85,8 @@ def from_mdtraj(
         >>> batch = from_mdtraj(md.load(data.TRJ_NCBOX, top=data.PRM_NCBOX))
         >>> tuple(batch.xyz.shape), tuple(batch.box.shape)
         ((10, 1398, 3), (10, 3, 3))
-        >>> ic = bn.to_internal(batch.xyz, batch.topology.table)     # Angstrom: O-H bonds near 0.96
+        >>> # Angstrom: O-H bonds near 0.96
+        >>> ic = bn.to_internal(batch.xyz, batch.topology.table)
         >>> bool(((ic.bonds > 0.9) & (ic.bonds < 1.0)).any())
         True
     """
