@@ -47,7 +47,7 @@ _SINGLE_NAMES = frozenset(RESIDUE_NAMES[20:])
 def _letters_or_names(names: list[str]) -> str:
     """Canonical sequence: one letter per residue if all are standard, else space-separated names.
 
-    Never ambiguous (:func:`residue_names` reads it back): a single non-standard residue is its
+    Never ambiguous (`residue_names` reads it back): a single non-standard residue is its
     name (``"HID"``), so three standard residues whose letters spell such a name keep their names
     (His-Ile-Asp is ``"HIS ILE ASP"``, not ``"HID"``).
     """

@@ -111,7 +111,7 @@ def extract(
     float64: ``e1 = (x_s - x_o) / |x_s - x_o|``, ``e2`` the normalised part of
     ``x_t - x_o`` orthogonal to ``e1``, ``e3 = e1 x e2``; the translation is ``x_o``.
     Where a direction is shorter than ``eps`` or its atom is missing, the convention of
-    :func:`batched_nerf.extract_pose` completes it (always a proper rotation). One thread: ``O(B S)``.
+    `batched_nerf.extract_pose` completes it (always a proper rotation). One thread: ``O(B S)``.
     """
     rot = np.empty((x.shape[0], has2.shape[0], 3, 3), dtype=x.dtype)
     tr = np.empty((x.shape[0], has2.shape[0], 3), dtype=x.dtype)
