@@ -473,3 +473,37 @@ def test_md_bat_benchmark_runs_on_a_tiny_selection(monkeypatch):
     assert result["max_cartesian_deviation_A"] < 1e-5 and result["max_bat_deviation"] < 1e-6
     text = report(result)
     assert "results.bat -> Cartesian" in text and "target >= 300x" in text
+
+
+def test_frames_takes_a_tables_indices_as_docs_md_shows(ala):
+    """``frames(u, indices=agt.indices)`` (docs/md.md's call): a tensor's ``.indices`` is a sparse-tensor
+    method, which was taken for the indices; a BATTable's indices likewise (issue 43, item 8)."""
+    u, bat = ala
+    agt = table_from_atomgroup(u.select_atoms("not resname WAT"))
+    bt = table_from_bat(bat)
+    for table in (agt, bt):
+        ids = table.indices.numpy()
+        want = frames(u.atoms[ids], stop=2)
+        for given in (table.indices, table, ids, ids.tolist()):
+            torch.testing.assert_close(frames(u, stop=2, indices=given), want)
+    torch.testing.assert_close(frames(u, stop=2, indices=bt.indices), frames(bat.atoms, stop=2))
+
+
+@pytest.mark.parametrize(
+    ("indices", "error"),
+    [
+        ([0.5, 1.7], r"indices must hold integers, got dtype float64"),
+        (torch.tensor([0.0, 1.0]), r"indices must hold integers, got dtype float32"),
+        (np.ones(3, dtype=bool), r"got a boolean mask; select with np\.flatnonzero"),
+        (torch.ones(3, dtype=torch.bool), r"got a boolean mask"),
+        ([0, 10**9], r"indices must be universe atom indices in \[0, \d+\], got 1000000000"),
+        ([-1, 2], r"got -1"),
+    ],
+    ids=["floats", "float-tensor", "mask", "mask-tensor", "too-large", "negative"],
+)
+def test_frames_refuses_indices_that_are_not_atom_indices(ala, indices, error):
+    """``indices=[0.5, 1.7]`` read atoms 0 and 1 without a word (issue 43, item 5); a mask was reported
+    as atoms given more than once (item 8)."""
+    u, _ = ala
+    with pytest.raises(ValueError, match=error):
+        frames(u, stop=1, indices=indices)

@@ -54,6 +54,7 @@ from torch import Tensor
 from .._convert import InternalCoordinates
 from .._pose import Pose
 from .._table import ConstructionTable
+from .._topology import as_index_array
 from ._common import as_numpy, optional_import
 
 __all__ = [
@@ -79,6 +80,25 @@ def _atoms(obj: Any, name: str = "universe_or_atomgroup") -> Any:
     if isinstance(obj, mda.AtomGroup):
         return obj.atoms  # an UpdatingAtomGroup: the static group of its current selection
     raise TypeError(f"{name} must be an MDAnalysis Universe or AtomGroup, got {type(obj).__name__}")
+
+
+def _universe_indices(indices: Any, total: int) -> np.ndarray:
+    """``(N,)`` int64 universe atom indices from integers (a list, numpy, a tensor) or a table with
+    ``.indices`` (``AtomGroupTable``, ``BATTable``); refuses non-integers, masks and out-of-range."""
+    if not isinstance(indices, (Tensor, np.ndarray, list)) and type(indices) is not tuple:
+        indices = getattr(indices, "indices", indices)  # a table's (a tensor's is a sparse method)
+    if isinstance(indices, Tensor):
+        indices = indices.detach().cpu().numpy()
+    if np.asarray(indices).dtype == np.bool_:
+        raise ValueError(
+            "indices must be universe atom indices, got a boolean mask; select with "
+            "np.flatnonzero(mask) (or an AtomGroup) instead"
+        )
+    idx = as_index_array(indices, "indices").reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= total):
+        bad = idx[(idx < 0) | (idx >= total)][0]
+        raise ValueError(f"indices must be universe atom indices in [0, {total - 1}], got {bad}")
+    return idx
 
 
 def _check_unique(atoms: Any) -> np.ndarray:
@@ -300,9 +320,9 @@ def frames(
         start: the slice of frames: its first frame.
         stop: the slice's end (exclusive).
         step: the slice's step.
-        indices: optional ``(N,)`` universe atom indices giving the atoms and
-            their order instead (e.g. ``AtomGroupTable.indices`` or
-            ``BATTable.indices``).
+        indices: optional ``(N,)`` integer universe atom indices giving the
+            atoms and their order instead (a list, numpy array or tensor, e.g.
+            ``AtomGroupTable.indices`` or ``BATTable.indices``, or the table).
         dtype: a floating torch dtype (MDAnalysis stores float32; float64 holds
             those values exactly).
         return_box: also return the unit cells, ``(F, 3, 3)`` box vectors in
@@ -314,8 +334,9 @@ def frames(
     Raises:
         ImportError: MDAnalysis is not installed.
         TypeError: not a Universe or AtomGroup, or ``dtype`` not floating.
-        ValueError: an empty slice, an empty or repeated atom selection, an
-            index out of range, or ``return_box=True`` for a frame without a box.
+        ValueError: an empty slice, an empty or repeated atom selection,
+            ``indices`` that are not integers (floats, a boolean mask) or out of
+            range, or ``return_box=True`` for a frame without a box.
 
     Example:
         >>> import pytest
@@ -330,11 +351,7 @@ def frames(
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
     if indices is not None:
-        idx = as_numpy(getattr(indices, "indices", indices), np.int64).reshape(-1)
-        total = atoms.universe.atoms.n_atoms
-        if idx.size and (idx.min() < 0 or idx.max() >= total):
-            raise ValueError(f"indices must be universe atom indices in [0, {total - 1}]")
-        atoms = atoms.universe.atoms[idx]
+        atoms = atoms.universe.atoms[_universe_indices(indices, atoms.universe.atoms.n_atoms)]
     _check_unique(atoms)
     traj = atoms.universe.trajectory
     current = traj.ts.frame
