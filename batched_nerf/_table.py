@@ -70,6 +70,19 @@ def outside_inference_mode(fn: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def _eager(reason: str) -> Callable[[_F], _F]:
+    """``torch.compiler.disable`` with ``reason`` (shown by a ``fullgraph=True`` compile; torch
+    releases before ``reason=`` existed show the function's name only)."""
+
+    def wrap(fn: _F) -> _F:
+        try:
+            return torch.compiler.disable(fn, reason=reason)  # type: ignore[call-arg]
+        except TypeError:  # pragma: no cover - torch without reason=
+            return torch.compiler.disable(fn)
+
+    return wrap
+
+
 try:  # a private torch helper: tensors made inside torch.func transforms are wrapped at their level
     from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_transforms
 except ImportError:  # pragma: no cover - other torch releases
@@ -404,11 +417,11 @@ class ConstructionTable:
         later call and backward pass. The table keeps at most `PLAN_CACHE_SIZE` plans, least
         recently used dropped first.
 
+        Under ``torch.compile`` a missing plan is made eagerly (a graph break on the
+        table's first use; [`prepare`][batched_nerf.ConstructionTable.prepare] ahead avoids it).
+
         Raises:
             ValueError: an unknown engine.
-            RuntimeError: the plan is missing while ``torch.compile`` traces
-                (call [`prepare`][batched_nerf.ConstructionTable.prepare] first, or use
-                [`compile_builder`][batched_nerf.compile_builder]).
         """
         device = torch.device("cpu" if device is None else device)
         if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
@@ -423,11 +436,16 @@ class ConstructionTable:
             return cached
         if kind not in engines.ENGINES:
             raise ValueError(f"unknown plan kind {kind!r}; expected one of {tuple(engines.ENGINES)}")
-        if torch.compiler.is_compiling():
-            raise RuntimeError(
-                f"the {kind!r} plan of this table is not ready for device {device}: call "
-                f"table.prepare({str(device)!r}) before compiling a function that uses the table"
-            )
+        return self._make_plan(kind, variant, device)
+
+    @_eager(
+        "a table's plan is made on its first use, in numpy: "
+        "call table.prepare(device) before compiling with fullgraph=True"
+    )
+    def _make_plan(self, kind: str, variant: int, device: torch.device) -> Any:
+        """Plan ``(kind, variant, device)`` made and kept: numpy work, run eagerly also when
+        ``torch.compile`` traces the caller (a graph break on a table's first use)."""
+        key = (kind, variant, device)
         with _static_tensors():
             cpu_key = (kind, variant, torch.device("cpu"))
             base = self._plans.get(cpu_key)

@@ -340,14 +340,28 @@ def test_pickle_carries_rows_not_plans() -> None:
 
 
 @pytest.mark.compile
-def test_compile_needs_prepared_plans() -> None:
+def test_compile_with_fullgraph_needs_prepared_plans() -> None:
     table = bn.ConstructionTable.chain(9)
     ic = (torch.ones(2, 9),) * 3
     fn = torch.compile(lambda b, a, d: bn.to_cartesian(b, a, d, table, method="scan"), fullgraph=True)
-    with pytest.raises(Exception, match=r"call table.prepare\('cpu'\) before compiling"):
+    # the reason names table.prepare where torch takes one (torch.compiler.disable(reason=...))
+    with pytest.raises(Exception, match=r"call table\.prepare\(device\) before compiling|_make_plan"):
         fn(*ic)
     build = bn.compile_builder(bn.ConstructionTable.chain(9), method="auto")  # prepares per call
     torch.testing.assert_close(build(*ic), bn.to_cartesian(*ic, table))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("method", ["auto", "scan", "levels"])
+def test_compile_of_a_table_never_used_eagerly(method: str) -> None:
+    """The plan is made eagerly at the table's first use inside the compiled function (a graph
+    break): was a TorchRuntimeError from numpy's setflags on a FakeTensor (issue 43, item 9)."""
+    table = bn.ConstructionTable.chain(7)
+    b, a = torch.full((3, 7), 1.5), torch.full((3, 7), 1.9)
+    d = torch.linspace(-3.0, 3.0, 21).reshape(3, 7)
+    fn = torch.compile(lambda b, a, d: bn.to_cartesian(b, a, d, table, method=method).square().sum(-1))
+    got = fn(b, a, d)
+    torch.testing.assert_close(got, bn.to_cartesian(b, a, d, table, method=method).square().sum(-1))
 
 
 def _pool_plan_oracle(

@@ -439,3 +439,32 @@ def test_direct_path_reads_degrees_and_keeps_the_checks_for_the_rest():
         bn.protein.build("GAWK", phi, psi, omega, chi[..., :3])
     with pytest.raises(TypeError, match="phi must be a floating tensor, got dtype torch.int64"):
         bn.protein.build("GAWK", torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("hydrogens", [False, True])
+def test_empty_batches_build(hydrogens: bool) -> None:
+    """A batch of size 0 gives an empty batch of coordinates, as method="scan" did (the bound build
+    raised a numpy reshape error; issue 43, item 9)."""
+    phi = torch.zeros(0, 2, requires_grad=True)
+    one = bn.protein.build("GA", phi, torch.zeros(0, 2), hydrogens=hydrogens)
+    n = bn.protein.protein_table("GA", hydrogens=hydrogens).n_atoms
+    assert one.xyz.shape == (0, n, 3)
+    one.xyz.sum().backward()
+    assert phi.grad is not None and phi.grad.shape == (0, 2)
+    mixed = bn.protein.build_batch(["GA", "W"], torch.zeros(0, 2, 2), torch.zeros(0, 2, 2))
+    assert mixed.xyz.shape[:2] == (0, 2)
+
+
+def test_packed_proteins_pickle_after_a_build() -> None:
+    """A PackedProteins pickled only while fresh: a build kept local functions on it (issue 43, item 9).
+    The derived state is left out and made again on use."""
+    import pickle
+
+    packed = bn.protein.packed_proteins(["GAW", "K"])
+    phi, psi = torch.rand(4, 2, 3), torch.rand(4, 2, 3)
+    built = bn.protein.build_batch(["GAW", "K"], phi, psi)
+    copy = pickle.loads(pickle.dumps(packed))
+    assert copy.sequences == packed.sequences and copy.table == packed.table
+    torch.testing.assert_close(copy.padded(copy.packed(built.xyz)), built.xyz)
+    table = pickle.loads(pickle.dumps(bn.protein.protein_table("GAW")))
+    assert table.residues == ("GLY", "ALA", "TRP") and table.table == packed.tables[0].table

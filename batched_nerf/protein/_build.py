@@ -21,7 +21,7 @@ from ..engines.dispatch import auto_method
 from ..engines.fused.build import configure
 from ..engines.fused.torsions import TorsionBuild
 from ..engines.fused.torsions import serves as _serves
-from ._sequence import protein_table
+from ._sequence import protein_table, public_state
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
 PACK_CACHE_SIZE = 16
@@ -494,6 +494,9 @@ class PackedProteins:
     own arrays). Its tensors are made outside ``torch.inference_mode`` (a tuple
     first packed in a validation pass still serves training).
     """
+
+    def __getstate__(self) -> dict[str, Any]:
+        return public_state(self)
 
     @outside_inference_mode
     def __init__(self, sequences: tuple[str | tuple[str, ...], ...], hydrogens: bool = False) -> None:

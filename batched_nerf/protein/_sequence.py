@@ -44,6 +44,15 @@ CACHE_SIZE = 4096
 _SINGLE_NAMES = frozenset(RESIDUE_NAMES[20:])
 
 
+def public_state(obj: Any) -> dict[str, Any]:
+    """What pickles of a protein table (or a packed one): the attributes its constructor makes.
+
+    The private ones are derived on use (bound builds, masks, index maps, dtype casts; some hold
+    local functions that do not pickle) and are made again after unpickling.
+    """
+    return {k: v for k, v in obj.__dict__.items() if not k.startswith("_")}
+
+
 def _letters_or_names(names: list[str]) -> str:
     """Canonical sequence: one letter per residue if all are standard, else space-separated names.
 
@@ -365,6 +374,9 @@ class ProteinTable:
     Its tensors are made outside ``torch.inference_mode``: a table first made in
     a validation pass (and cached) still serves training afterwards.
     """
+
+    def __getstate__(self) -> dict[str, Any]:
+        return public_state(self)
 
     @outside_inference_mode
     def __init__(self, sequence: str, hydrogens: bool = False) -> None:

@@ -82,10 +82,12 @@ def _forward_ad_active() -> bool:
 
 
 def serves(values: Tensor) -> bool:
-    """Whether a `TorsionBuild` can take ``values``: a CPU float32/float64 tensor, numba installed,
-    no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active."""
+    """Whether a `TorsionBuild` can take ``values``: a non-empty CPU float32/float64 tensor, numba
+    installed, no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active (an
+    empty batch goes the general way, which serves it)."""
     return (
         values.device.type == "cpu"
+        and values.numel() > 0
         and values.dtype in _FLOATS
         and not torch.compiler.is_compiling()
         and _TRANSFORMS_ACTIVE is not None
