@@ -193,7 +193,7 @@ def test_function_apply_skips_signature_binding(method: str, monkeypatch: pytest
     """The engines' Functions skip torch's per-call ``inspect.signature`` outside transforms (20-40 us
     a call), and keep torch's own ``apply`` inside them: values and derivatives as before."""
     if method == "fused":
-        pytest.importorskip("numba", reason='the fused engine needs numba: pip install "batched-nerf[fast]"')
+        pytest.importorskip("numba", reason='the fused engine needs numba: pip install -e ".[fast]"')
     table = TABLES["branched"]
     b, a, d = (t.requires_grad_() for t in ics(table, (3,)))
     want = bn.to_cartesian(b, a, d, table, method=method)

@@ -9,6 +9,7 @@ tests then still run every other engine).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ import batched_nerf as bn
 from batched_nerf.engines import backends, dispatch
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
 
-pytest.importorskip("numba", reason='the fused engine needs numba: pip install "batched-nerf[fast]"')
+pytest.importorskip("numba", reason='the fused engine needs numba: pip install -e ".[fast]"')
 
 F64 = torch.float64
 FIXED = bn.ConstructionTable(
@@ -409,7 +410,7 @@ def test_auto_picks_fused_when_available() -> None:
 def test_backends_report() -> None:
     info = bn.backends()
     assert info["numba"] is not None and info["fused"]["cpu"] and info["auto"]["cpu"]
-    assert info["install"] == 'pip install "batched-nerf[fast]"'
+    assert info["install"] == 'pip install "numba>=0.59" scipy (from a clone: pip install -e ".[fast]")'
 
 
 def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -421,7 +422,7 @@ def test_without_numba(monkeypatch: pytest.MonkeyPatch) -> None:
     assert dispatch.auto_method(table, 2, "cpu") == "scan"
     scan = bn.to_cartesian(b, a, d, table, method="scan")
     torch.testing.assert_close(bn.to_cartesian(b, a, d, table), scan)
-    with pytest.raises(RuntimeError, match=r"needs numba on cpu .*pip install \"batched-nerf\[fast\]\""):
+    with pytest.raises(RuntimeError, match=r"needs numba on cpu .*" + re.escape(backends.INSTALL)):
         bn.to_cartesian(b, a, d, table, method="fused")
     assert not bn.backends()["fused"]["cpu"]
 

@@ -398,7 +398,7 @@ def test_error_messages(ala, adk_universe):
     broken._torsion_XYZ_inds = broken._torsion_XYZ_inds[:-1]
     with pytest.raises(ValueError, match="exactly once"):
         table_from_bat(broken)
-    with pytest.raises(ImportError, match=r"batched-nerf\[md\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[md\]'"):
         optional_import("batched_nerf_no_such_package", extra="md")
 
 

@@ -21,7 +21,7 @@ from . import gpu_policy
 __all__ = ["INSTALL", "auto_may_use", "available", "backends", "require"]
 
 #: How to get the CPU backend.
-INSTALL = 'pip install "batched-nerf[fast]"'
+INSTALL = 'pip install "numba>=0.59" scipy (from a clone: pip install -e ".[fast]")'
 
 #: device type -> (backend package, kernel module of this package)
 _BACKENDS = {"cpu": ("numba", "fused.cpu.build"), "cuda": ("triton", "fused.cuda.build")}
@@ -98,7 +98,7 @@ def backends() -> dict[str, Any]:
         >>> sorted(info)
         ['auto', 'disabled', 'fused', 'install', 'numba', 'rule', 'tiered', 'triton']
         >>> info["install"]
-        'pip install "batched-nerf[fast]"'
+        'pip install "numba>=0.59" scipy (from a clone: pip install -e ".[fast]")'
         >>> info["rule"]["cuda"].startswith("fused when n_components * n_samples >= 4096 lanes")
         True
     """

@@ -130,7 +130,7 @@ def optional_import(module: str, package: str | None = None, extra: str = "inter
         name = package or module
         raise ImportError(
             f"this function needs {name}, an optional dependency: pip install {name} "
-            f"(or pip install 'batched-nerf[{extra}]')"
+            f"(from a clone of batched_nerf: pip install -e '.[{extra}]')"
         ) from exc
 
 
