@@ -25,7 +25,7 @@ import heapq
 
 import numpy as np
 
-__all__ = ["build_order"]
+__all__ = ["adopt_dihedrals", "build_order"]
 
 #: Rounds of critical-reference choices that :func:`_order` lets :func:`_levels` take (a box of
 #: 16,000 linked waters takes 17); past them, or on a cycle, the heap decides.
@@ -64,6 +64,40 @@ def build_order(refs: np.ndarray) -> np.ndarray:
     if stuck is not None:
         raise ValueError(f"the references contain a cycle (atoms {stuck[:8].tolist()} can never be placed)")
     return order
+
+
+def adopt_dihedrals(refs: np.ndarray, quads: np.ndarray) -> np.ndarray:
+    """Make each quad ``(p, q, s, t)`` the dihedral of one row where the build order allows it.
+
+    Atom ``t`` with references ``(s, q, *)`` takes ``p`` as its dihedral reference
+    (or atom ``p`` with ``(q, s, *)`` takes ``t``) if that atom comes earlier in
+    ``build_order(refs)``: every rewrite keeps that one order valid, so none can
+    make a reference cycle. ``refs`` ``(N, 3)`` int64 is rewritten in place;
+    quads with ``p < 0`` are skipped. The rule of the tables read from a topology
+    (``batched_nerf.protein.table_from_topology``, the MDAnalysis BAT tables).
+
+    Returns:
+        ``(Q,)`` int64: the row that took each quad, ``-1`` where none could.
+
+    Example:
+        >>> import numpy as np
+        >>> from batched_nerf._build_order import adopt_dihedrals
+        >>> refs = np.array([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [2, 1, 3]])
+        >>> adopt_dihedrals(refs, np.array([[0, 1, 2, 4]])).tolist(), refs[4].tolist()
+        ([4], [2, 1, 0])
+    """
+    rank = np.empty(len(refs), dtype=np.int64)
+    rank[build_order(refs)] = np.arange(len(refs))
+    rows = np.full(len(quads), -1, dtype=np.int64)
+    for k, (p, q, s, t) in enumerate(np.asarray(quads, dtype=np.int64).reshape(-1, 4).tolist()):
+        if p < 0:
+            continue
+        for atom, b, a, d in ((t, s, q, p), (p, q, s, t)):
+            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0 and rank[d] < rank[atom]:
+                refs[atom, 2] = d
+                rows[k] = atom
+                break
+    return rows
 
 
 def _order(arr: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:

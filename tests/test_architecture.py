@@ -13,7 +13,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batched_nerf"
 
-#: Layers, bottom first. A module may import modules of its own layer or below.
+#: Layers, bottom first. A module may import modules of its own layer or below. A name covers
+#: the module and everything under it (the longest name decides), except the package itself,
+#: which covers only its ``__init__``: a new module outside every layer fails the test.
 LAYERS: list[tuple[str, ...]] = [
     # ground: numpy build orders, topology, geometry
     (
@@ -23,8 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf._topology",
     ),
     ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
-    # engines: planners and builders behind a registry
-    ("batched_nerf.engines", "batched_nerf.engines.frame_tree"),
+    # engines: planners and builders behind a registry (their own layers: ENGINE_LAYERS)
+    ("batched_nerf.engines",),
     # the table (owns the plan cache) and the input checks
     ("batched_nerf._table",),
     ("batched_nerf._checks",),
@@ -32,11 +34,60 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._pose", "batched_nerf._box", "batched_nerf._entries"),
     ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._flow_entries", "batched_nerf._pack"),
     ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses", "batched_nerf._warmup"),
-    # on top: files, shipped data, CLI, test helpers
-    ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing", "batched_nerf.protein"),
+    ("batched_nerf._compile",),
+    # on top: file helpers, proteins, then the file adapters (the mdtraj adapter reads proteins),
+    # shipped data, CLI, test helpers
+    ("batched_nerf.formats._common",),
+    ("batched_nerf.protein",),
+    ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing"),
     ("batched_nerf.cli", "batched_nerf.__main__"),
-    ("batched_nerf",),  # the package's __init__
+    ("batched_nerf",),  # the package's __init__ only
 ]
+
+#: Layers inside ``batched_nerf.engines``, bottom first: compiled loops, then what plans and
+#: launches them, then the engines, then the registry.
+ENGINE_LAYERS: list[tuple[str, ...]] = [
+    # the CPU kernels (numba loops), by their own imports
+    (
+        "batched_nerf.engines.fused.cpu.trig",
+        "batched_nerf.engines.fused.cpu.samples",
+        "batched_nerf.engines.fused.cpu.pose",
+        "batched_nerf.engines.fused.cpu.tiers",
+        "batched_nerf.engines.fused.cpu.inverse_rows",
+    ),
+    ("batched_nerf.engines.fused.cpu.blocks", "batched_nerf.engines.fused.cpu.entries"),
+    ("batched_nerf.engines.fused.cpu.inverse_blocks",),
+    ("batched_nerf.engines.fused.cpu",),
+    # shared ground of the engines: plan base, frame tree, GPU policy, autograd helpers, buffers
+    (
+        "batched_nerf.engines.base",
+        "batched_nerf.engines.frame_tree",
+        "batched_nerf.engines.gpu_policy",
+        "batched_nerf.engines.function",
+        "batched_nerf.engines.compiled",
+        "batched_nerf.engines.fused.workspace",
+    ),
+    # the CUDA kernels, backends, seeds, layouts
+    (
+        "batched_nerf.engines.fused.cuda",
+        "batched_nerf.engines.backends",
+        "batched_nerf.engines.seeds",
+        "batched_nerf.engines.layout",
+        "batched_nerf.engines.inverse",
+        "batched_nerf.engines.scan.path",
+    ),
+    ("batched_nerf.engines.levels", "batched_nerf.engines.scan.plan", "batched_nerf.engines.dispatch"),
+    ("batched_nerf.engines.fused.arrays", "batched_nerf.engines.scan"),
+    ("batched_nerf.engines.fused.pose", "batched_nerf.engines.fused.inverse"),
+    ("batched_nerf.engines.fused.build",),
+    ("batched_nerf.engines.fused",),  # torsions, the package __init__
+    ("batched_nerf.engines.compose",),
+    ("batched_nerf.engines",),  # the registry (``__init__``) only
+]
+
+#: Names that cover only themselves (a package's ``__init__``), not the modules under them.
+_EXACT = {"batched_nerf"}
+_ENGINE_EXACT = {"batched_nerf.engines"}
 
 
 def _module_name(path: Path) -> str:
@@ -46,15 +97,20 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _layer(module: str) -> int:
+def _layer(module: str, layers: list[tuple[str, ...]] = LAYERS, exact: set[str] = _EXACT) -> int:
     best, layer = -1, -1
-    for k, names in enumerate(LAYERS):
+    for k, names in enumerate(layers):
         for name in names:
-            if (module == name or module.startswith(name + ".")) and len(name) > best:
+            covers = module == name or (name not in exact and module.startswith(name + "."))
+            if covers and len(name) > best:
                 best, layer = len(name), k
     if layer < 0:
         raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: place it")
     return layer
+
+
+def _engine_layer(module: str) -> int:
+    return _layer(module, ENGINE_LAYERS, _ENGINE_EXACT)
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -106,6 +162,50 @@ def test_imports_point_down() -> None:
         if _layer(target) > _layer(module)
     ]
     assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_every_engine_module_has_an_engine_layer() -> None:
+    for module in _graph():
+        if module.startswith("batched_nerf.engines"):
+            _engine_layer(module)
+
+
+def test_imports_inside_the_engines_point_down() -> None:
+    upward = [
+        f"{module} (engine layer {_engine_layer(module)}) imports {target} "
+        f"(engine layer {_engine_layer(target)})"
+        for module, targets in _graph().items()
+        if module.startswith("batched_nerf.engines")
+        for target in sorted(targets)
+        if target.startswith("batched_nerf.engines") and _engine_layer(target) > _engine_layer(module)
+    ]
+    assert not upward, "upward imports inside engines/:\n" + "\n".join(upward)
+
+
+def test_a_module_outside_every_layer_fails(tmp_path: Path) -> None:
+    """No catch-all: the package's own name covers its ``__init__`` only."""
+    with pytest.raises(AssertionError, match="batched_nerf._new is in no layer"):
+        _layer("batched_nerf._new")
+    with pytest.raises(AssertionError, match="batched_nerf.engines.new is in no layer"):
+        _engine_layer("batched_nerf.engines.new")
+    assert _layer("batched_nerf") == len(LAYERS) - 1
+
+
+def test_an_upward_import_inside_the_engines_is_seen() -> None:
+    assert _engine_layer("batched_nerf.engines.fused.cpu.trig") < _engine_layer("batched_nerf.engines.levels")
+
+
+def test_file_adapters_other_than_mdtraj_import_nothing_of_protein() -> None:
+    """One build-order routine (``_build_order``): the MDAnalysis BAT tables no longer borrow the
+    protein topology's; only the mdtraj adapter (``table=True``: a protein topology) reads proteins."""
+    graph = _graph()
+    borrowing = {
+        module
+        for module, targets in graph.items()
+        if module.startswith("batched_nerf.formats")
+        and any(t.startswith("batched_nerf.protein") for t in targets)
+    }
+    assert borrowing == {"batched_nerf.formats.mdtraj"}
 
 
 def test_no_import_cycle() -> None:

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._build_order import adopt_dihedrals
 from .._convert import InternalCoordinates
 from .._pose import Pose
 from .._table import ConstructionTable
@@ -174,30 +175,6 @@ def _torsion_quads(torsions: Any, position: np.ndarray) -> np.ndarray:
     return np.asarray(quads, dtype=np.int64).reshape(-1, 4)
 
 
-def _set_torsions(refs: np.ndarray, quads: np.ndarray) -> np.ndarray:
-    """Make each quad ``(p, q, s, t)`` the dihedral of one row where the build order allows it.
-
-    The rule of [`batched_nerf.protein.table_from_topology`][batched_nerf.protein.table_from_topology]: atom
-    ``t`` with
-    references ``(s, q, *)`` (or atom ``p`` with ``(q, s, *)``) takes the fourth atom
-    as its dihedral reference if that atom comes earlier in one fixed build order of
-    the bond-graph table, so no rewrite can make a reference cycle.
-    """
-    from ..protein._topology import _build_rank
-
-    rank = _build_rank(refs)
-    rows = np.full(len(quads), -1, dtype=np.int64)
-    for k, (p, q, s, t) in enumerate(quads.tolist()):
-        if p < 0:
-            continue
-        for atom, b, a, d in ((t, s, q, p), (p, q, s, t)):
-            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0 and rank[d] < rank[atom]:
-                refs[atom, 2] = d
-                rows[k] = atom
-                break
-    return rows
-
-
 def table_from_atomgroup(
     ag: Any,
     *,
@@ -291,7 +268,7 @@ def table_from_atomgroup(
     table = auto
     if torsions is not None:
         refs = auto.refs.numpy().copy()
-        rows = torch.from_numpy(_set_torsions(refs, _torsion_quads(torsions, position)))
+        rows = torch.from_numpy(adopt_dihedrals(refs, _torsion_quads(torsions, position)))
         table = ConstructionTable(refs)
     return AtomGroupTable(table, torch.from_numpy(idx.copy()), rows)
 

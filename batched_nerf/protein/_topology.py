@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._build_order import adopt_dihedrals
 from .._table import ConstructionTable, outside_inference_mode
 from ..formats._common import as_numpy, optional_import
 from ._templates import CHI_NAMES, SIDE_CHAINS, base_residue
@@ -102,26 +103,6 @@ def _chi_quads(names, res_names, res_index) -> dict[tuple[str, int], tuple[int, 
                     continue
                 quads[(atom.dihedral, r)] = quad
     return quads
-
-
-def _build_rank(refs) -> list[int]:
-    """Position of each atom in a build order of ``refs`` (every reference before the atom)."""
-    n = len(refs)
-    children: list[list[int]] = [[] for _ in range(n)]
-    waiting = [0] * n
-    for k in range(n):
-        for r in {int(x) for x in refs[k] if x >= 0}:
-            children[r].append(k)
-            waiting[k] += 1
-    queue = [k for k in range(n) if waiting[k] == 0]
-    rank = [0] * n
-    for position, k in enumerate(queue):  # the queue grows while we walk it
-        rank[k] = position
-        for c in children[k]:
-            waiting[c] -= 1
-            if waiting[c] == 0:
-                queue.append(c)
-    return rank
 
 
 def _angstrom(xyz: Any, connectivity: list) -> Any:
@@ -220,15 +201,10 @@ def table_from_topology(topology: Any, xyz: Any = None, *, link_fragments: bool 
     residues = sorted(set(res_index))
     position = {r: k for k, r in enumerate(residues)}
     rows = torch.full((len(residues), len(TORSION_COLUMNS)), -1, dtype=torch.long)
-    # a new dihedral reference must come before the atom in one fixed build order of the
-    # bond-graph table: then every rewrite keeps that order valid and no cycle can form
-    rank = _build_rank(refs)
-    for (name, r), (p, q, s, t) in quads.items():
-        for atom, b, a, d in ((t, s, q, p), (p, q, s, t)):
-            if refs[atom, 0] == b and refs[atom, 1] == a and refs[atom, 2] >= 0 and rank[d] < rank[atom]:
-                refs[atom, 2] = d
-                rows[position[r], TORSION_COLUMNS.index(name)] = atom
-                break
+    taken = adopt_dihedrals(refs, np.array(list(quads.values()), dtype=np.int64).reshape(-1, 4))
+    for ((name, r), _), atom in zip(quads.items(), taken.tolist()):
+        if atom >= 0:
+            rows[position[r], TORSION_COLUMNS.index(name)] = atom
     table = ConstructionTable(refs)
     return TopologyTable(
         table,
