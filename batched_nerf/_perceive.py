@@ -120,40 +120,13 @@ def _symbols(elements: Sequence[Any]) -> list[str]:
     return [canonical[name] for name in names]
 
 
-def _numpy(xyz: Any, what: str) -> np.ndarray:
-    """The values of a tensor, also under ``torch.func`` wrappers (``grad``, ``jacrev``, ``jacfwd``,
-    ``hessian``): a table is topology, read from the values alone. Under ``vmap`` there is one
-    value per sample, so there is no one table to read: refused."""
-    import torch
-
-    functorch = getattr(torch._C, "_functorch", None)
-    wrapped = getattr(functorch, "is_functorch_wrapped_tensor", None)
-    if wrapped is None or not wrapped(xyz):
-        return xyz.detach().cpu().numpy()
-    while wrapped(xyz):
-        if functorch.is_batchedtensor(xyz):
-            raise ValueError(
-                f"{what} is batched by torch.func.vmap: a construction table is one topology for "
-                "the whole batch, so it cannot be chosen per sample; make the table outside vmap "
-                "(from one conformer) and use it inside"
-            )
-        xyz = functorch.get_unwrapped(xyz)
-    try:  # a private torch helper (checked on torch 2.3 to 2.14)
-        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-    except ImportError:  # pragma: no cover - another torch release
-        raise ValueError(
-            f"{what}: this torch release cannot read values inside torch.func transforms; make the "
-            "table outside the transform"
-        ) from None
-    with temporarily_clear_interpreter_stack():  # the plain values, read outside the transforms
-        return xyz.detach().cpu().numpy()
-
-
 def as_xyz(xyz: Any, n_atoms: int | None = None, what: str = "xyz") -> np.ndarray:
     """``(N, 3)`` float64 numpy copy of coordinates (numpy, lists or torch, also inside ``torch.func``
     transforms other than ``vmap``); checks shape, finiteness."""
     if hasattr(xyz, "detach"):
-        xyz = _numpy(xyz, what)
+        from .runtime.torch_compat import values_of
+
+        xyz = values_of(xyz, what)
     arr = np.asarray(xyz, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[1] != 3 or (n_atoms is not None and arr.shape[0] != n_atoms):
         want = f"({n_atoms}, 3)" if n_atoms is not None else "(N, 3)"

@@ -37,6 +37,7 @@ from ._autotable import refs_from_connectivity, refs_from_xyz
 from ._topology import FULL, THIRD, Topology, analyse
 from .engines.compose import worth_composing
 from .engines.dispatch import single_path
+from .runtime.torch_compat import clear_transforms, current_level, no_functorch
 
 __all__ = ["ConstructionTable"]
 
@@ -83,12 +84,6 @@ def _eager(reason: str) -> Callable[[_F], _F]:
     return wrap
 
 
-try:  # a private torch helper: tensors made inside torch.func transforms are wrapped at their level
-    from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack as _clear_transforms
-except ImportError:  # pragma: no cover - other torch releases
-    _clear_transforms = None
-
-
 @contextmanager
 def _static_tensors() -> Iterator[None]:
     """Make plan tensors as plain tensors: outside inference mode and outside torch.func transforms.
@@ -101,12 +96,9 @@ def _static_tensors() -> Iterator[None]:
     with ExitStack() as stack:
         if torch.is_inference_mode_enabled():
             stack.enter_context(torch.inference_mode(False))
-        if torch._C._functorch.maybe_current_level() is not None:
-            disable = getattr(torch._C, "_DisableFuncTorch", None)  # private; torch 2.3 needs it too
-            if disable is not None:
-                stack.enter_context(disable())
-            if _clear_transforms is not None:
-                stack.enter_context(_clear_transforms())
+        if current_level() is not None:
+            stack.enter_context(no_functorch())  # torch 2.3 needs it too
+            stack.enter_context(clear_transforms())
         yield
 
 

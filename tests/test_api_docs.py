@@ -2,7 +2,7 @@
 
 The public surface is ``__all__`` of the package and of its public submodules: every
 module of ``batched_nerf`` with no path component starting with ``_``, except
-``INTERNAL`` (the engines: internal machinery, described in docs/architecture.md and
+``INTERNAL`` (the engines and the runtime: internal machinery, described in docs/architecture.md and
 reached through ``bn.backends()`` and ``method=``). Each public name must be rendered by
 a ``::: path`` directive of docs/api/*.md: the name's own path, another public path of
 the same object (a re-export), or a module directive rendering it as a member (no
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "batched_nerf"
 API = ROOT / "docs" / "api"
 #: public-looking modules that are internal machinery, not public API
-INTERNAL = ("batched_nerf.engines", "batched_nerf.__main__")
+INTERNAL = ("batched_nerf.engines", "batched_nerf.runtime", "batched_nerf.__main__")
 SPHINX_ROLE = re.compile(r":(?:py:)?(func|class|mod|meth|attr|data|exc|obj|ref|doc|term):`")
 #: a reST literal-block marker: a paragraph ending in ``::``
 LITERAL_BLOCK = re.compile(r"::[ \t]*$", re.M)

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf._geometry",
         "batched_nerf._build_order",
         "batched_nerf._topology",
+        "batched_nerf.runtime",
     ),
     ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
     # engines: planners and builders behind a registry (their own layers: ENGINE_LAYERS)
@@ -208,6 +209,20 @@ def test_file_adapters_other_than_mdtraj_import_nothing_of_protein() -> None:
     assert borrowing == {"batched_nerf.formats.mdtraj"}
 
 
+def test_private_torch_apis_only_in_torch_compat() -> None:
+    """Every private torch API (``torch._C``, ``torch._functorch``, ``torch._dynamo``) is used in
+    ``runtime/torch_compat.py`` alone, which says which releases it was checked on."""
+    private = ("torch._C", "torch._functorch", "torch._dynamo")
+    found = sorted(
+        f"{path.relative_to(PACKAGE.parent)}:{k}"
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "torch_compat.py"
+        for k, line in enumerate(path.read_text().splitlines(), 1)
+        if any(p in line for p in private) and not line.lstrip().startswith("#")
+    )
+    assert not found, "private torch APIs outside runtime/torch_compat.py:\n" + "\n".join(found)
+
+
 def test_no_import_cycle() -> None:
     graph = _graph()
     state: dict[str, int] = {}  # 1 = on the stack, 2 = done
@@ -244,6 +259,7 @@ def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("batched_nerf._build_order", set()),
         ("batched_nerf._topology", {"batched_nerf._build_order"}),
         ("batched_nerf._geometry", set()),
+        ("batched_nerf.runtime.torch_compat", set()),
     ],
 )
 def test_ground_imports_nothing_of_the_package(module: str, allowed: set[str]) -> None:

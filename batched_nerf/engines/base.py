@@ -17,15 +17,11 @@ import torch
 from torch import Tensor
 
 from .._topology import Topology
+from ..runtime.torch_compat import import_dynamo_early
 
 __all__ = ["Engine", "Movable", "as_long"]
 
-if torch.__version__ < "2.4":  # pragma: no cover - exercised by CI's oldest-torch run
-    # torch < 2.4 imports torch._dynamo the first time an autograd.Function runs under a
-    # torch.func transform (vmap, jacrev of the fused engines); that import then runs module
-    # code inside the transform and fails ("partially initialized module 'torch._dynamo'").
-    # Importing it here, outside any transform, avoids it.
-    import torch._dynamo
+import_dynamo_early()  # torch < 2.4: see there
 
 
 def as_long(values: Any) -> Tensor:

@@ -23,12 +23,8 @@ from typing import Any
 
 import torch
 
-try:  # what torch's apply does to the arguments before its C implementation
-    from torch._functorch.utils import unwrap_dead_wrappers as _unwrap
-except ImportError:  # pragma: no cover - another torch layout: torch's own apply throughout
-    _unwrap = None
-
-_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+from ..runtime.torch_compat import TRANSFORMS_ACTIVE as _TRANSFORMS_ACTIVE
+from ..runtime.torch_compat import UNWRAP_DEAD_WRAPPERS as _unwrap
 
 __all__ = ["Function", "jvp", "save"]
 

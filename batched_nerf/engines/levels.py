@@ -44,6 +44,7 @@ from torch.autograd import forward_ad
 
 from .._geometry import EPS
 from .._topology import FULL, SECOND, THIRD, Topology
+from ..runtime.torch_compat import IS_FUNCTORCH_WRAPPED
 from .base import Engine, Movable, as_long
 from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .function import Function
@@ -355,7 +356,7 @@ def plain_level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tenso
 
 
 #: ``torch.func`` wrapper test (a private torch function): without it every call takes the plain loop.
-_IS_FUNCTORCH_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+_IS_FUNCTORCH_WRAPPED = IS_FUNCTORCH_WRAPPED
 
 
 def _needs_plain(*tensors: Tensor) -> bool:

@@ -37,7 +37,6 @@ engine builds directly.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass, field, replace
@@ -49,6 +48,7 @@ from torch import Tensor
 
 from ..._geometry import nan_negative_bonds
 from ..._topology import SECOND, THIRD, Topology
+from ...runtime.torch_compat import no_functorch
 from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
@@ -150,9 +150,7 @@ def configure(plan: FusedPlan, accumulate_dtype: torch.dtype | None, auto: bool)
     return made
 
 
-def _no_functorch() -> Any:
-    guard = getattr(torch._C, "_DisableFuncTorch", None)
-    return contextlib.nullcontext() if guard is None else guard()
+_no_functorch = no_functorch
 
 
 def _units(topo: Topology) -> np.ndarray:

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from ..._geometry import batch_shape
+from ...runtime.torch_compat import forward_mode_levels
 from .. import backends
 from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
@@ -108,14 +109,7 @@ def _kernels() -> ModuleType:
     return mod
 
 
-def _forward_mode_levels() -> int:
-    """How many ``torch.func`` forward-mode transforms (``jvp``, ``jacfwd``) enclose this call."""
-    try:
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-    except ImportError:  # pragma: no cover - private torch API moved
-        return 0
-    return sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+_forward_mode_levels = forward_mode_levels
 
 
 def use_fused(method: str, xyz: Tensor) -> bool:

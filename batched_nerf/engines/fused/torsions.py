@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...runtime.torch_compat import TRANSFORMS_ACTIVE as _TRANSFORMS_ACTIVE
 from ..backends import available, require
 from ..function import Function
 from . import workspace
@@ -43,7 +44,6 @@ from .build import FusedPlan, FusedVJP, Turns, _identity_rows
 
 __all__ = ["KEPT_BYTES", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
-_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
 _FLOATS = (torch.float32, torch.float64)
 #: Bytes of broadcast bonds, angles and template arrays kept over all :class:`TorsionBuild` objects (least
 #: recently used dropped first); a call needing more than a quarter of it makes its own.
