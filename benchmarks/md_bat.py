@@ -220,9 +220,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=None, help="thread counts for ours (default: 1 and torch's)"
     )
+    parser.add_argument("--json", metavar="PATH", help="also write the result as JSON (for headline.py)")
     args = parser.parse_args(argv)
     result = run(args.selection, args.stop, args.repeats, args.bat_repeats, args.threads)
     print(report(result))
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
