@@ -150,3 +150,39 @@ def test_accumulate_script_runs_on_cpu(tmp_path: Path) -> None:
         assert r["fused, float64 accumulation"]["max_A"] < 1e-5  # float32 rounding of the result only
         assert r["fused, float32"]["max_A"] < 1e-3
         assert r["scan, float32"]["max_A"] < 1e-3
+
+
+def test_headline_table_takes_nerfax_fastest_mode_and_the_median_over_rows(tmp_path: Path) -> None:
+    from benchmarks import headline
+
+    def row(peer: str, pas: str, n: int, ratio: float) -> dict:
+        return {
+            "peer": peer,
+            "pass": pas,
+            "workload": "chain",
+            "n_atoms": n,
+            "batch": 64,
+            "speedup_vs_auto": ratio,
+        }
+
+    records = {
+        "machine": {"time": "t", "cpu": "c", "torch": "2", "batched_nerf": "0"},
+        "speedups": [
+            row("nerfax-associative", "forward", 64, 3.0),
+            row("nerfax-sequential", "forward", 64, 2.0),  # its fastest mode on the row: 2x
+            row("nerfax-associative", "forward", 512, 5.0),
+            row("torch-loop", "committor", 64, 4.0),
+            row("chemcoord", "forward_numba", 64, 20.0),
+        ],
+    }
+    text = headline.table(records, None)
+    assert "| NeRFax |" in text and "**3.5x** (2x to 5x, 2 rows)" in text
+    assert "**4x** (1 row)" in text.split("| per-atom torch loop |")[1].split("\n")[0]
+    assert "**20x** (1 row)" in text.split("| chemcoord (core) |")[1].split("\n")[0]
+    assert "not timed in this run" in text.split("| bgflow |")[1].split("\n")[0]
+    (tmp_path / "results.json").write_text(json.dumps(records))
+    page = tmp_path / "page.md"
+    page.write_text(f"# B\n{headline.START}\nold\n{headline.END}\nrest\n")
+    assert headline.main([str(tmp_path / "results.json"), "--page", str(page)]) == 0
+    body = page.read_text()
+    assert "old" not in body and "| NeRFax |" in body and body.endswith(f"{headline.END}\nrest\n")
