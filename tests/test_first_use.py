@@ -242,3 +242,40 @@ def test_kernels_use_the_locked_cache_write() -> None:
     assert backends.available("cpu")
     for kernel in (fused_numba_samples._forward_items, fused_inverse_numba_blocks.second_items):
         assert type(kernel._cache._cache_file).save is fused_compile._locked_save
+
+
+def _cached_dispatchers() -> dict[str, Any]:
+    """Every numba dispatcher with a disk cache in a module of batched_nerf/engines/fused/cpu, found
+    independently of the package's own search (the files of the folder)."""
+    import importlib
+
+    from numba.core.caching import NullCache
+
+    folder = ROOT / "batched_nerf" / "engines" / "fused" / "cpu"
+    found: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"batched_nerf.engines.fused.cpu.{path.stem}")
+        for value in vars(module).values():
+            cache = getattr(value, "_cache", None)
+            if hasattr(value, "py_func") and cache is not None and not isinstance(cache, NullCache):
+                found[f"{value.py_func.__module__}.{value.py_func.__name__}"] = value
+    return found
+
+
+def test_every_cached_kernel_uses_the_locked_cache_write() -> None:
+    """Every kernel module is found (the hand-kept list left out entries' kernels, and any new
+    module), so every cached kernel gets the process-safe write."""
+    from batched_nerf.engines import backends
+
+    assert backends.available("cpu")
+    kernels = _cached_dispatchers()
+    modules = {name.rsplit(".", 2)[-2] for name in kernels}
+    assert {"entries", "trig", "samples", "blocks", "inverse", "inverse_blocks", "pose"} <= modules
+    unlocked = [
+        name
+        for name, k in kernels.items()
+        if type(k._cache._cache_file).save is not fused_compile._locked_save
+    ]
+    assert unlocked == []

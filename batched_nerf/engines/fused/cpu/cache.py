@@ -189,7 +189,16 @@ def lock_cache_writes(module: Any) -> int:
     return changed
 
 
-_KERNEL_MODULES = ("trig", "samples", "blocks", "inverse", "inverse_blocks", "inverse_rows", "pose")
+def kernel_modules() -> list[Any]:
+    """Every module of this package (``engines/fused/cpu``) but this one, imported: where the kernels
+    live. Found by listing the package, so that a new kernel module needs no registration here."""
+    import importlib
+    import pkgutil
+    import sys
+
+    own = __name__.rsplit(".", 1)[-1]
+    names = [m.name for m in pkgutil.iter_modules(sys.modules[__package__].__path__) if m.name != own]
+    return [importlib.import_module(f"{__package__}.{name}") for name in sorted(names)]
 
 
 def watch() -> None:
@@ -200,10 +209,8 @@ def watch() -> None:
         if _installed:
             return
         _installed = True
-    import importlib
-
-    for name in _KERNEL_MODULES:
-        lock_cache_writes(importlib.import_module(f"{__package__}.{name}"))
+    for module in kernel_modules():
+        lock_cache_writes(module)
     from numba.core import event
 
     class Listener(_Announcer, event.Listener):  # numba checks the base class
