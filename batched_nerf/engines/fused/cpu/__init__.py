@@ -10,5 +10,16 @@
 * `tiers`: when a blocked kernel may run (compiled, cached, or worth its compile);
 * `cache`: the compile announcements and the process-safe cache writes.
 
-Imported only through `batched_nerf.engines.backends` (numba is optional).
+Imported only through `batched_nerf.engines.backends` (numba is optional). Where numba
+is installed, importing this package first runs `cache.prepare` (a fork-safe numba
+threading layer, before any kernel is defined or run).
 """
+
+try:
+    import numba  # noqa: F401
+except ImportError:  # no kernels; .tiers (plain Python) still imports
+    pass
+else:
+    from .cache import prepare
+
+    prepare()

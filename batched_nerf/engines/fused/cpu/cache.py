@@ -21,16 +21,31 @@ numba fires ``numba:compile`` only after its cache lookup failed, so the
 announcement is exact: a cache hit says nothing. Only kernels of this package
 count; a kernel compiled from inside another (its helpers) is part of its
 caller's message.
+
+Fork safety: numba's default threading layer on Linux is GNU OpenMP where it loads (no TBB),
+and a process that forks after running a threaded kernel aborts in the child ("fork() called
+from a process already using GNU OpenMP") at the child's first threaded kernel: every
+``torch.utils.data.DataLoader`` with ``num_workers > 0`` (fork is Linux's default start
+method) whose dataset calls the fused engine. So before the kernels load, :func:`prepare`
+asks numba for its ``forksafe`` layer (``numba.config.THREADING_LAYER``): TBB where
+installed (``pip install tbb``: fork- and thread-safe), else numba's own ``workqueue``
+(fork-safe, present everywhere; like numba itself in that layer, two Python threads must
+not run threaded kernels at the same time). It leaves numba alone where the user chose:
+``NUMBA_THREADING_LAYER`` (or ``NUMBA_THREADING_LAYER_PRIORITY``) in the environment or
+numba's config file, ``numba.config.THREADING_LAYER`` set in code, or numba's threads
+already started by other code. ``NUMBA_THREADING_LAYER=omp`` (or ``default``) restores
+numba's default, for programs that never fork after a threaded kernel.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
 
-__all__ = ["COMPILES", "cache_dir", "describe", "lock_cache_writes", "watch"]
+__all__ = ["COMPILES", "cache_dir", "describe", "lock_cache_writes", "prepare", "watch"]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Compiles seen in this process (top-level kernels of this package): (what, seconds); tests read it.
@@ -53,6 +68,35 @@ _PASSES = (
     ("pose", "to_cartesian pose"),
     ("entries", "flow layer entries + log-det"),
 )
+
+
+#: The threading layer :func:`prepare` asks numba for (fork-safe: TBB, else workqueue).
+THREADING_LAYER = "forksafe"
+_prepared = False
+
+
+def _choose_threading_layer() -> str | None:
+    """Ask numba for a fork-safe threading layer unless the user chose one (module docstring);
+    returns the layer set, or None where numba is left as it was."""
+    from numba.core import config
+    from numba.np.ufunc import parallel
+
+    chosen = any(k in os.environ for k in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"))
+    if chosen or str(config.THREADING_LAYER).lower() != "default" or parallel._is_initialized:
+        return None
+    config.THREADING_LAYER = THREADING_LAYER
+    return THREADING_LAYER
+
+
+def prepare() -> None:
+    """What must hold before the kernel modules define their kernels (once per process; the
+    package's ``__init__`` calls it where numba is installed): a fork-safe threading layer."""
+    global _prepared
+    with _lock:
+        if _prepared:
+            return
+        _prepared = True
+    _choose_threading_layer()
 
 
 def cache_dir(dispatcher: Any = None) -> str:
