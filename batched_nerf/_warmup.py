@@ -168,8 +168,8 @@ class _Bar:
 
 
 def warmup(
-    dtypes: Sequence[str] = ("float32", "float64"),
-    passes: Sequence[str] = PASSES,
+    dtypes: str | torch.dtype | Sequence[str | torch.dtype] = ("float32", "float64"),
+    passes: str | Sequence[str] = PASSES,
     *,
     threaded: bool = True,
     progress: bool = True,
@@ -202,8 +202,8 @@ def warmup(
     may share one folder. On a warm cache this takes about a second.
 
     Args:
-        dtypes: ``"float32"`` and/or ``"float64"``.
-        passes: a subset of `PASSES`.
+        dtypes: ``"float32"`` and/or ``"float64"`` (names or torch dtypes; one alone is one dtype).
+        passes: a subset of `PASSES` (one name alone is one pass).
         threaded: also the threaded kernels (only where numba has more than one thread).
         progress: a progress bar on stderr (tqdm when installed, else a line per step).
 
@@ -221,6 +221,13 @@ def warmup(
         >>> info["steps"], sorted(info)
         (2, ['cache_dir', 'compiled', 'seconds', 'steps', 'threads'])
     """
+    if isinstance(dtypes, (str, torch.dtype)):  # one dtype, not its characters
+        dtypes = (dtypes,)
+    if isinstance(passes, str):
+        passes = (passes,)
+    names = {v: k for k, v in _DTYPES.items()}
+    dtypes = tuple(names.get(d, str(d)) if isinstance(d, torch.dtype) else d for d in dtypes)
+    passes = tuple(passes)
     bad = [d for d in dtypes if d not in _DTYPES]
     if bad or not dtypes:
         raise ValueError(f"warmup: dtypes must be among {tuple(_DTYPES)}, got {tuple(dtypes)!r}")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import batched_nerf as bn
 from batched_nerf.cli import main
@@ -134,6 +135,20 @@ def test_warmup_small_and_plain_progress(
 def test_warmup_rejects_unknown_dtypes_and_passes(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         bn.warmup(progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("dtypes", ["float64", torch.float64, [torch.float64]])
+def test_warmup_takes_one_dtype_or_pass_alone(dtypes: Any) -> None:
+    """A string is one dtype (one pass), not its characters ('f', 'l', ...)."""
+    info = bn.warmup(dtypes=dtypes, passes="forward", threaded=False, progress=False)
+    assert info["steps"] == 2
+
+
+def test_warmup_names_an_unknown_torch_dtype() -> None:
+    with pytest.raises(
+        ValueError, match=r"dtypes must be among \('float32', 'float64'\), got \('torch.float16',\)"
+    ):
+        bn.warmup(dtypes=torch.float16, progress=False)
 
 
 def test_cli_warmup(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
