@@ -148,7 +148,18 @@ def test_warmup_compiles_the_blocked_kernels_whatever_the_tier(
     assert "_blocks_items" in tiered  # the blocked forward ran, although nothing is "cached" here
 
 
-@pytest.mark.parametrize(("value", "always"), [("0", True), ("off", True), ("1", False), (None, False)])
+@pytest.mark.parametrize(
+    ("value", "always"),
+    [
+        ("0", True),
+        ("off", True),
+        ("Disabled", True),
+        ("1", False),
+        ("enabled", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_environment_switch(value: str | None, always: bool) -> None:
     env = {k: v for k, v in os.environ.items() if k != "BATCHED_NERF_TIERED"}
     if value is not None:
@@ -160,3 +171,16 @@ def test_environment_switch(value: str | None, always: bool) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(always), str(not always)]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "disable"])
+def test_environment_switch_names_an_unknown_value(value: str) -> None:
+    """An unknown value is named with the allowed ones, not silently taken as "on"."""
+    with pytest.raises(
+        ValueError, match=rf"BATCHED_NERF_TIERED='{value}' is not understood: use one of 1, true"
+    ):
+        tiers._tiering_off(value)
+    env = dict(os.environ, BATCHED_NERF_TIERED=value, PYTHONPATH=str(ROOT))
+    code = "import batched_nerf as bn; bn.backends()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "BATCHED_NERF_TIERED" in out.stderr and "disabled" in out.stderr

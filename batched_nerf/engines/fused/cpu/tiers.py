@@ -14,8 +14,10 @@ gives to a blocked kernel takes it when:
   served (then it compiles, announced by a WARNING on the logger ``batched_nerf``): a job that
   runs long enough for the faster kernel to matter gets it after a bounded delay, and a short
   script never pays its compile (the ski-rental rule of tiered JIT compilers);
-* or tiering is off: ``BATCHED_NERF_TIERED=0`` in the environment (read at import), or
-  `always` (what [`batched_nerf.warmup`][batched_nerf.warmup] and the test suite use).
+* or tiering is off: ``BATCHED_NERF_TIERED=0`` in the environment (read at import; off:
+  ``0``, ``false``, ``no``, ``off``, ``disabled``; on, the default: ``1``, ``true``, ``yes``,
+  ``on``, ``enabled``; any other value raises a ``ValueError`` naming them), or
+  `always` (what `batched_nerf.warmup` and the test suite use).
 
 Each blocked entry kernel and dtype keeps its own state; results of the two layouts agree
 to rounding (tested), so the switch changes speed, not values beyond float rounding.
@@ -42,7 +44,30 @@ TIER_UP_SECONDS = 10.0
 _lock = threading.Lock()
 #: (kernel, dtype) -> True (may run) or the per-sample seconds spent so far
 _state: dict[tuple[Any, str], Any] = {}
-_always = os.environ.get("BATCHED_NERF_TIERED", "1").strip().lower() in ("0", "false", "no", "off")
+#: The spellings of ``BATCHED_NERF_TIERED`` (case-insensitive): tiering on, tiering off.
+ON = ("1", "true", "yes", "on", "enabled")
+OFF = ("0", "false", "no", "off", "disabled")
+
+
+def _tiering_off(value: str | None) -> bool:
+    """Whether ``BATCHED_NERF_TIERED=value`` turns tiering off (unset or empty: on).
+
+    Raises:
+        ValueError: a value that is none of :data:`ON` and :data:`OFF` (naming them).
+    """
+    word = (value or "").strip().lower()
+    if word in OFF:
+        return True
+    if word in ON or not word:
+        return False
+    raise ValueError(
+        f"BATCHED_NERF_TIERED={value!r} is not understood: use one of {', '.join(ON)} (tiered "
+        f"compilation on, the default) or {', '.join(OFF)} (off: every blocked kernel compiles "
+        "when first picked)"
+    )
+
+
+_always = _tiering_off(os.environ.get("BATCHED_NERF_TIERED"))
 
 
 @contextlib.contextmanager
