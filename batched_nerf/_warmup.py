@@ -193,9 +193,9 @@ def warmup(
 
     Where the compiled code goes: numba's cache, chosen when the kernels are
     imported: ``NUMBA_CACHE_DIR`` when set; else ``__pycache__`` next to the
-    kernel modules (``batched_nerf/engines/``); where that is not writable
+    kernel modules (``batched_nerf/engines/fused/cpu/``); where that is not writable
     (a read-only site-packages), a per-user folder
-    (``~/.cache/numba/engines_<hash>``). For a container image or a CI cache,
+    (``~/.cache/numba/cpu_<hash>``). For a container image or a CI cache,
     run ``NUMBA_CACHE_DIR=/path batched-nerf warmup`` while building it and keep
     the same ``NUMBA_CACHE_DIR`` (and the same files: numba checks the source
     files' time stamps and sizes, and the CPU) where it runs; several processes

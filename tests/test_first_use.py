@@ -294,3 +294,18 @@ def test_every_cached_kernel_uses_the_locked_cache_write() -> None:
         if type(k._cache._cache_file).save is not fused_compile._locked_save
     ]
     assert unlocked == []
+
+
+def test_install_doc_names_the_cache_folders_numba_uses() -> None:
+    """docs/install.md names the folders numba picks for the kernels (it said ``engines_<hash>``)."""
+    from numba.core.caching import _CacheLocator
+
+    from batched_nerf.engines.fused.cpu import trig
+
+    subpath = _CacheLocator.get_suitable_cache_subpath(trig.__file__)
+    prefix = subpath.rsplit("_", 1)[0]
+    doc = (ROOT / "docs" / "install.md").read_text()
+    assert f"`{prefix}_<hash>`" in doc and f"`~/.cache/numba/{prefix}_<hash>`" in doc
+    in_tree = os.path.relpath(os.path.join(os.path.dirname(trig.__file__), "__pycache__"), ROOT)
+    assert f"`{in_tree}`" in doc
+    assert "engines_<hash>" not in doc
