@@ -309,3 +309,37 @@ def test_install_doc_names_the_cache_folders_numba_uses() -> None:
     in_tree = os.path.relpath(os.path.join(os.path.dirname(trig.__file__), "__pycache__"), ROOT)
     assert f"`{in_tree}`" in doc
     assert "engines_<hash>" not in doc
+
+
+def _toy(folder: Path, k: int) -> Any:
+    """A fresh import of ``folder/toy.py`` (a cached numba kernel ``f``) with the package's cache file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_toy_kernels_{k}", folder / "toy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert fused_compile.lock_cache_writes(module) == 1
+    return module.f
+
+
+@pytest.mark.parametrize("broken", ["nbc", "nbi"])
+@pytest.mark.parametrize("how", ["truncated", "empty"])
+def test_a_corrupt_cache_file_is_a_miss_recompiled_and_named(
+    tmp_path: Path, broken: str, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "toy.py").write_text(
+        "import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1\n"
+    )
+    assert _toy(tmp_path, 0)(1.0) == 2.0  # compiled, saved
+    (path,) = (tmp_path / "__pycache__").glob(f"toy.f-*.{broken}")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"")
+    with caplog.at_level(logging.WARNING, logger="batched_nerf"):
+        f = _toy(tmp_path, 1)
+        assert f(1.0) == 2.0  # numba alone raises EOFError / UnpicklingError here, at every call
+    assert sum(f.stats.cache_misses.values()) == 1
+    (record,) = [r for r in caplog.records if "unreadable" in r.getMessage()]
+    assert str(path) in record.getMessage() and "compiles again" in record.getMessage()
+    again = _toy(tmp_path, 2)  # the compile overwrote the file: a hit
+    assert again(1.0) == 2.0 and sum(again.stats.cache_hits.values()) == 1

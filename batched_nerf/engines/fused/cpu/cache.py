@@ -211,19 +211,88 @@ def _locked_save(self: Any, key: Any, data: Any) -> None:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+_corrupt_seen: set[str] = set()
+
+
+def _corrupt(path: str, exc: BaseException) -> None:
+    """Say (once per file and process) that a cache file cannot be read and is taken as a miss."""
+    with _lock:
+        first = path not in _corrupt_seen
+        _corrupt_seen.add(path)
+    if first:
+        LOGGER.warning(
+            "batched_nerf: numba cache file %s is unreadable (%s: %s; truncated or empty?): taken as a "
+            "cache miss, the kernel compiles again and overwrites it (where the folder is writable).",
+            path,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _robust_load_index(self: Any) -> dict[Any, Any]:
+    """numba's ``IndexDataCacheFile._load_index``, a corrupt index (a truncated or empty ``.nbi``:
+    numba raises ``EOFError`` / ``UnpicklingError`` on every later call) taken as an empty one."""
+    try:
+        return self._numba_load_index()
+    except Exception as exc:  # any unreadable index is a miss
+        _corrupt(self._index_path, exc)
+        return {}
+
+
+def _robust_load(self: Any, key: Any) -> Any:
+    """numba's ``IndexDataCacheFile.load``, a corrupt data file (``.nbc``) taken as a miss (the
+    compile that follows overwrites it: the index keeps naming that file for the key)."""
+    data_name = self._load_index().get(key)
+    if data_name is None:
+        return None
+    try:
+        return self._load_data(data_name)
+    except OSError:  # removed while the index names it (numba's own case)
+        return None
+    except Exception as exc:  # truncated or empty: EOFError, UnpicklingError, ...
+        _corrupt(self._data_path(data_name), exc)
+        return None
+
+
+def _cache_file_class() -> Any:
+    """numba's ``IndexDataCacheFile`` with the locked save and the robust loads (None without numba's
+    cache internals or ``fcntl``)."""
+    global _LOCKED
+    if _LOCKED is None:
+        try:
+            import fcntl  # noqa: F401  (POSIX only)
+
+            from numba.core.caching import IndexDataCacheFile
+        except ImportError:  # pragma: no cover - Windows, or another numba
+            return None
+        _LOCKED = type(
+            "LockedIndexDataCacheFile",
+            (IndexDataCacheFile,),
+            {
+                "save": _locked_save,
+                "load": _robust_load,
+                "_load_index": _robust_load_index,
+                "_numba_load_index": IndexDataCacheFile._load_index,
+            },
+        )
+    return _LOCKED
+
+
+_LOCKED: Any = None
+
+
 def lock_cache_writes(module: Any) -> int:
-    """Give every cached numba kernel of ``module`` the process-safe cache write (`_locked_save`).
+    """Give every cached numba kernel of ``module`` the process-safe cache write (`_locked_save`)
+    and loads that take a corrupt cache file as a miss (`_robust_load`, `_robust_load_index`).
 
     Returns how many kernels it changed (0 where numba's cache internals differ from those
     known here, or without ``fcntl``: numba's own writes then).
     """
-    try:
-        import fcntl  # noqa: F401  (POSIX only)
-
-        from numba.core.caching import IndexDataCacheFile
-    except ImportError:  # pragma: no cover - Windows, or another numba
+    locked = _cache_file_class()
+    if locked is None:  # pragma: no cover - Windows, or another numba
         return 0
-    locked = type("LockedIndexDataCacheFile", (IndexDataCacheFile,), {"save": _locked_save})
+    from numba.core.caching import IndexDataCacheFile
+
     changed = 0
     for value in vars(module).values():
         cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
