@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -213,6 +214,8 @@ def warmup(
 
     Raises:
         ValueError: an unknown dtype or pass.
+        RuntimeError: ``NUMBA_CACHE_DIR`` is set but numba cannot use it (a file, a folder that
+            cannot be written nor already holds the cache): the kernels would be cached elsewhere.
         RuntimeError: numba (the CPU backend) is not installed (names how to install it).
 
     Example:
@@ -242,6 +245,12 @@ def warmup(
     from .engines.fused.cpu import cache as fused_compile
     from .engines.fused.cpu import tiers
 
+    asked, where = numba.config.CACHE_DIR, fused_compile.cache_dir()
+    if asked and not os.path.abspath(where).startswith(os.path.abspath(asked)):
+        raise RuntimeError(
+            f"warmup: NUMBA_CACHE_DIR={asked!r} {fused_compile._problem(asked)}, so the kernels would "
+            f"be cached in {where} instead, not where asked: point NUMBA_CACHE_DIR at a writable folder"
+        )
     threads = numba.get_num_threads() if threaded else 1
     steps = _steps(dtypes, passes, threads)
     before, t0 = len(fused_compile.COMPILES), time.perf_counter()

@@ -35,6 +35,14 @@ not run threaded kernels at the same time). It leaves numba alone where the user
 numba's config file, ``numba.config.THREADING_LAYER`` set in code, or numba's threads
 already started by other code. ``NUMBA_THREADING_LAYER=omp`` (or ``default``) restores
 numba's default, for programs that never fork after a threaded kernel.
+
+Where the cache cannot be written (:func:`prepare` adds two cache locators to numba's, for
+this package's kernels only): a ``NUMBA_CACHE_DIR`` that is read-only but already holds
+this package's cache (a container image warmed at build time) is loaded from, and a kernel
+missing there compiles without being saved; with no writable folder at all (numba alone
+raises "cannot cache function ...: no locator available" at import) the kernels compile in
+memory, once per process. Either, and a ``NUMBA_CACHE_DIR`` that numba cannot use (a file,
+say), is said once in a WARNING naming the folder and the fix.
 """
 
 from __future__ import annotations
@@ -97,6 +105,121 @@ def prepare() -> None:
             return
         _prepared = True
     _choose_threading_layer()
+    _install_locators()
+
+
+#: What :func:`cache_dir` says where the kernels have no disk cache.
+NO_CACHE = "(none: compiled in memory, no writable cache folder; set NUMBA_CACHE_DIR)"
+_ReadOnlyLocator: Any = None
+_NoDiskLocator: Any = None
+
+
+def _ours(py_func: Any) -> bool:
+    return str(getattr(py_func, "__module__", "")).startswith(_PACKAGE + ".")
+
+
+def _install_locators() -> None:
+    """Add this package's two fallbacks to numba's cache locators (module docstring): after
+    ``NUMBA_CACHE_DIR`` when writable, a read-only but populated ``NUMBA_CACHE_DIR``; after every
+    other, no disk at all. Both answer for this package's kernels only."""
+    global _ReadOnlyLocator, _NoDiskLocator
+    try:
+        from numba.core import config
+        from numba.core.caching import (
+            CacheImpl,
+            UserProvidedCacheLocator,
+            _CacheLocator,
+            _SourceFileBackedLocatorMixin,
+        )
+    except ImportError:  # pragma: no cover - another numba: its own locators only
+        return
+
+    class ReadOnlyCacheLocator(UserProvidedCacheLocator):  # type: ignore[misc, valid-type]
+        """``NUMBA_CACHE_DIR``'s folder for the kernels, readable, not writable, already made: loads
+        only (:func:`lock_cache_writes` gives its kernels a cache file that never saves)."""
+
+        def ensure_cache_path(self) -> None:  # numba's write test, run before a save: none here
+            pass
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> Any:
+            if not (config.CACHE_DIR and _ours(py_func) and os.path.exists(py_file)):
+                return None
+            self = cls(py_func, py_file)
+            path = self.get_cache_path()
+            return self if os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK) else None
+
+    class NoDiskLocator(_SourceFileBackedLocatorMixin, _CacheLocator):  # type: ignore[misc, valid-type]
+        """No usable folder: the kernel compiles in memory (:func:`lock_cache_writes` replaces its
+        cache by numba's ``NullCache``)."""
+
+        def __init__(self, py_func: Any, py_file: str) -> None:
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+
+        def get_cache_path(self) -> str:
+            return os.devnull
+
+        def ensure_cache_path(self) -> None:
+            raise OSError(f"no writable cache folder for {self._py_file}")
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> Any:
+            return cls(py_func, py_file) if _ours(py_func) and os.path.exists(py_file) else None
+
+    _ReadOnlyLocator, _NoDiskLocator = ReadOnlyCacheLocator, NoDiskLocator
+    classes = list(CacheImpl._locator_classes)
+    at = classes.index(UserProvidedCacheLocator) + 1 if UserProvidedCacheLocator in classes else 0
+    CacheImpl._locator_classes = [*classes[:at], ReadOnlyCacheLocator, *classes[at:], NoDiskLocator]
+
+
+def _locator(dispatcher: Any) -> Any:
+    return getattr(getattr(getattr(dispatcher, "_cache", None), "_impl", None), "locator", None)
+
+
+def _problem(path: str) -> str:
+    """Why numba cannot use ``path`` as its cache folder."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "is a file, not a folder"
+    if not os.path.exists(path):
+        return "does not exist and cannot be created"
+    return "is not writable"
+
+
+def _check(kernels: list[Any], no_disk: list[Any]) -> None:
+    """The one WARNING (or INFO) on where the kernels' cache is, where it is not where asked or
+    nowhere (module docstring)."""
+    from numba.core import config
+
+    asked = str(config.CACHE_DIR or "")
+    if no_disk:
+        where = f"NUMBA_CACHE_DIR={asked!r} {_problem(asked)}" if asked else "NUMBA_CACHE_DIR is unset"
+        LOGGER.warning(
+            "batched_nerf: no writable folder for numba's cache of the CPU kernels (%s; the kernels' "
+            "__pycache__ and numba's per-user folder are not writable either): they compile in memory, "
+            "again in every process (seconds per kernel). Set NUMBA_CACHE_DIR to a writable folder "
+            "(or to a read-only one warmed ahead with `batched-nerf warmup`).",
+            where,
+        )
+        return
+    if not asked or not kernels:
+        return
+    path = cache_dir(kernels[0])
+    if type(_locator(kernels[0])) is _ReadOnlyLocator:
+        LOGGER.info(
+            "batched_nerf: NUMBA_CACHE_DIR=%r is read-only: the CPU kernels load from %s; one missing "
+            "there compiles in memory, not saved.",
+            asked,
+            path,
+        )
+    elif not os.path.abspath(path).startswith(os.path.abspath(asked)):
+        LOGGER.warning(
+            "batched_nerf: NUMBA_CACHE_DIR=%r %s, so numba caches the CPU kernels in %s instead. "
+            "Point NUMBA_CACHE_DIR at a writable folder (or a read-only one warmed ahead).",
+            asked,
+            _problem(asked),
+            path,
+        )
 
 
 def cache_dir(dispatcher: Any = None) -> str:
@@ -105,14 +228,16 @@ def cache_dir(dispatcher: Any = None) -> str:
     numba's own choice, made when the kernel module is imported: ``NUMBA_CACHE_DIR``
     when set; else the ``__pycache__`` folder next to the kernel modules; where
     that is not writable (a read-only site-packages), a per-user folder
-    (``~/.cache/numba/<folder>_<hash>``, from ``numba.misc.appdirs``).
+    (``~/.cache/numba/<folder>_<hash>``, from ``numba.misc.appdirs``); :data:`NO_CACHE` where
+    no folder is writable (module docstring).
 
     Raises:
         ImportError: numba is not installed.
     """
     if dispatcher is None:
         from .trig import _sincos as dispatcher
-    return str(dispatcher._cache._cache_path)
+    path = getattr(dispatcher._cache, "_cache_path", None)
+    return str(path) if path and type(_locator(dispatcher)) is not _NoDiskLocator else NO_CACHE
 
 
 def describe(dispatcher: Any, args: Any) -> str:
@@ -142,6 +267,20 @@ def describe(dispatcher: Any, args: Any) -> str:
     return f"{what} {part}, {layout}{dtype} ({module}.{name})"
 
 
+def _kept(dispatcher: Any) -> str:
+    """Where a compiled kernel goes, for the first-compile message."""
+    path = cache_dir(dispatcher)
+    if path == NO_CACHE:
+        return (
+            "kept in memory only: no writable cache folder (set NUMBA_CACHE_DIR), so every process compiles"
+        )
+    if type(_locator(dispatcher)) is _ReadOnlyLocator:
+        return f"kept in memory only: the cache folder {path} is read-only (loads only)"
+    return (
+        f"cached on disk in {path} (choose with NUMBA_CACHE_DIR); later processes load them in milliseconds"
+    )
+
+
 class _Announcer:
     """The ``numba:compile`` listener's work: announce the outermost compile of a kernel of this package."""
 
@@ -159,11 +298,10 @@ class _Announcer:
         if first:
             LOGGER.warning(
                 "batched_nerf: compiling the fused CPU kernels (numba) for %s: a one-time cost of "
-                "seconds per kernel, then cached on disk in %s (choose with NUMBA_CACHE_DIR); later "
-                "processes load them in milliseconds. Compile everything ahead with "
+                "seconds per kernel, then %s. Compile everything ahead with "
                 "`batched-nerf warmup` or batched_nerf.warmup().",
                 what,
-                cache_dir(dispatcher),
+                _kept(dispatcher),
             )
         LOGGER.info("batched_nerf: compiling %s (numba cache miss)", what)
 
@@ -275,10 +413,13 @@ def _cache_file_class() -> Any:
                 "_numba_load_index": IndexDataCacheFile._load_index,
             },
         )
+        global _READ_ONLY
+        _READ_ONLY = type("ReadOnlyIndexDataCacheFile", (_LOCKED,), {"save": _skip_save})
     return _LOCKED
 
 
 _LOCKED: Any = None
+_READ_ONLY: Any = None
 
 
 def lock_cache_writes(module: Any) -> int:
@@ -291,15 +432,28 @@ def lock_cache_writes(module: Any) -> int:
     locked = _cache_file_class()
     if locked is None:  # pragma: no cover - Windows, or another numba
         return 0
-    from numba.core.caching import IndexDataCacheFile
+    from numba.core.caching import IndexDataCacheFile, NullCache
 
     changed = 0
     for value in vars(module).values():
         cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
-        if type(cache_file) is IndexDataCacheFile:
-            cache_file.__class__ = locked
-            changed += 1
+        if type(cache_file) is not IndexDataCacheFile:
+            continue
+        locator = type(_locator(value))
+        if locator is _NoDiskLocator:  # nowhere to cache: compile in memory
+            value._cache = NullCache()
+            _NO_DISK.append(value)
+            continue
+        cache_file.__class__ = _READ_ONLY if locator is _ReadOnlyLocator else locked
+        changed += 1
     return changed
+
+
+def _skip_save(self: Any, key: Any, data: Any) -> None:
+    """No save: the cache folder is read-only (:func:`_install_locators`)."""
+
+
+_NO_DISK: list[Any] = []
 
 
 def kernel_modules() -> list[Any]:
@@ -322,8 +476,11 @@ def watch() -> None:
         if _installed:
             return
         _installed = True
-    for module in kernel_modules():
+    modules = kernel_modules()
+    for module in modules:
         lock_cache_writes(module)
+    kernels = [v for m in modules for v in vars(m).values() if type(_locator(v)).__name__.endswith("Locator")]
+    _check(kernels, _NO_DISK)
     from numba.core import event
 
     class Listener(_Announcer, event.Listener):  # numba checks the base class
