@@ -71,3 +71,47 @@ def test_an_explicit_threading_layer_is_kept() -> None:
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["forksafe"]
+
+
+_THREADS = textwrap.dedent(
+    """
+    import threading, numba, torch
+    import batched_nerf as bn
+    from batched_nerf.engines.fused.cpu import cache
+
+    table = bn.ConstructionTable.chain(64)
+    b, a = torch.full((256, 64), 1.5, dtype=torch.float64), torch.full((256, 64), 1.9, dtype=torch.float64)
+    d = torch.linspace(-3.0, 3.0, 256 * 64, dtype=torch.float64).reshape(256, 64)
+    want = bn.to_cartesian(b, a, d, table, method="fused")  # threaded: 16,384 atom-samples
+    print("LAYER", numba.threading_layer(), cache.thread_safe_layer())
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                assert torch.equal(bn.to_cartesian(b, a, d, table, method="fused"), want)
+                bn.to_internal(want, table)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    print("OK")
+    """
+)
+
+
+def test_python_threads_launching_threaded_kernels_together() -> None:
+    """The fork-safe layer without TBB (workqueue) aborts the process when two Python threads launch
+    parallel kernels at once; the package serialises its parallel launches there."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
+    env.update(PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2")
+    run = subprocess.run(
+        [sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert "OK" in run.stdout

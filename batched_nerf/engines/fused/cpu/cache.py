@@ -26,17 +26,18 @@ Fork safety: numba's default threading layer on Linux is GNU OpenMP where it loa
 and a process that forks after running a threaded kernel aborts in the child ("fork() called
 from a process already using GNU OpenMP") at the child's first threaded kernel: every
 ``torch.utils.data.DataLoader`` with ``num_workers > 0`` (fork is Linux's default start
-method) whose dataset calls the fused engine. So before the kernels load, :func:`prepare`
+method) whose dataset calls the fused engine. So before the kernels load, `prepare`
 asks numba for its ``forksafe`` layer (``numba.config.THREADING_LAYER``): TBB where
 installed (``pip install tbb``: fork- and thread-safe), else numba's own ``workqueue``
-(fork-safe, present everywhere; like numba itself in that layer, two Python threads must
-not run threaded kernels at the same time). It leaves numba alone where the user chose:
+(fork-safe, present everywhere; not thread-safe: two Python threads launching parallel
+kernels together abort the process, so `watch` then wraps the package's parallel kernels
+in `_Serialized`, whose launches take one lock). It leaves numba alone where the user chose:
 ``NUMBA_THREADING_LAYER`` (or ``NUMBA_THREADING_LAYER_PRIORITY``) in the environment or
 numba's config file, ``numba.config.THREADING_LAYER`` set in code, or numba's threads
 already started by other code. ``NUMBA_THREADING_LAYER=omp`` (or ``default``) restores
 numba's default, for programs that never fork after a threaded kernel.
 
-Where the cache cannot be written (:func:`prepare` adds two cache locators to numba's, for
+Where the cache cannot be written (`prepare` adds two cache locators to numba's, for
 this package's kernels only): a ``NUMBA_CACHE_DIR`` that is read-only but already holds
 this package's cache (a container image warmed at build time) is loaded from, and a kernel
 missing there compiles without being saved; with no writable folder at all (numba alone
@@ -47,6 +48,7 @@ say), is said once in a WARNING naming the folder and the fix.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -136,7 +138,7 @@ def _install_locators() -> None:
 
     class ReadOnlyCacheLocator(UserProvidedCacheLocator):  # type: ignore[misc, valid-type]
         """``NUMBA_CACHE_DIR``'s folder for the kernels, readable, not writable, already made: loads
-        only (:func:`lock_cache_writes` gives its kernels a cache file that never saves)."""
+        only (`lock_cache_writes` gives its kernels a cache file that never saves)."""
 
         def ensure_cache_path(self) -> None:  # numba's write test, run before a save: none here
             pass
@@ -150,7 +152,7 @@ def _install_locators() -> None:
             return self if os.path.isdir(path) and os.access(path, os.R_OK | os.X_OK) else None
 
     class NoDiskLocator(_SourceFileBackedLocatorMixin, _CacheLocator):  # type: ignore[misc, valid-type]
-        """No usable folder: the kernel compiles in memory (:func:`lock_cache_writes` replaces its
+        """No usable folder: the kernel compiles in memory (`lock_cache_writes` replaces its
         cache by numba's ``NullCache``)."""
 
         def __init__(self, py_func: Any, py_file: str) -> None:
@@ -228,7 +230,7 @@ def cache_dir(dispatcher: Any = None) -> str:
     numba's own choice, made when the kernel module is imported: ``NUMBA_CACHE_DIR``
     when set; else the ``__pycache__`` folder next to the kernel modules; where
     that is not writable (a read-only site-packages), a per-user folder
-    (``~/.cache/numba/<folder>_<hash>``, from ``numba.misc.appdirs``); :data:`NO_CACHE` where
+    (``~/.cache/numba/<folder>_<hash>``, from ``numba.misc.appdirs``); `NO_CACHE` where
     no folder is writable (module docstring).
 
     Raises:
@@ -450,7 +452,7 @@ def lock_cache_writes(module: Any) -> int:
 
 
 def _skip_save(self: Any, key: Any, data: Any) -> None:
-    """No save: the cache folder is read-only (:func:`_install_locators`)."""
+    """No save: the cache folder is read-only (`_install_locators`)."""
 
 
 _NO_DISK: list[Any] = []
@@ -468,6 +470,67 @@ def kernel_modules() -> list[Any]:
     return [importlib.import_module(f"{__package__}.{name}") for name in sorted(names)]
 
 
+def thread_safe_layer() -> bool:
+    """Whether numba's threading layer takes parallel kernels from several Python threads at once.
+
+    The fork-safe choice of `prepare` is TBB where it imports, else ``workqueue``, which
+    aborts the process when two threads launch parallel kernels together; GNU OpenMP (the
+    user's ``NUMBA_THREADING_LAYER=omp``) and TBB do not.
+    """
+    from numba.core import config
+
+    layer = str(config.THREADING_LAYER).lower()
+    if layer in ("omp", "tbb", "threadsafe"):
+        return True
+    if layer == "workqueue":
+        return False
+    try:  # "forksafe" or "default": TBB first where its pool loads
+        importlib.import_module("numba.np.ufunc.tbbpool")
+    except Exception:  # ImportError, or libtbb missing
+        return layer == "default" and not _gnu_omp_missing()
+    return True
+
+
+def _gnu_omp_missing() -> bool:
+    """Numba's default order is TBB, OpenMP, workqueue: True where its OpenMP pool does not load."""
+    try:
+        importlib.import_module("numba.np.ufunc.omppool")
+    except Exception:
+        return True
+    return False
+
+
+class _Serialized:
+    """A parallel kernel whose launches take `PARALLEL_LOCK` (a layer that is not thread-safe):
+    calls from several Python threads run one after the other instead of aborting the process.
+    Every other attribute is the dispatcher's (the tiers and the cache read them)."""
+
+    def __init__(self, dispatcher: Any) -> None:
+        self.__dict__["_dispatcher"] = dispatcher
+
+    def __call__(self, *args: Any) -> Any:
+        with PARALLEL_LOCK:
+            return self._dispatcher(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dispatcher, name)
+
+
+#: Held while a parallel kernel runs, where numba's threading layer is not thread-safe.
+PARALLEL_LOCK = threading.Lock()
+
+
+def serialize_parallel_kernels(module: Any) -> int:
+    """Wrap every parallel kernel of ``module`` in `_Serialized`; returns how many."""
+    changed = 0
+    for name, value in list(vars(module).items()):
+        options = getattr(value, "targetoptions", None)
+        if isinstance(options, dict) and options.get("parallel") and not isinstance(value, _Serialized):
+            setattr(module, name, _Serialized(value))
+            changed += 1
+    return changed
+
+
 def watch() -> None:
     """Register the compile listener with numba and make the kernels' cache writes process-safe
     (once per process; called when the CPU kernels load)."""
@@ -481,6 +544,9 @@ def watch() -> None:
         lock_cache_writes(module)
     kernels = [v for m in modules for v in vars(m).values() if type(_locator(v)).__name__.endswith("Locator")]
     _check(kernels, _NO_DISK)
+    if not thread_safe_layer():
+        for module in modules:
+            serialize_parallel_kernels(module)
     from numba.core import event
 
     class Listener(_Announcer, event.Listener):  # numba checks the base class

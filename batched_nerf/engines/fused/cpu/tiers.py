@@ -53,7 +53,7 @@ def _tiering_off(value: str | None) -> bool:
     """Whether ``BATCHED_NERF_TIERED=value`` turns tiering off (unset or empty: on).
 
     Raises:
-        ValueError: a value that is none of :data:`ON` and :data:`OFF` (naming them).
+        ValueError: a value that is none of `ON` and `OFF` (naming them).
     """
     word = (value or "").strip().lower()
     if word in OFF:
