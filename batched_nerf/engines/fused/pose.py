@@ -47,6 +47,14 @@ def kernel_runs(x: Tensor) -> bool:
     return cpu and not torch.compiler.is_compiling()
 
 
+def _in_transform() -> bool:
+    """Inside a ``torch.func`` transform: even a view (``reshape``, ``detach``) of an unwrapped
+    constant comes back wrapped there, without storage for numpy (``jacrev`` of a function of other
+    inputs over constant coordinates)."""
+    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
+    return level is None or level() is not None
+
+
 def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Tensor, Tensor] | None:
     """Pose ``(rot (..., S, 3, 3), tr (..., S, 3))`` of ``x`` ``(..., N, 3)`` in one kernel pass, or None.
 
@@ -55,7 +63,7 @@ def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Te
     differentiate (no gradient, tangent or ``torch.func`` wrapper), numba
     installed, not under ``torch.compile``. Arguments: see `cpu.pose.extract`.
     """
-    if not kernel_runs(x) or not available("cpu") or not plain(x):
+    if not kernel_runs(x) or not available("cpu") or not plain(x) or _in_transform():
         return None
     lead, n = x.shape[:-2], x.shape[-2]
     flat = numpy_view(x.reshape(-1, n, 3))
