@@ -25,6 +25,7 @@ from ._pack import pack_tables, split_atoms
 from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
 from ._table import ConstructionTable
 from ._topology import Topology
+from ._torsion_space import RotorTable, rotatable_bonds, update_torsions
 from ._version import __version__
 from ._warmup import warmup
 from ._zmatrix import ZMatrix
@@ -53,6 +54,7 @@ __all__ = [
     "InternalCoordinateTransform",
     "InternalCoordinates",
     "Pose",
+    "RotorTable",
     "Topology",
     "ZMatrix",
     "__version__",
@@ -71,6 +73,7 @@ __all__ = [
     "perceive_connectivity",
     "pose_components",
     "pose_log_det",
+    "rotatable_bonds",
     "rotation_angles",
     "rotation_from_angles",
     "split_atoms",
@@ -78,6 +81,7 @@ __all__ = [
     "to_chemcoord",
     "to_internal",
     "unwrap",
+    "update_torsions",
     "warmup",
     "wrap",
 ]

@@ -1,0 +1,584 @@
+"""Molecules in torsion space: rotatable bonds and torsion updates of ragged batches.
+
+Torsion-space generative models (DiffDock, torsional diffusion) change a
+molecule's conformation by turning the atoms on one side of each rotatable
+bond about that bond, one bond after the other, in a Python loop per molecule.
+Here the same update is one internal-coordinate round trip over a packed
+table: [`to_internal`][batched_nerf.to_internal], the update added to the
+dihedrals of the rows that turn about each bond,
+[`to_cartesian`][batched_nerf.to_cartesian] with the molecules' poses.
+The per-molecule analysis (bridges, sides, a table rooted in the part that no
+bond moves, the rows of each bond) is a [`RotorTable`][batched_nerf.RotorTable],
+made once per bond graph and cached.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._autolink import components
+from ._autotable import _bond_pairs, refs_from_connectivity
+from ._convert import to_cartesian, to_internal
+from ._pack import pack_tables
+from ._table import ConstructionTable
+
+__all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
+
+Moving = Literal["smaller", "larger"]
+
+
+def _check_moving(moving: str) -> None:
+    if moving not in ("smaller", "larger"):
+        raise ValueError(f"moving must be 'smaller' or 'larger', got {moving!r}")
+
+
+class _Bridges:
+    """Bridges of a bond graph with, for each, the atoms of the child side (iterative DFS)."""
+
+    def __init__(self, pairs: np.ndarray, n_atoms: int) -> None:
+        adj: list[list[tuple[int, int]]] = [[] for _ in range(n_atoms)]
+        for k, (i, j) in enumerate(pairs.tolist()):
+            adj[i].append((j, k))
+            adj[j].append((i, k))
+        disc = [-1] * n_atoms
+        low = [0] * n_atoms
+        parent = [-1] * n_atoms
+        order: list[int] = []  # DFS preorder
+        size = [1] * n_atoms
+        self.child: dict[frozenset[int], int] = {}  # bridge -> its endpoint away from the DFS root
+        for start in range(n_atoms):
+            if disc[start] >= 0:
+                continue
+            disc[start] = low[start] = len(order)
+            order.append(start)
+            stack: list[tuple[int, int, int]] = [(start, -1, 0)]  # atom, edge to parent, next neighbour
+            while stack:
+                u, pe, k = stack[-1]
+                if k < len(adj[u]):
+                    stack[-1] = (u, pe, k + 1)
+                    v, e = adj[u][k]
+                    if e == pe:
+                        continue
+                    if disc[v] < 0:
+                        disc[v] = low[v] = len(order)
+                        order.append(v)
+                        parent[v] = u
+                        stack.append((v, e, 0))
+                    else:
+                        low[u] = min(low[u], disc[v])
+                else:
+                    stack.pop()
+                    if stack:
+                        p = stack[-1][0]
+                        low[p] = min(low[p], low[u])
+                        size[p] += size[u]
+                        if low[u] > disc[p]:
+                            self.child[frozenset((p, u))] = u
+        self.disc = np.asarray(disc, dtype=np.int64)
+        self.size = np.asarray(size, dtype=np.int64)
+        self.comp, _ = components(n_atoms, pairs[:, 0], pairs[:, 1])
+
+    def subtree(self, c: int) -> np.ndarray:
+        """Boolean mask of the atoms of the DFS subtree of ``c`` (one side of its bridge)."""
+        return (self.disc >= self.disc[c]) & (self.disc < self.disc[c] + self.size[c])
+
+    def sides(self, u: int, v: int) -> tuple[np.ndarray, np.ndarray]:
+        """Masks of the atoms on ``u``'s and on ``v``'s side of the bridge ``u-v``."""
+        c = self.child[frozenset((u, v))]
+        sub = self.subtree(c)
+        rest = (self.comp == self.comp[c]) & ~sub
+        return (rest, sub) if c == v else (sub, rest)
+
+
+def _oriented(pairs: np.ndarray, n_atoms: int, moving: str) -> tuple[np.ndarray, _Bridges]:
+    """Rotatable bonds ``(R, 2)`` ``(u, v)``, ``v`` on the moving side, in sorted pair order."""
+    graph = _Bridges(pairs, n_atoms)
+    out = []
+    for i, j in pairs.tolist():
+        if frozenset((i, j)) not in graph.child:
+            continue
+        side_i, side_j = graph.sides(i, j)
+        n_i, n_j = int(side_i.sum()), int(side_j.sum())
+        if n_i < 2 or n_j < 2:
+            continue
+        if n_i != n_j:
+            j_moves = (n_j < n_i) == (moving == "smaller")
+        else:  # tie: the side holding the fragment's lowest atom index is "the smaller one"
+            lowest = int(np.flatnonzero(side_i | side_j)[0])
+            j_moves = bool(side_j[lowest]) == (moving == "smaller")
+        out.append((i, j) if j_moves else (j, i))
+    return np.asarray(out, dtype=np.int64).reshape(-1, 2), graph
+
+
+def rotatable_bonds(connectivity: Any, n_atoms: int, *, moving: Moving = "smaller") -> Tensor:
+    """Rotatable bonds of a bond graph, oriented towards the side that turns.
+
+    The rule of DiffDock and torsional diffusion: a bond is rotatable when it
+    is in no cycle (a bridge of the bond graph) and each of its two sides (the
+    atoms connected to either end once the bond is cut) holds more than one
+    atom. Unlike a chemist's rule, amide C-N and conjugated bonds count, and a
+    methyl group's bond does too (its hydrogens turn).
+
+    Each bond is returned as ``(u, v)``: the side of ``v`` is the one an update
+    turns, by default the side with fewer atoms, as the peers do; on a tie
+    (equal sides) the side holding the lowest atom index of the fragment counts
+    as the smaller one (what the peers' ``sorted(connected_components(G),
+    key=len)[0]`` picks with atoms numbered from 0). ``moving="larger"`` turns
+    the other side.
+
+    Args:
+        connectivity: ``(E, 2)`` pairs of bonded atom indices (numpy, lists or
+            torch; any order, duplicates allowed).
+        n_atoms: the number of atoms ``N``.
+        moving: ``"smaller"`` (default) or ``"larger"``: the side each bond turns.
+
+    Returns:
+        ``(R, 2)`` int64 tensor of ``(u, v)`` pairs, in the order of the sorted
+        pairs ``(min(u, v), max(u, v))``.
+
+    Raises:
+        ValueError: a malformed pair or an atom index out of range, or an
+            unknown ``moving``.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> butane = [(0, 1), (1, 2), (2, 3)] + [(0, 4), (0, 5), (0, 6), (3, 7), (3, 8), (3, 9)]
+        >>> # the methyls turn; C1-C2 has 7 atoms on each side: the side of atom 0 turns
+        >>> bn.rotatable_bonds(butane + [(1, 10), (1, 11), (2, 12), (2, 13)], 14).tolist()
+        [[1, 0], [2, 1], [2, 3]]
+    """
+    _check_moving(moving)
+    pairs = _bond_pairs(connectivity, int(n_atoms))
+    bonds, _ = _oriented(pairs, int(n_atoms), moving)
+    return torch.from_numpy(bonds)
+
+
+class RotorTable:
+    """A molecule's rotatable bonds, the side each one turns, and a table to turn them in.
+
+    Made once per bond graph (use [`RotorTable.from_connectivity`][batched_nerf.RotorTable.from_connectivity]
+    for a cached one) and passed to [`update_torsions`][batched_nerf.update_torsions].
+
+    The construction table is made from the bond graph alone
+    ([`ConstructionTable.from_connectivity`][batched_nerf.ConstructionTable.from_connectivity]
+    without coordinates): every reference is a bonded neighbour or a sibling, so
+    for a rotatable bond ``(u, v)`` the only rows whose atoms lie strictly on
+    both sides are rows ``i: (b, a, d)`` with ``{b, a} = {u, v}`` and ``i``,
+    ``d`` on opposite sides: the torsion rows of the bond (``rows``). Adding
+    the same angle to all of them turns one side rigidly against the other.
+    Each connected fragment is rooted at an atom that no bond moves (the
+    highest-degree atom on no bond's moving side), with two of its neighbours as
+    the other seeds, so that keeping the table's pose keeps the unmoved atoms
+    in place.
+
+    Attributes:
+        n_atoms: ``N``.
+        connectivity: ``(E, 2)`` int64 numpy array, the sorted unique bonded pairs.
+        bonds: ``(R, 2)`` int64 tensor of the bonds ``(u, v)``; the side of ``v`` turns.
+        moving: ``(R, N)`` bool tensor, the atoms each bond turns (``v`` included).
+        fixed: ``(N,)`` bool tensor, the atoms no update moves (off every
+            moving side, or on the axis of the bond whose side they are on).
+        table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
+        rows: ``(K,)`` int64 tensor, the torsion rows of all bonds.
+        row_bonds: ``(K,)`` int64 tensor, the bond (index into ``bonds``) of each row.
+        keeps_fixed: whether the seed atoms of every fragment are ``fixed``
+            (always with ``moving="smaller"``); then [`update_torsions`][batched_nerf.update_torsions]
+            leaves the ``fixed`` atoms exactly in place, else its result equals
+            the peers' sequential update up to a rigid motion.
+    """
+
+    def __init__(
+        self,
+        connectivity: Any,
+        n_atoms: int,
+        *,
+        bonds: Any = None,
+        moving: Moving = "smaller",
+    ) -> None:
+        """Analyse a bond graph.
+
+        Args:
+            connectivity: ``(E, 2)`` pairs of bonded atom indices.
+            n_atoms: ``N``.
+            bonds: optional ``(R, 2)`` bonds ``(u, v)`` to turn, in the order of
+                the updates (``v``'s side turns); default
+                [`rotatable_bonds`][batched_nerf.rotatable_bonds]``(connectivity, n_atoms, moving=moving)``.
+            moving: the side each default bond turns (ignored with ``bonds``).
+
+        Raises:
+            ValueError: a malformed pair or index, an unknown ``moving``, or a
+                bond of ``bonds`` that is not a bond of the molecule, is in a
+                ring, is terminal (one side is a single atom) or is given twice,
+                each naming the bond's atoms.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> rotors = bn.RotorTable([(0, 1), (1, 2), (2, 3)], 4)
+            >>> rotors.bonds.tolist(), rotors.rows.tolist()  # equal sides: atom 0's turns
+            ([[2, 1]], [0])
+        """
+        _check_moving(moving)
+        n_atoms = int(n_atoms)
+        pairs = _bond_pairs(connectivity, n_atoms)
+        default, graph = _oriented(pairs, n_atoms, moving)
+        chosen = default if bonds is None else self._check_bonds(bonds, pairs, graph, n_atoms)
+        self.n_atoms = n_atoms
+        self.connectivity = pairs
+        moving_mask = np.zeros((len(chosen), n_atoms), dtype=bool)
+        for k, (u, v) in enumerate(chosen.tolist()):
+            moving_mask[k] = graph.sides(u, v)[1]
+        strict = moving_mask.copy()
+        strict[np.arange(len(chosen)), chosen[:, 1]] = False
+        fixed = ~strict.any(0)
+        refs, keeps = self._refs(pairs, n_atoms, graph, ~moving_mask.any(0), fixed)
+        self.table = ConstructionTable(refs)
+        rows, row_bonds = self._rotor_rows(refs, chosen, moving_mask)
+        self.bonds = torch.from_numpy(chosen)
+        self.moving = torch.from_numpy(moving_mask)
+        self.fixed = torch.from_numpy(fixed)
+        self.rows = torch.from_numpy(rows)
+        self.row_bonds = torch.from_numpy(row_bonds)
+        self.keeps_fixed = keeps
+
+    @property
+    def n_bonds(self) -> int:
+        """``R``, the number of rotatable bonds (of updates)."""
+        return int(self.bonds.shape[0])
+
+    def __repr__(self) -> str:
+        return f"RotorTable(n_atoms={self.n_atoms}, n_bonds={self.n_bonds})"
+
+    @classmethod
+    def from_connectivity(
+        cls, connectivity: Any, n_atoms: int, *, bonds: Any = None, moving: Moving = "smaller"
+    ) -> RotorTable:
+        """The cached [`RotorTable`][batched_nerf.RotorTable] of a bond graph.
+
+        The same graph (the same set of pairs, in any order), bonds and
+        ``moving`` give the same object (a least-recently-used cache of 1024
+        graphs), so a training loop calls this per sample at the cost of a
+        hash.
+
+        Args:
+            connectivity: ``(E, 2)`` pairs of bonded atom indices.
+            n_atoms: ``N``.
+            bonds: optional ``(R, 2)`` bonds to turn (see the constructor).
+            moving: ``"smaller"`` or ``"larger"``.
+
+        Returns:
+            The shared [`RotorTable`][batched_nerf.RotorTable].
+
+        Raises:
+            ValueError: as the constructor.
+
+        Example:
+            >>> import batched_nerf as bn
+            >>> a = bn.RotorTable.from_connectivity([(0, 1), (1, 2), (2, 3)], 4)
+            >>> a is bn.RotorTable.from_connectivity([(3, 2), (1, 2), (0, 1)], 4)
+            True
+        """
+        _check_moving(moving)
+        pairs = _bond_pairs(connectivity, int(n_atoms))
+        wanted = None if bonds is None else _as_pairs(bonds).tobytes()
+        key = (int(n_atoms), pairs.tobytes(), wanted, moving)
+        hit = _ROTOR_CACHE.get(key)
+        if hit is None:
+            hit = cls(pairs, int(n_atoms), bonds=bonds, moving=moving)
+            _ROTOR_CACHE[key] = hit
+            if len(_ROTOR_CACHE) > _ROTOR_CACHE_SIZE:
+                _ROTOR_CACHE.popitem(last=False)
+        else:
+            _ROTOR_CACHE.move_to_end(key)
+        return hit
+
+    @staticmethod
+    def _check_bonds(bonds: Any, pairs: np.ndarray, graph: _Bridges, n_atoms: int) -> np.ndarray:
+        chosen = _as_pairs(bonds)
+        bonded = {(int(i), int(j)) for i, j in pairs.tolist()}
+        seen: set[frozenset[int]] = set()
+        for k, (u, v) in enumerate(chosen.tolist()):
+            name = f"bonds[{k}] = ({u}, {v})"
+            if not (0 <= u < n_atoms and 0 <= v < n_atoms) or (min(u, v), max(u, v)) not in bonded:
+                raise ValueError(f"{name} is not a bond of the molecule ({n_atoms} atoms)")
+            if frozenset((u, v)) in seen:
+                raise ValueError(f"{name}: the bond is given twice")
+            seen.add(frozenset((u, v)))
+            if frozenset((u, v)) not in graph.child:
+                raise ValueError(f"{name} is in a ring: turning it would break the ring")
+            side_u, side_v = graph.sides(u, v)
+            if side_u.sum() < 2 or side_v.sum() < 2:
+                lone = u if side_u.sum() < 2 else v
+                raise ValueError(
+                    f"{name} is terminal: atom {lone} is alone on its side, turning it moves nothing"
+                )
+        return chosen
+
+    @staticmethod
+    def _refs(
+        pairs: np.ndarray, n_atoms: int, graph: _Bridges, core: np.ndarray, fixed: np.ndarray
+    ) -> tuple[np.ndarray, bool]:
+        """References, each fragment rooted at its highest-degree core atom; whether the seeds are fixed."""
+        refs = np.full((n_atoms, 3), -1, dtype=np.int64)
+        degree = np.bincount(pairs.reshape(-1), minlength=n_atoms)
+        comp = graph.comp
+        keeps = True
+        for c in range(int(comp.max()) + 1 if n_atoms else 0):
+            atoms = np.flatnonzero(comp == c)
+            local = np.full(n_atoms, -1, dtype=np.int64)
+            local[atoms] = np.arange(len(atoms))
+            sub = local[pairs[comp[pairs[:, 0]] == c]]
+            candidates = atoms[core[atoms]]
+            root = None
+            if len(candidates) and len(atoms) > 3:
+                root = int(local[candidates[np.argmax(degree[candidates])]])
+            part = refs_from_connectivity(sub, len(atoms), root=root, link_fragments=False).refs
+            refs[atoms] = np.where(part >= 0, atoms[np.maximum(part, 0)], -1)
+            seeds = atoms[(part[:, 2] < 0)]
+            keeps &= bool(fixed[seeds].all())
+        return refs, keeps
+
+    @staticmethod
+    def _rotor_rows(refs: np.ndarray, bonds: np.ndarray, moving: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows, row_bonds = [], []
+        for k, (u, v) in enumerate(bonds.tolist()):
+            axis = {u, v}
+            for i in np.flatnonzero(
+                ((refs[:, 0] == u) & (refs[:, 1] == v)) | ((refs[:, 0] == v) & (refs[:, 1] == u))
+            ):
+                d = int(refs[i, 2])
+                if d >= 0 and d not in axis and int(i) not in axis and moving[k, i] != moving[k, d]:
+                    rows.append(int(i))
+                    row_bonds.append(k)
+        return np.asarray(rows, dtype=np.int64), np.asarray(row_bonds, dtype=np.int64)
+
+
+def _as_pairs(bonds: Any) -> np.ndarray:
+    if hasattr(bonds, "detach"):
+        bonds = bonds.detach().cpu().numpy()
+    arr = np.asarray(bonds)
+    if arr.size == 0:
+        arr = np.zeros((0, 2), dtype=np.int64)
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(
+            f"bonds must be (R, 2) integer atom pairs, got shape {arr.shape} and dtype {arr.dtype}"
+        )
+    return np.ascontiguousarray(arr.astype(np.int64))
+
+
+_ROTOR_CACHE: OrderedDict[tuple[Any, ...], RotorTable] = OrderedDict()
+_ROTOR_CACHE_SIZE = 1024
+
+
+class _Packed:
+    """The packed table of a sequence of rotor tables and its global torsion rows."""
+
+    def __init__(self, rotors: tuple[RotorTable, ...]) -> None:
+        self.rotors = rotors  # keeps the ids of the cache key alive
+        self.table = pack_tables([r.table for r in rotors]) if len(rotors) > 1 else rotors[0].table
+        atom_offsets = np.cumsum([0] + [r.n_atoms for r in rotors])
+        bond_offsets = np.cumsum([0] + [r.n_bonds for r in rotors])
+        self.n_atoms = [r.n_atoms for r in rotors]
+        self.n_bonds = [r.n_bonds for r in rotors]
+        self.total_atoms, self.total_bonds = int(atom_offsets[-1]), int(bond_offsets[-1])
+        self.rows = torch.cat([r.rows + int(o) for r, o in zip(rotors, atom_offsets)])
+        self.row_bonds = torch.cat([r.row_bonds + int(o) for r, o in zip(rotors, bond_offsets)])
+
+
+_PACKED_CACHE: OrderedDict[tuple[int, ...], _Packed] = OrderedDict()
+_PACKED_CACHE_SIZE = 64
+
+
+def _packed(rotors: tuple[RotorTable, ...]) -> _Packed:
+    key = tuple(id(r) for r in rotors)
+    hit = _PACKED_CACHE.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit.rotors, rotors)):
+        hit = _Packed(rotors)
+        _PACKED_CACHE[key] = hit
+        if len(_PACKED_CACHE) > _PACKED_CACHE_SIZE:
+            _PACKED_CACHE.popitem(last=False)
+    else:
+        _PACKED_CACHE.move_to_end(key)
+    return hit
+
+
+def _molecules(
+    rotors: RotorTable | Sequence[RotorTable], batch: Any, xyz: Tensor
+) -> tuple[tuple[RotorTable, ...], bool]:
+    """The rotor table of every molecule; whether the layout is the flat (PyG) one."""
+    if isinstance(rotors, RotorTable) and batch is None:
+        return (rotors,), False
+    if isinstance(rotors, RotorTable):
+        many: list[RotorTable] | None = None
+    else:
+        if isinstance(rotors, (str, bytes)) or not isinstance(rotors, Sequence):
+            raise TypeError(f"rotors must be a RotorTable or a sequence of them, got {type(rotors).__name__}")
+        many = list(rotors)
+        if not many:
+            raise ValueError("rotors is empty: give one RotorTable per molecule")
+        for m, r in enumerate(many):
+            if not isinstance(r, RotorTable):
+                raise TypeError(f"rotors[{m}] (molecule {m}) must be a RotorTable, got {type(r).__name__}")
+    total = xyz.shape[-2]
+    if batch is None:
+        assert many is not None
+        return tuple(many), True
+    if (
+        not isinstance(batch, Tensor)
+        or batch.dim() != 1
+        or batch.dtype.is_floating_point
+        or batch.dtype == torch.bool
+    ):
+        raise TypeError("batch must be a 1-D integer tensor: the molecule of each atom (PyG's Data.batch)")
+    if batch.shape[0] != total:
+        raise ValueError(f"batch has {batch.shape[0]} entries, but xyz has {total} atoms")
+    b = batch.detach().cpu().numpy().astype(np.int64)
+    if len(b) and (np.diff(b) < 0).any():
+        k = int(np.argmax(np.diff(b) < 0))
+        raise ValueError(
+            f"batch must be sorted (the atoms of each molecule together, molecules in order): "
+            f"batch[{k}] = {b[k]} > batch[{k + 1}] = {b[k + 1]}"
+        )
+    if len(b) and b[0] < 0:
+        raise ValueError(f"batch holds a negative molecule index {b[0]}")
+    if many is None:
+        assert isinstance(rotors, RotorTable)
+        n_mol = int(b[-1]) + 1 if len(b) else 0
+        many = [rotors] * n_mol
+    counts = np.bincount(b, minlength=len(many))
+    if len(counts) > len(many):
+        raise ValueError(f"batch names molecule {len(counts) - 1}, but rotors holds {len(many)} molecules")
+    for m, (r, c) in enumerate(zip(many, counts.tolist())):
+        if c != r.n_atoms:
+            raise ValueError(f"molecule {m} has {c} atoms in batch, but its RotorTable has {r.n_atoms}")
+    if not many:
+        raise ValueError("batch is empty: no molecule to update")
+    return tuple(many), True
+
+
+def update_torsions(
+    xyz: Tensor,
+    rotors: RotorTable | Sequence[RotorTable],
+    updates: Any,
+    *,
+    batch: Tensor | None = None,
+) -> Tensor:
+    r"""Turn every rotatable bond of a batch of molecules by its update, in one call.
+
+    The operation DiffDock (``modify_conformer_torsion_angles``) and torsional
+    diffusion (``perturb_batch``) loop over bonds and molecules for: for each
+    bond ``(u, v)`` of ``rotors``, the atoms on ``v``'s side (``rotors.moving``)
+    turn by the update ``tau`` (radians) about the bond, right-handed about the
+    axis ``x_u - x_v`` (the peers' convention: the axis points from the moving
+    side inwards, Rodrigues' rotation by ``tau``). In IUPAC terms, the dihedral
+    ``p-u-v-m`` of any atom ``p`` bonded to ``u`` on the fixed side and any
+    ``m`` bonded to ``v`` on the moving side changes by ``-tau``:
+
+    ```text
+    phi'(p, u, v, m) = phi(p, u, v, m) - tau        (IUPAC dihedral, radians)
+    ```
+
+    Bond lengths, bond angles, ring geometry and chirality are untouched. The
+    updates of several bonds compose as the peers' sequential loop does (their
+    result does not depend on the order of the bonds when the moving sides
+    leave a common part unmoved, as with the default ``moving="smaller"``), and
+    the atoms no bond moves (``rotors.fixed``) stay exactly in place when
+    ``rotors.keeps_fixed`` (always for the default sides); otherwise the result
+    equals the sequential update up to a rigid motion of each molecule.
+
+    Computed as ``to_internal(xyz, table, return_pose=True)`` on the (packed)
+    tables of the molecules, ``-tau`` added to the dihedrals of each bond's
+    torsion rows, and ``to_cartesian(..., rotation, translation)``: twice
+    differentiable in ``xyz`` and ``updates``, on any device.
+
+    Layouts:
+
+    * one molecule, or copies of it: ``rotors`` a [`RotorTable`][batched_nerf.RotorTable],
+      ``xyz`` ``(..., N, 3)``, ``updates`` ``(..., R)`` with the same leading shape;
+    * different molecules (PyTorch Geometric's): ``xyz`` ``(T, 3)`` (or
+      ``(..., T, 3)``) with the atoms of molecule 0 first, then molecule 1,
+      ...; ``rotors`` one [`RotorTable`][batched_nerf.RotorTable] per molecule
+      (or one shared by all, then ``batch`` says how many); ``batch`` the
+      sorted ``(T,)`` molecule index of each atom (optional with a sequence
+      of rotors: then only their atom counts split ``xyz``); ``updates``
+      ``(..., sum R_m)``, the molecules' bonds concatenated in molecule order.
+
+    The packed table of a sequence of rotor tables is cached (by the identity
+    of the tables; keep them, e.g. from
+    [`RotorTable.from_connectivity`][batched_nerf.RotorTable.from_connectivity]).
+
+    Args:
+        xyz: ``(..., N, 3)`` or ``(..., T, 3)`` coordinates (any length unit).
+        rotors: a [`RotorTable`][batched_nerf.RotorTable] or one per molecule.
+        updates: ``(..., R)`` torsion updates in radians (tensor or array-like;
+            a non-finite update makes the atoms its bond moves NaN, other
+            molecules are unaffected).
+        batch: optional sorted ``(T,)`` integer molecule index of each atom.
+
+    Returns:
+        The updated coordinates, the shape and dtype of ``xyz``.
+
+    Raises:
+        TypeError: ``rotors`` (or one of them, named by molecule) is not a
+            [`RotorTable`][batched_nerf.RotorTable], ``batch`` is not a 1-D
+            integer tensor, or ``updates`` is not real.
+        ValueError: ``xyz`` does not have the molecules' atom count, ``batch``
+            is not sorted (naming the first decrease), does not match ``xyz``
+            or gives a molecule another atom count than its table (naming the
+            molecule), or ``updates`` has another number of values than there
+            are rotatable bonds (naming the counts per molecule) or another
+            leading shape than ``xyz``.
+
+    Example:
+        >>> import math, torch, batched_nerf as bn
+        >>> butane = [(0, 1), (1, 2), (2, 3)]
+        >>> rotors = bn.RotorTable.from_connectivity(butane, 4)
+        >>> rotors.bonds.tolist()  # atom 0 turns about the axis x_2 - x_1 (+x)
+        [[2, 1]]
+        >>> xyz = torch.tensor([[1.0, 1, 0], [1, 0, 0], [2, 0, 0], [2, 1, 0]])  # cis, phi = 0
+        >>> new = bn.update_torsions(xyz, rotors, torch.tensor([math.pi / 2]))
+        >>> (new.round(decimals=6) + 0.0).tolist()  # phi = -90 deg
+        [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [2.0, 0.0, 0.0], [2.0, 1.0, 0.0]]
+        >>> pyg = torch.cat([xyz, xyz[:3]])         # butane, then propane: no rotatable bond
+        >>> batch = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+        >>> propane = bn.RotorTable.from_connectivity([(0, 1), (1, 2)], 3)
+        >>> bn.update_torsions(pyg, [rotors, propane], torch.tensor([math.pi]), batch=batch).shape
+        torch.Size([7, 3])
+    """
+    if not isinstance(xyz, Tensor):
+        raise TypeError(f"xyz must be a tensor, got {type(xyz).__name__}")
+    if xyz.dim() < 2 or xyz.shape[-1] != 3:
+        raise ValueError(f"xyz must be (..., N, 3), got shape {tuple(xyz.shape)}")
+    molecules, flat = _molecules(rotors, batch, xyz)
+    packed = _packed(molecules)
+    if xyz.shape[-2] != packed.total_atoms:
+        raise ValueError(
+            f"xyz has {xyz.shape[-2]} atoms, but the molecules have {packed.total_atoms}"
+            + (f" (per molecule: {packed.n_atoms})" if flat else "")
+        )
+    if not isinstance(updates, Tensor):
+        updates = torch.as_tensor(updates, dtype=xyz.dtype, device=xyz.device)
+    if updates.is_complex() or not updates.dtype.is_floating_point:
+        raise TypeError(f"updates must be a real floating tensor (radians), got dtype {updates.dtype}")
+    if updates.dim() < 1 or updates.shape[-1] != packed.total_bonds:
+        got = updates.shape[-1] if updates.dim() else "a scalar"
+        raise ValueError(
+            f"updates has {got} values, but the molecules have {packed.total_bonds} rotatable bonds"
+            + (f" (per molecule: {packed.n_bonds})" if flat else "")
+        )
+    if tuple(updates.shape[:-1]) != tuple(xyz.shape[:-2]):
+        raise ValueError(
+            f"updates of shape {tuple(updates.shape)} need the leading shape {tuple(xyz.shape[:-2])} of xyz"
+        )
+    ic, pose = to_internal(xyz, packed.table, return_pose=True)
+    rows = packed.rows.to(xyz.device)
+    shift = updates.to(ic.dihedrals.dtype)[..., packed.row_bonds.to(xyz.device)]
+    dihedrals = ic.dihedrals.index_add(-1, rows, -shift)
+    return to_cartesian(
+        ic.bonds, ic.angles, dihedrals, packed.table, rotation=pose.rotation, translation=pose.translation
+    )
