@@ -17,6 +17,10 @@ torsions, for one
   sequence or a mixed batch;
 - [`torsions`][batched_nerf.protein.torsions] / [`torsions_batch`][batched_nerf.protein.torsions_batch] /
 [`internal_coordinates`][batched_nerf.protein.internal_coordinates]: the inverse;
+- [`to_atom37`][batched_nerf.protein.to_atom37] / [`to_atom14`][batched_nerf.protein.to_atom14] and back:
+  OpenFold's atom37 and atom14 layouts; [`symmetric_chi`][batched_nerf.protein.symmetric_chi],
+  [`symmetric_renaming`][batched_nerf.protein.symmetric_renaming] and
+  [`chi_loss`][batched_nerf.protein.chi_loss]: the pi-periodic side-chain torsions;
 - [`write_pdb`][batched_nerf.protein.write_pdb]: PDB output, one MODEL per structure;
 - [`table_from_topology`][batched_nerf.protein.table_from_topology]: a table for every atom of an
 mdtraj/OpenMM
@@ -31,6 +35,17 @@ Example:
 
 from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
+from ._layouts import (
+    ATOM37_NAMES,
+    atom14_names,
+    chi_loss,
+    from_atom14,
+    from_atom37,
+    symmetric_chi,
+    symmetric_renaming,
+    to_atom14,
+    to_atom37,
+)
 from ._pdb import write_pdb
 from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
 from ._templates import (
@@ -47,6 +62,7 @@ from ._templates import (
 from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
+    "ATOM37_NAMES",
     "CAPS",
     "CHI_NAMES",
     "DEFAULT_CHI",
@@ -63,13 +79,21 @@ __all__ = [
     "ProteinTable",
     "TopologyTable",
     "Torsions",
+    "atom14_names",
     "build",
     "build_batch",
+    "chi_loss",
+    "from_atom14",
+    "from_atom37",
     "internal_coordinates",
     "packed_proteins",
     "parse_sequence",
     "protein_table",
+    "symmetric_chi",
+    "symmetric_renaming",
     "table_from_topology",
+    "to_atom14",
+    "to_atom37",
     "torsions",
     "torsions_batch",
     "write_pdb",
