@@ -454,3 +454,18 @@ def test_chi_loss_gradcheck_and_vmap():
 def test_numpy_inputs():
     target = np.zeros((1, 4))
     assert float(chi_loss(np.full((1, 4), math.pi), target, "D")) == pytest.approx(1.0)
+
+
+def test_first_call_under_inference_mode_serves_training():
+    seq = "KDW"
+    with torch.inference_mode():
+        xyz = _build(seq, batch=())
+        to_atom37(xyz, seq)
+        from_atom14(to_atom14(xyz, seq)[0], seq)
+        chi_loss(torch.zeros(3, 4), torch.zeros(3, 4), seq)
+    x = _build(seq, batch=()).requires_grad_(True)
+    from_atom14(to_atom14(x, seq)[0], seq).sum().backward()
+    assert x.grad is not None
+    p = torch.zeros(3, 4, requires_grad=True)
+    chi_loss(p, torch.ones(3, 4), seq).backward()
+    assert p.grad is not None

@@ -212,7 +212,8 @@ class _Maps:
         """An index tensor (``"to"``, ``"from"``, ``"oxt"``) or the mask (``"mask"``) on ``device``."""
         if (key, device) not in self._on:
             value = {"oxt": self.oxt_refs, "mask": self.present}.get(key)
-            self._on[(key, device)] = (self.index[key] if value is None else value).to(device)
+            with torch.inference_mode(False):  # a first call under inference_mode still serves training
+                self._on[(key, device)] = (self.index[key] if value is None else value).to(device)
         return self._on[(key, device)]
 
 
@@ -460,6 +461,7 @@ def from_atom14(atom14: Any, sequence: Layout, hydrogens: bool = False, *, mask:
 # ----------------------------------------------------------------------------- symmetric chi
 
 
+@outside_inference_mode
 def _chi_masks(t: ProteinTable | PackedProteins, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(periodic, has)``: ``(L, 4)`` (packed ``(B, L_max, 4)``) bool masks, kept on the table."""
     cache = t.__dict__.setdefault("_chi_masks", {})
@@ -473,11 +475,8 @@ def _chi_masks(t: ProteinTable | PackedProteins, device: torch.device) -> tuple[
             for r, res in enumerate(p.residues):
                 if res in _PERIODIC:  # by name: ASH and GLH are not symmetric
                     periodic[b, r, _PERIODIC[res]] = True
-        with torch.inference_mode(False):
-            cache[device] = (
-                (periodic if packed else periodic[0]).to(device),
-                (has if packed else has[0]).to(device),
-            )
+        periodic, has = (periodic, has) if packed else (periodic[0], has[0])
+        cache[device] = periodic.to(device), has.to(device)
     return cache[device]
 
 
