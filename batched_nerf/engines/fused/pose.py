@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..._geometry import cross, dot
+from ...runtime.torch_compat import TRANSFORMS_ACTIVE
 from ..backends import available, require
 from .arrays import numpy_view, plain
 
@@ -51,8 +52,7 @@ def _in_transform() -> bool:
     """Inside a ``torch.func`` transform: even a view (``reshape``, ``detach``) of an unwrapped
     constant comes back wrapped there, without storage for numpy (``jacrev`` of a function of other
     inputs over constant coordinates)."""
-    level = getattr(getattr(torch._C, "_functorch", None), "maybe_current_level", None)
-    return level is None or level() is not None
+    return TRANSFORMS_ACTIVE is None or TRANSFORMS_ACTIVE()
 
 
 def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Tensor, Tensor] | None:
