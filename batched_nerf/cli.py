@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ._table import ConstructionTable
+from ._torsion_space import _Bridges
 from ._version import __version__
 from ._zmatrix import ZMatrix, formula
 
@@ -275,45 +276,6 @@ def _named(z: ZMatrix, name: str, description: str) -> ZMatrix:
 
 
 # ------------------------------------------------------------------ torsions
-def _bridges(n: int, pairs: np.ndarray) -> set[frozenset[int]]:
-    """Bonds not in any ring (iterative Tarjan)."""
-    adj: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for k, (i, j) in enumerate(pairs.tolist()):
-        adj[i].append((j, k))
-        adj[j].append((i, k))
-    disc = [-1] * n
-    low = [0] * n
-    out: set[frozenset[int]] = set()
-    counter = 0
-    for start in range(n):
-        if disc[start] >= 0:
-            continue
-        disc[start] = low[start] = counter
-        counter += 1
-        stack: list[tuple[int, int, int]] = [(start, -1, 0)]  # node, edge to parent, next neighbour
-        while stack:
-            u, pe, k = stack[-1]
-            if k < len(adj[u]):
-                stack[-1] = (u, pe, k + 1)
-                v, e = adj[u][k]
-                if e == pe:
-                    continue
-                if disc[v] < 0:
-                    disc[v] = low[v] = counter
-                    counter += 1
-                    stack.append((v, e, 0))
-                else:
-                    low[u] = min(low[u], disc[v])
-            else:
-                stack.pop()
-                if stack:
-                    p = stack[-1][0]
-                    low[p] = min(low[p], low[u])
-                    if low[u] > disc[p]:
-                        out.add(frozenset((p, u)))
-    return out
-
-
 def rotatable_torsions(refs: np.ndarray, pairs: np.ndarray) -> list[tuple[tuple[int, int], list[int]]]:
     """Groups of rows whose dihedral is a proper torsion about the same rotatable bond.
 
@@ -334,7 +296,7 @@ def rotatable_torsions(refs: np.ndarray, pairs: np.ndarray) -> list[tuple[tuple[
         degree[j] += 1
     free = {
         bond
-        for bond in _bridges(n, pairs)
+        for bond in _Bridges(pairs, n).child
         if all(degree[x] > 1 for x in bond) and not all(degree[x] == 3 for x in bond)
     }
     groups: dict[tuple[int, int], list[int]] = {}
