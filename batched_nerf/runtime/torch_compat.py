@@ -101,8 +101,7 @@ def values_of(t: torch.Tensor, what: str) -> Any:
     wrappers (read outside the transforms, nothing recorded).
 
     Raises:
-        ValueError: ``t`` is batched by ``torch.func.vmap`` (one value per sample, named ``what``), or
-            torch cannot read values inside transforms here.
+        ValueError: ``t`` is batched by ``torch.func.vmap`` (one value per sample, named ``what``).
     """
     if IS_FUNCTORCH_WRAPPED is None or not IS_FUNCTORCH_WRAPPED(t):
         return t.detach().cpu().numpy()
@@ -114,12 +113,7 @@ def values_of(t: torch.Tensor, what: str) -> Any:
                 "(from one conformer) and use it inside"
             )
         t = _FUNCTORCH.get_unwrapped(t)  # type: ignore[union-attr]
-    if _clear is None:  # pragma: no cover - another torch release
-        raise ValueError(
-            f"{what}: this torch release cannot read values inside torch.func transforms; make the "
-            "table outside the transform"
-        )
-    with _clear():
+    with no_functorch(), clear_transforms():  # torch 2.3 has only the first; both suffice alone
         return t.detach().cpu().numpy()
 
 
