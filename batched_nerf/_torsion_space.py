@@ -15,7 +15,7 @@ made once per bond graph and cached.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -31,6 +31,26 @@ from ._table import ConstructionTable
 __all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
 
 Moving = Literal["smaller", "larger"]
+
+
+def _recent(
+    cache: OrderedDict,
+    size: int,
+    key: Any,
+    make: Callable[[], Any],
+    valid: Callable[[Any], bool] | None = None,
+) -> Any:
+    """``cache[key]`` (made by ``make()`` when missing or not ``valid``), kept among the ``size`` most
+    recently used entries."""
+    hit = cache.get(key)
+    if hit is None or (valid is not None and not valid(hit)):
+        hit = cache[key] = make()
+        cache.move_to_end(key)
+        if len(cache) > size:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return hit
 
 
 def _check_moving(moving: str) -> None:
@@ -287,15 +307,9 @@ class RotorTable:
         pairs = _bond_pairs(connectivity, int(n_atoms))
         wanted = None if bonds is None else _as_pairs(bonds).tobytes()
         key = (int(n_atoms), pairs.tobytes(), wanted, moving)
-        hit = _ROTOR_CACHE.get(key)
-        if hit is None:
-            hit = cls(pairs, int(n_atoms), bonds=bonds, moving=moving)
-            _ROTOR_CACHE[key] = hit
-            if len(_ROTOR_CACHE) > _ROTOR_CACHE_SIZE:
-                _ROTOR_CACHE.popitem(last=False)
-        else:
-            _ROTOR_CACHE.move_to_end(key)
-        return hit
+        return _recent(
+            _ROTOR_CACHE, _ROTOR_CACHE_SIZE, key, lambda: cls(pairs, int(n_atoms), bonds=bonds, moving=moving)
+        )
 
     @staticmethod
     def _check_bonds(bonds: Any, pairs: np.ndarray, graph: _Bridges, n_atoms: int) -> np.ndarray:
@@ -396,15 +410,13 @@ _PACKED_CACHE_SIZE = 64
 
 def _packed(rotors: tuple[RotorTable, ...]) -> _Packed:
     key = tuple(id(r) for r in rotors)
-    hit = _PACKED_CACHE.get(key)
-    if hit is None or any(a is not b for a, b in zip(hit.rotors, rotors)):
-        hit = _Packed(rotors)
-        _PACKED_CACHE[key] = hit
-        if len(_PACKED_CACHE) > _PACKED_CACHE_SIZE:
-            _PACKED_CACHE.popitem(last=False)
-    else:
-        _PACKED_CACHE.move_to_end(key)
-    return hit
+    return _recent(
+        _PACKED_CACHE,
+        _PACKED_CACHE_SIZE,
+        key,
+        lambda: _Packed(rotors),
+        lambda hit: all(a is b for a, b in zip(hit.rotors, rotors)),  # ids of live tables only
+    )
 
 
 def _molecules(
