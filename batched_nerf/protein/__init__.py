@@ -17,6 +17,10 @@ torsions, for one
   sequence or a mixed batch;
 - [`torsions`][batched_nerf.protein.torsions] / [`torsions_batch`][batched_nerf.protein.torsions_batch] /
 [`internal_coordinates`][batched_nerf.protein.internal_coordinates]: the inverse;
+- [`build_backbone`][batched_nerf.protein.build_backbone] /
+  [`backbone_internal`][batched_nerf.protein.backbone_internal]: backbones (N, CA, C) of
+  mixed lengths from per-residue torsions, bond angles and lengths (FoldingDiff's six
+  angles), and back;
 - [`to_atom37`][batched_nerf.protein.to_atom37] / [`to_atom14`][batched_nerf.protein.to_atom14] and back:
   OpenFold's atom37 and atom14 layouts; [`symmetric_chi`][batched_nerf.protein.symmetric_chi],
   [`symmetric_renaming`][batched_nerf.protein.symmetric_renaming] and
@@ -33,6 +37,7 @@ Example:
     (torch.Size([25, 3]), 'O')
 """
 
+from ._backbone import FOLDINGDIFF_FIRST, BackboneInternal, backbone_internal, build_backbone
 from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
 from ._layouts import (
@@ -66,6 +71,7 @@ __all__ = [
     "CAPS",
     "CHI_NAMES",
     "DEFAULT_CHI",
+    "FOLDINGDIFF_FIRST",
     "NAME_ALIASES",
     "ONE_TO_THREE",
     "RESIDUE_ALIASES",
@@ -74,13 +80,16 @@ __all__ = [
     "TORSION_NAMES",
     "UNSUPPORTED_RESIDUES",
     "VARIANTS",
+    "BackboneInternal",
     "PackedProteins",
     "Protein",
     "ProteinTable",
     "TopologyTable",
     "Torsions",
     "atom14_names",
+    "backbone_internal",
     "build",
+    "build_backbone",
     "build_batch",
     "chi_loss",
     "from_atom14",
