@@ -21,6 +21,8 @@ torsions, for one
   [`backbone_internal`][batched_nerf.protein.backbone_internal]: backbones (N, CA, C) of
   mixed lengths from per-residue torsions, bond angles and lengths (FoldingDiff's six
   angles), and back;
+- [`place_side_chains`][batched_nerf.protein.place_side_chains]: side chains (and hydrogens)
+  placed from chi onto a given backbone (N, CA, C, O), mixed batches in one call;
 - [`to_atom37`][batched_nerf.protein.to_atom37] / [`to_atom14`][batched_nerf.protein.to_atom14] and back:
   OpenFold's atom37 and atom14 layouts; [`symmetric_chi`][batched_nerf.protein.symmetric_chi],
   [`symmetric_renaming`][batched_nerf.protein.symmetric_renaming] and
@@ -53,6 +55,7 @@ from ._layouts import (
 )
 from ._pdb import write_pdb
 from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
+from ._side_chains import BACKBONE_ATOMS, place_side_chains
 from ._templates import (
     CAPS,
     CHI_NAMES,
@@ -68,6 +71,7 @@ from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
     "ATOM37_NAMES",
+    "BACKBONE_ATOMS",
     "CAPS",
     "CHI_NAMES",
     "DEFAULT_CHI",
@@ -97,6 +101,7 @@ __all__ = [
     "internal_coordinates",
     "packed_proteins",
     "parse_sequence",
+    "place_side_chains",
     "protein_table",
     "symmetric_chi",
     "symmetric_renaming",
