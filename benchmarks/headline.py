@@ -148,8 +148,9 @@ def chart(records: dict[str, Any], md_bat: dict[str, Any] | None, path: Path) ->
 def machine_line(records: dict[str, Any]) -> str:
     m = records["machine"]
     cpu = m.get("cpu") or m.get("platform", "")
+    cores = m.get("cpu_count", m.get("cores", "?"))
     return (
-        f"Measured {m.get('time', '')} on {cpu}, {m.get('cores', '?')} cores, torch {m.get('torch')}, "
+        f"Measured {m.get('time', '')} on {cpu}, {cores} cores, torch {m.get('torch')}, "
         f"batched_nerf {m.get('batched_nerf')}, float32 (the suite's rows)."
     )
 
