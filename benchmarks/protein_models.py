@@ -26,9 +26,7 @@ import argparse
 import importlib.util
 import math
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,27 +35,10 @@ import torch
 
 import batched_nerf as bn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.protein import fmt, interleaved
+
 ALPHABET = "ARNDCQEGHILKMFPSTWYV"
-
-
-def interleaved(steps: dict[str, Callable[[], object]], rounds: int, budget: float) -> dict[str, float]:
-    """Median seconds per call of each step, running them in turn, round after round."""
-    for step in steps.values():  # warm-up (kernel loads, tables)
-        step()
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    start = time.perf_counter()
-    for r in range(rounds):
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t0)
-        if r >= 2 and time.perf_counter() - start > budget:
-            break
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def fmt(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
 
 
 def foldingdiff_nerf(path: str | None):
@@ -81,80 +62,17 @@ def angles_batch(batch: int, n_res: int, seed: int) -> tuple[torch.Tensor, torch
     return dihedrals, angles
 
 
-def backbone_rows(nerf, batch: int, n_res: int, seed: int, rounds: int, budget: float) -> list[list[str]]:
-    d, a = angles_batch(batch, n_res, seed)
-    w = torch.randn(batch, n_res * 3, 3)
-    leaves = [d.clone().requires_grad_(True), a.clone().requires_grad_(True)]
-    lengths = [torch.full((batch, n_res), v) for v in (1.46, 1.54, 1.34)]  # float32, as the angles
-
-    def theirs(d, a):
-        return nerf.nerf_build_batch(*d.unbind(-1), *a.unbind(-1), *lengths)
-
-    def ours(d, a):
-        return bn.protein.build_backbone(d, a, layout="foldingdiff").flatten(-3, -2)
-
-    def fwd(f):
-        def step():
-            with torch.no_grad():
-                return f(d, a)
-
-        return step
-
-    def fwd_bwd(f):
-        def step():
-            for t in leaves:
-                t.grad = None
-            (f(*leaves) * w).sum().backward()
-
-        return step
-
-    med = interleaved(
-        {
-            "theirs/f": fwd(theirs),
-            "ours/f": fwd(ours),
-            "theirs/fb": fwd_bwd(theirs),
-            "ours/fb": fwd_bwd(ours),
-        },
-        rounds,
-        budget,
-    )
-    return [
-        [
-            f"{batch} x {n_res}",
-            name,
-            fmt(med[f"theirs/{k}"]),
-            fmt(med[f"ours/{k}"]),
-            f"{med[f'theirs/{k}'] / med[f'ours/{k}']:.0f}x",
-        ]
-        for k, name in (("f", "forward"), ("fb", "forward+backward"))
-    ]
-
-
-def mixed_rows(
-    nerf, batch: int, low: int, high: int, seed: int, rounds: int, budget: float
+def compare(
+    label: str, theirs: Callable, ours: Callable, inputs: list[torch.Tensor], rounds: int, budget: float
 ) -> list[list[str]]:
-    rng = np.random.default_rng(seed)
-    d, a = angles_batch(batch, high, seed)
-    lengths = [torch.full((batch, high), v) for v in (1.46, 1.54, 1.34)]
-    leaves = [d.clone().requires_grad_(True), a.clone().requires_grad_(True)]
-
-    def mix() -> torch.Tensor:
-        return torch.from_numpy(rng.integers(low, high + 1, batch))
-
-    def theirs(d, a):
-        n = mix()
-        pad = torch.arange(high)[None, :] >= n[:, None]
-        d = d.masked_fill(pad[..., None], float("nan"))
-        a = a.masked_fill(pad[..., None], float("nan"))
-        return nerf.nerf_build_batch(*d.unbind(-1), *a.unbind(-1), *lengths).nan_to_num()
-
-    def ours(d, a):
-        return bn.protein.build_backbone(d, a, lengths=mix(), layout="foldingdiff")
+    """Table rows: forward (no grad) and forward+backward (``sum`` of the output, gradient with respect
+    to ``inputs``) of ``theirs`` and ``ours``, both called as ``f(*inputs)``, in interleaved rounds."""
+    leaves = [t.clone().requires_grad_(True) for t in inputs]
 
     def fwd(f):
         def step():
             with torch.no_grad():
-                return f(d, a)
+                return f(*inputs)
 
         return step
 
@@ -166,27 +84,57 @@ def mixed_rows(
 
         return step
 
-    med = interleaved(
-        {
-            "theirs/f": fwd(theirs),
-            "ours/f": fwd(ours),
-            "theirs/fb": fwd_bwd(theirs),
-            "ours/fb": fwd_bwd(ours),
-        },
-        rounds,
-        budget,
-    )
+    steps = {
+        "theirs/f": fwd(theirs),
+        "ours/f": fwd(ours),
+        "theirs/fb": fwd_bwd(theirs),
+        "ours/fb": fwd_bwd(ours),
+    }
+    for step in steps.values():  # warm-up (kernel loads, tables)
+        step()
+    med = interleaved(steps, rounds, budget)
+    rows = []
+    for k, name in (("f", "forward"), ("fb", "forward+backward")):
+        t, o = med[f"theirs/{k}"], med[f"ours/{k}"]
+        rows.append([label, name, fmt(t), fmt(o), f"{t / o:.0f}x"])
+    return rows
+
+
+def backbone_rows(nerf, batch: int, n_res: int, seed: int, rounds: int, budget: float) -> list[list[str]]:
+    d, a = angles_batch(batch, n_res, seed)
+    w = torch.randn(batch, n_res * 3, 3)
+    lengths = [torch.full((batch, n_res), v) for v in (1.46, 1.54, 1.34)]  # float32, as the angles
+
+    def theirs(d, a):
+        return nerf.nerf_build_batch(*d.unbind(-1), *a.unbind(-1), *lengths) * w
+
+    def ours(d, a):
+        return bn.protein.build_backbone(d, a, layout="foldingdiff").flatten(-3, -2) * w
+
+    return compare(f"{batch} x {n_res}", theirs, ours, [d, a], rounds, budget)
+
+
+def mixed_rows(
+    nerf, batch: int, low: int, high: int, seed: int, rounds: int, budget: float
+) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    d, a = angles_batch(batch, high, seed)
+    lengths = [torch.full((batch, high), v) for v in (1.46, 1.54, 1.34)]
+
+    def mix() -> torch.Tensor:
+        return torch.from_numpy(rng.integers(low, high + 1, batch))
+
+    def theirs(d, a):
+        pad = torch.arange(high)[None, :] >= mix()[:, None]
+        d = d.masked_fill(pad[..., None], float("nan"))
+        a = a.masked_fill(pad[..., None], float("nan"))
+        return nerf.nerf_build_batch(*d.unbind(-1), *a.unbind(-1), *lengths).nan_to_num()
+
+    def ours(d, a):
+        return bn.protein.build_backbone(d, a, lengths=mix(), layout="foldingdiff")
+
     label = f"{batch} x {low}-{high}, new mix each step"
-    return [
-        [
-            label,
-            name,
-            fmt(med[f"theirs/{k}"]),
-            fmt(med[f"ours/{k}"]),
-            f"{med[f'theirs/{k}'] / med[f'ours/{k}']:.0f}x",
-        ]
-        for k, name in (("f", "forward"), ("fb", "forward+backward"))
-    ]
+    return compare(label, theirs, ours, [d, a], rounds, budget)
 
 
 def _place(a, b, c, bond, angle, torsion):
@@ -262,7 +210,6 @@ def side_chain_rows(batch: int, n_res: int, seed: int, rounds: int, budget: floa
     )
     backbone = torch.stack([full.xyz[k, index[k]] for k in range(batch)])  # (B, L, 4, 3)
     chi = torch.rand(batch, n_res, 4, generator=g) * 6 - 3
-    leaves = [backbone.clone().requires_grad_(True), chi.clone().requires_grad_(True)]
     loop = Loop(sequences)
     check = loop(backbone, chi)
     ours_xyz = bn.protein.place_side_chains(sequences, backbone, chi).xyz
@@ -270,38 +217,18 @@ def side_chain_rows(batch: int, n_res: int, seed: int, rounds: int, budget: floa
         kept = sorted({i for rows in t[1] for i, _, _ in rows} | {i for row in t[2] for i in row})
         assert (check[k] - ours_xyz[k, kept]).abs().max() < 1e-3
 
-    def ours_f():
-        with torch.no_grad():
-            return bn.protein.place_side_chains(sequences, backbone, chi).xyz
+    def theirs(bb, c):
+        return torch.stack([x.sum() for x in loop(bb, c)])
 
-    def loop_f():
-        with torch.no_grad():
-            return loop(backbone, chi)
-
-    def ours_fb():
-        for t in leaves:
-            t.grad = None
-        bn.protein.place_side_chains(sequences, *leaves).xyz.sum().backward()
-
-    def loop_fb():
-        for t in leaves:
-            t.grad = None
-        torch.stack([x.sum() for x in loop(*leaves)]).sum().backward()
-
-    med = interleaved(
-        {"theirs/f": loop_f, "ours/f": ours_f, "theirs/fb": loop_fb, "ours/fb": ours_fb}, rounds, budget
-    )
     label = f"{batch} mixed proteins x {n_res} residues"
-    return [
-        [
-            label,
-            name,
-            fmt(med[f"theirs/{k}"]),
-            fmt(med[f"ours/{k}"]),
-            f"{med[f'theirs/{k}'] / med[f'ours/{k}']:.0f}x",
-        ]
-        for k, name in (("f", "forward"), ("fb", "forward+backward"))
-    ]
+    return compare(
+        label,
+        theirs,
+        lambda bb, c: bn.protein.place_side_chains(sequences, bb, c).xyz,
+        [backbone, chi],
+        rounds,
+        budget,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -186,3 +186,18 @@ def test_headline_table_takes_nerfax_fastest_mode_and_the_median_over_rows(tmp_p
     assert headline.main([str(tmp_path / "results.json"), "--page", str(page)]) == 0
     body = page.read_text()
     assert "old" not in body and "| NeRFax |" in body and body.endswith(f"{headline.END}\nrest\n")
+
+
+def test_protein_models_script_quick(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """benchmarks/protein_models.py --quick: its per-residue side-chain loop reproduces place_side_chains
+    (asserted inside the script) and a ratio row is printed; without a FoldingDiff checkout those rows are
+    skipped with the reason."""
+    from benchmarks import protein_models
+
+    monkeypatch.delenv("FOLDINGDIFF_PATH", raising=False)
+    protein_models.main(["--quick", "--rounds", "1", "--budget", "0"])
+    out = capsys.readouterr().out
+    assert "4 mixed proteins x 6 residues | forward+backward" in out
+    assert "FoldingDiff rows skipped: pass --foldingdiff PATH" in out
