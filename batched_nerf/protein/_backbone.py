@@ -6,9 +6,9 @@ lengths in one call: the chain is one [`ConstructionTable`][batched_nerf.Constru
 of ``3 L`` atoms (cached per ``L``), built by [`to_cartesian`][batched_nerf.to_cartesian]
 and read back by [`to_internal`][batched_nerf.to_internal]. Shorter chains are the
 padded chain with their tail masked: the build is causal, so padding never moves
-a residue that exists, and the entries of residues that do not exist are replaced
-(``torch.where``) before the build, so NaN padding there reaches neither the
-coordinates nor the gradients.
+a residue that exists. The atom rows' values come from one gather in which entries
+the build does not read (and, by ``torch.where``, residues that do not exist) are
+constants, so NaN padding there reaches neither the coordinates nor the gradients.
 """
 
 from __future__ import annotations
@@ -205,14 +205,8 @@ def build_backbone(
     b = default_bonds.expand(n_res, 3) if b is None else b.to(dtype)
     if degrees:
         d, a = d.deg2rad(), (a if angles is None else a.deg2rad())
-    if layout == "foldingdiff":
-        if first is None:
-            first = FOLDINGDIFF_FIRST
-        a = torch.stack([_shift_col(a[..., 0], default_angles[0]), a[..., 1], a[..., 2]], dim=-1)
-        b = torch.stack(
-            [_shift_col(b[..., 0], default_bonds[0]), _shift_col(b[..., 1], default_bonds[1]), b[..., 2]],
-            dim=-1,
-        )
+    if layout == "foldingdiff" and first is None:
+        first = FOLDINGDIFF_FIRST
     fixed = None
     if first is not None:
         fixed = _float(first, "first", d).to(dtype=dtype, device=d.device)
@@ -231,46 +225,73 @@ def build_backbone(
         raise ValueError(
             "the leading shapes do not broadcast: " + ", ".join(f"{k} {tuple(v)}" for k, v in shapes.items())
         ) from None
-    d, a, b = (t.expand(*batch, n_res, 3) for t in (d, a, b))
     if fixed is not None:
         fixed = fixed.expand(*batch, 3, 3)
-    index = torch.arange(n_res, device=d.device)[:, None]
+    # the atom rows' (bonds, angles, dihedrals) in one gather: entries the build does not read are
+    # never gathered (constants instead), so NaN there reaches no value and no gradient
+    source, fallback = (t.to(d.device) for t in _atom_source(n_res, layout, fixed is not None))
+    consts = torch.cat([d.new_zeros(1), default_angles, default_bonds])
+    flat = torch.cat(
+        [t.expand(*batch, n_res, 3).flatten(-2) for t in (d, a, b)] + [consts.expand(*batch, 7)], dim=-1
+    )
+    values = flat.index_select(-1, source.flatten()).unflatten(-1, (3, 3 * n_res))
     count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)[..., None, None]
-    residue = index >= 0 if count is None else index < count  # (..., L, 1): the residue exists
-    link = index < n_res - 1 if count is None else index < count - 1  # the peptide bond after it exists
-    placed = residue & (index > 0)  # placed from its values (the first residue: seeds or ``first``)
-    # only the entries the build reads are kept: NaN padding elsewhere reaches no value, no gradient
-    own, own_bonds = (t.to(d.device) for t in _OWN)
-    seeded = residue if fixed is None else placed
-    d = torch.where(torch.where(own, placed, link), d, 0.0)
-    a = torch.where(torch.where(own, seeded, link), a, default_angles)
-    b = torch.where(torch.where(own_bonds, seeded, link), b, default_bonds)
-    # per atom (N, CA, C) of residue i: N and CA close the peptide bond before it, C is all its own
-    atom_b = torch.stack([_shift_col(b[..., 2], default_bonds[2]), b[..., 0], b[..., 1]], dim=-1)
-    atom_a = torch.stack(
-        [_shift_col(a[..., 1], default_angles[1]), _shift_col(a[..., 2], default_angles[2]), a[..., 0]],
-        dim=-1,
-    )
-    atom_d = torch.stack(
-        [_shift_col(d[..., 1], d.new_zeros(())), _shift_col(d[..., 2], d.new_zeros(())), d[..., 0]], dim=-1
-    )
+    if count is not None:  # residues at or beyond lengths: constants
+        exists = torch.arange(3 * n_res, device=d.device) // 3 < count
+        values = torch.where(exists, values, consts[fallback])
+    atom_b, atom_a, atom_d = values.unbind(-2)
     table = backbone_table(n_res, fixed is not None)
     xyz = to_cartesian(
-        atom_b.flatten(-2),
-        atom_a.flatten(-2),
-        atom_d.flatten(-2),
+        atom_b,
+        atom_a,
+        atom_d,
         table,
         fixed_xyz=fixed,
         method=method,  # type: ignore[arg-type]
     ).unflatten(-2, (n_res, 3))
     if count is not None:
-        xyz = torch.where(residue[..., None], xyz, 0.0)
+        xyz = torch.where((torch.arange(n_res, device=d.device)[:, None] < count)[..., None], xyz, 0.0)
     return xyz
 
 
-def _shift_col(x: Tensor, fill: Tensor) -> Tensor:
-    """``(..., L)`` -> the value of the residue before (``fill`` for the first)."""
-    return torch.cat([fill.expand(*x.shape[:-1], 1), x[..., :-1]], dim=-1)
+@functools.lru_cache(maxsize=64)
+def _atom_source(n_residues: int, layout: str, fixed_first: bool) -> tuple[Tensor, Tensor]:
+    """``(3, 3 L)`` positions of each atom row's bond, angle and dihedral in
+    ``cat([dihedrals (3 L), angles (3 L), bonds (3 L), 0, default angles (3), default bonds (3)])``, and
+    ``(3, 3 L)`` positions in the last 7 (the constants) of the value a row takes where its residue is
+    past ``lengths``.
+
+    Row ``3 i + k`` is atom ``k`` (N, CA, C) of residue ``i``: N and CA close the peptide bond after
+    residue ``i - 1`` (its C:1N, CA:C:1N, C:1N:1CA, psi, omega), C is residue ``i``'s own (tau, phi).
+    FoldingDiff's layout reads tau, N:CA and CA:C one residue earlier. The first residue's entries that
+    a seed or a fixed atom does not read are constants."""
+    n = n_residues
+    d_at, a_at, b_at, zero = 0, 3 * n, 6 * n, 9 * n
+    const_a, const_b = zero + 1, zero + 4
+    shifted = layout == "foldingdiff"
+    source = np.zeros((3, 3 * n), dtype=np.int64)
+    for i in range(n):
+        prev = i - 1
+        bonds = [
+            b_at + 3 * prev + 2 if i else const_b + 2,
+            (b_at + 3 * prev if i else const_b) if shifted else b_at + 3 * i,
+            (b_at + 3 * prev + 1 if i else const_b + 1) if shifted else b_at + 3 * i + 1,
+        ]
+        angles = [
+            a_at + 3 * prev + 1 if i else const_a + 1,
+            a_at + 3 * prev + 2 if i else const_a + 2,
+            (a_at + 3 * prev if i else const_a) if shifted else a_at + 3 * i,
+        ]
+        dihedrals = [
+            d_at + 3 * prev + 1 if i else zero,
+            d_at + 3 * prev + 2 if i else zero,
+            d_at + 3 * i if i else zero,
+        ]
+        source[:, 3 * i : 3 * i + 3] = [bonds, angles, dihedrals]
+    if fixed_first:  # the first residue's atoms are fixed: nothing of theirs is read
+        source[:, :3] = [[const_b + 2, const_b, const_b + 1], [const_a + 1, const_a + 2, const_a], [zero] * 3]
+    fallback = np.tile(np.array([[6, 4, 5], [2, 3, 1], [0, 0, 0]]), (1, n))
+    return torch.from_numpy(source), torch.from_numpy(fallback)
 
 
 def backbone_internal(
