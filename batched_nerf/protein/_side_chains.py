@@ -27,6 +27,10 @@ from ._sequence import protein_table
 BACKBONE_ATOMS: tuple[str, ...] = ("N", "CA", "C", "O")
 
 
+#: Padding lengths (and devices) whose gather indices each fixed-backbone table keeps.
+_MAPS_KEPT = 8
+
+
 class _Placer(NamedTuple):
     """The fixed-backbone table of a tuple of sequences and the index maps of its inputs."""
 
@@ -82,6 +86,8 @@ def _maps(placer: _Placer, length: int, device: torch.device) -> tuple[Tensor, T
     ``backbone.flatten(-4, -2)`` and each row's dihedral in ``cat([template (N), chi (4 B L_pad)])``."""
     key = (length, device)
     if key not in placer.maps:
+        if len(placer.maps) >= _MAPS_KEPT:  # bounded: drop the oldest padding length
+            placer.maps.pop(next(iter(placer.maps)))
         n_backbone = int(placer.slot[:, 2].max()) + 1
         k, r, j = placer.slot.T
         fixed = (k * length + r) * n_backbone + j
