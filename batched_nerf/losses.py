@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import as_float, check_device, check_tensor, check_xyz, to_tensor
+from ._box import minimum_image
+from ._checks import as_box, as_float, check_device, check_tensor, check_xyz, to_tensor
 from ._geometry import safe_norm
 from ._table import ConstructionTable
 from ._topology import Topology
@@ -329,6 +330,7 @@ def clash_loss(
     power: float = 2.0,
     reduction: Reduction = "mean",
     chunk_size: ChunkSize = "auto",
+    box: Any = None,
 ) -> Tensor:
     r"""Smooth flat-bottom penalty on non-bonded atom pairs that come too close.
 
@@ -344,6 +346,17 @@ def clash_loss(
     sample) or ``scale * (r_i + r_j)`` from per-atom ``radii``. Distances use
     `batched_nerf._geometry.safe_norm`, so values and gradients are
     finite even for coincident atoms.
+
+    Periodic boxes. With ``box`` (MDAnalysis's ``[a, b, c, alpha, beta, gamma]``
+    or box vectors in rows, per frame or shared, orthorhombic or triclinic),
+    ``|x_i - x_j|`` is the length of the
+    [`minimum_image`][batched_nerf.minimum_image] of ``x_i - x_j``: atoms may
+    be wrapped into the box, and a molecule clashes with its neighbouring
+    images across the faces. Only the nearest image of each pair counts, so
+    ``d_min`` must stay below half the smallest perpendicular width of the box
+    (as for any cutoff under the minimum-image convention); the image shift is
+    piecewise constant, so the loss stays differentiable in ``xyz`` (and in
+    the box).
 
     Exclusions. Pairs bonded to each other (1-2) or sharing a neighbour (1-3),
     and with ``exclude_14`` also 1-4 pairs, are not scored. The bond graph
@@ -392,6 +405,9 @@ def clash_loss(
             ``"sum"``: sum over pairs, ``(...)``; ``"none"``: ``(..., P)`` in
             the order of [`clash_pairs`][batched_nerf.losses.clash_pairs]. Batch dimensions are never reduced.
         chunk_size: rows per block, ``"auto"`` or ``None``.
+        box: optional periodic box, ``(..., 6)`` lengths (``L``) and angles
+            (degrees) or ``(..., 3, 3)`` box vectors in rows, one per sample
+            (leading dimensions broadcasting with those of ``xyz``) or shared.
 
     Returns:
         ``(...)`` (``"mean"``, ``"sum"``) or ``(..., P)`` (``"none"``), in
@@ -406,7 +422,9 @@ def clash_loss(
             does not broadcast with the batch (naming both shapes) or on
             another device; ``radii`` not ``(N,)``; ``connectivity`` not ``(E, 2)``
             pairs of distinct rows; an unknown ``reduction``; ``power < 1``;
-            ``chunk_size`` not a positive int, ``"auto"`` or None.
+            ``chunk_size`` not a positive int, ``"auto"`` or None; ``box`` of
+            another shape (naming it) or leading dimensions that do not
+            broadcast with those of ``xyz``.
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -426,6 +444,12 @@ def clash_loss(
         >>> # ring not closed
         >>> float(clash_loss(benzene.to_cartesian(), benzene.table, min_distance=2.4)) > 0
         True
+        >>> # periodic: atom 3 at x = 4 is 0.5 from the image of atom 0 at x = 4.5
+        >>> wrapped = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [4, 0, 0]])
+        >>> clash_loss(wrapped, table, min_distance=1.0, reduction="sum")
+        tensor(0.)
+        >>> clash_loss(wrapped, table, min_distance=1.0, reduction="sum", box=[4.5, 4.5, 4.5, 90, 90, 90])
+        tensor(0.2500)
     """
     graph = _graph(table, connectivity)
     tab = graph.table
@@ -452,6 +476,9 @@ def clash_loss(
             raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk_size!r}")
     dev, dtype = xyz.device, xyz.dtype
     batch = xyz.shape[:-2]
+    cell = None if box is None else as_box(box, xyz)
+    if cell is not None:
+        batch = torch.broadcast_shapes(batch, cell.shape[:-1] if cell.shape[-1] == 6 else cell.shape[:-2])
     rad: Tensor | None = None
     if radii is not None:
         rad = to_tensor(radii, "radii", dtype=dtype, device=dev)
@@ -484,7 +511,10 @@ def clash_loss(
             keep = keep.index_put(
                 (ex_i[lo:hi] - i0, ex_j[lo:hi]), torch.zeros((), dtype=torch.bool, device=dev)
             )
-        d = safe_norm(xyz[..., i0:i1, None, :] - xyz[..., None, :, :])  # (..., R, N)
+        diff = xyz[..., i0:i1, None, :] - xyz[..., None, :, :]  # (..., R, N, 3)
+        if cell is not None:
+            diff = minimum_image(diff.flatten(-3, -2), cell).unflatten(-2, tuple(diff.shape[-3:-1]))
+        d = safe_norm(diff)  # (..., R, N)
         dmin = dm if rad is None else rad[i0:i1, None] + rad[None, :]
         pen = torch.relu(dmin - tolerance - d) ** power
         if reduction == "none":

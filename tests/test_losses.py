@@ -278,3 +278,86 @@ def test_clash_errors() -> None:
         clash_loss(xyz, table, min_distance=1.0, chunk_size=0)
     with pytest.raises(ValueError, match="power must be >= 1"):
         clash_loss(xyz, table, min_distance=1.0, power=0.5)
+
+
+# ------------------------------------------------------------- periodic clash
+def _triclinic_boxes() -> torch.Tensor:
+    """Two per-frame triclinic boxes (vectors in rows), widths above twice the clash distance."""
+    return torch.tensor(
+        [
+            [[7.0, 0.0, 0.0], [1.5, 6.5, 0.0], [-1.0, 2.0, 6.8]],
+            [[6.6, 0.0, 0.0], [3.3, 5.7, 0.0], [3.3, 1.9, 5.4]],  # a rhombic dodecahedron
+        ],
+        dtype=F64,
+    )
+
+
+def _periodic_brute_force(xyz: torch.Tensor, h: torch.Tensor, pairs: list, dmin: float) -> torch.Tensor:
+    """Penalties with |x_i - x_j| the shortest of the images n H, n in {-8..8}^3 (float64 oracle)."""
+    shifts = torch.tensor(list(itertools.product(range(-8, 9), repeat=3)), dtype=F64)
+    out = []
+    for f in range(xyz.shape[0]):
+        images = shifts @ h[f]  # (125, 3)
+        row = []
+        for i, j in pairs:
+            d = (xyz[f, i] - xyz[f, j] + images).norm(dim=-1).min()
+            row.append(torch.relu(dmin - d) ** 2)
+        out.append(torch.stack(row))
+    return torch.stack(out)
+
+
+def test_clash_periodic_matches_all_images() -> None:
+    table = _branched()
+    h = _triclinic_boxes()
+    gen = torch.Generator().manual_seed(7)
+    # atoms spread over more than one box and wrapped anywhere: only the nearest image counts
+    xyz = torch.randn(2, table.n_atoms, 3, dtype=F64, generator=gen) * 4.0
+    pairs = [tuple(p) for p in clash_pairs(table).tolist()]
+    expected = _periodic_brute_force(xyz, h, pairs, 2.2)
+    got = clash_loss(xyz, table, min_distance=2.2, reduction="none", box=h)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    assert (expected > 0).sum() > 3
+    assert not torch.allclose(got, clash_loss(xyz, table, min_distance=2.2, reduction="none"))
+    # shifting any atom by whole box vectors changes nothing; the [a, b, c, alpha, beta, gamma] form agrees
+    lattice = torch.randint(-3, 4, (2, table.n_atoms, 3), generator=gen).to(F64)
+    moved = xyz + lattice @ h
+    torch.testing.assert_close(clash_loss(moved, table, min_distance=2.2, reduction="none", box=h), got)
+    ortho = torch.tensor([6.0, 6.5, 7.0, 90.0, 90.0, 90.0], dtype=F64)
+    h_ortho = torch.diag(ortho[:3]).expand(2, 3, 3)
+    torch.testing.assert_close(
+        clash_loss(xyz, table, min_distance=2.2, reduction="sum", box=ortho),
+        _periodic_brute_force(xyz, h_ortho, pairs, 2.2).sum(-1),
+    )
+
+
+def test_clash_periodic_gradients_vmap_and_batch() -> None:
+    table = bn.ConstructionTable.chain(6)
+    h = _triclinic_boxes()
+    xyz = torch.randn(2, 6, 3, dtype=F64, generator=torch.Generator().manual_seed(3)) * 3.0
+
+    def loss(x: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
+        return clash_loss(x, table, min_distance=2.5, reduction="sum", box=box)
+
+    assert float(loss(xyz, h).sum()) > 0
+    x = xyz.clone().requires_grad_(True)
+    box = h.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(loss, (x, box))
+    assert torch.autograd.gradgradcheck(loss, (x, box))
+    torch.testing.assert_close(torch.func.vmap(loss)(xyz, h), loss(xyz, h))
+    # one box shared by a (3, 2) batch; per-frame boxes broadcast against it
+    many = xyz.expand(3, 2, 6, 3)
+    torch.testing.assert_close(loss(many, h[0]), loss(xyz, h[0]).expand(3, 2))
+    torch.testing.assert_close(loss(many, h), loss(xyz, h).expand(3, 2))
+    # a box that adds a batch dimension
+    assert loss(xyz[0], h).shape == (2,)
+
+
+def test_clash_periodic_errors() -> None:
+    table = bn.ConstructionTable.chain(4)
+    xyz = torch.zeros(2, 4, 3)
+    with pytest.raises(ValueError, match=r"box must have shape \(\.\.\., 6\).*got \(2, 5\)"):
+        clash_loss(xyz, table, min_distance=1.0, box=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"box of shape \(3, 6\).*does not broadcast.*\(2, 4, 3\)"):
+        clash_loss(xyz, table, min_distance=1.0, box=torch.ones(3, 6))
+    with pytest.raises(TypeError, match="box"):
+        clash_loss(xyz, table, min_distance=1.0, box=torch.ones(6, dtype=torch.bool))
