@@ -25,6 +25,7 @@ from ._pack import pack_tables, split_atoms
 from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
 from ._table import ConstructionTable
 from ._topology import Topology
+from ._torsion_ops import match_torsions, set_torsions, torsion_angles, torsion_log_volume
 from ._torsion_space import RotorTable, rotatable_bonds, update_torsions
 from ._version import __version__
 from ._warmup import warmup
@@ -67,6 +68,7 @@ __all__ = [
     "from_chemcoord",
     "log_det_jacobian",
     "losses",
+    "match_torsions",
     "minimum_image",
     "nonbonded_references",
     "pack_tables",
@@ -76,10 +78,13 @@ __all__ = [
     "rotatable_bonds",
     "rotation_angles",
     "rotation_from_angles",
+    "set_torsions",
     "split_atoms",
     "to_cartesian",
     "to_chemcoord",
     "to_internal",
+    "torsion_angles",
+    "torsion_log_volume",
     "unwrap",
     "update_torsions",
     "warmup",

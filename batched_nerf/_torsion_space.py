@@ -27,6 +27,7 @@ from ._autotable import _bond_pairs, refs_from_connectivity
 from ._convert import to_cartesian, to_internal
 from ._pack import pack_tables
 from ._table import ConstructionTable
+from .runtime.torch_compat import values_of
 
 __all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
 
@@ -206,6 +207,11 @@ class RotorTable:
             moving side, or on the axis of the bond whose side they are on).
         table: the [`ConstructionTable`][batched_nerf.ConstructionTable].
         rows: ``(K,)`` int64 tensor, the torsion rows of all bonds.
+        torsions: ``(R, 4)`` int64 tensor, the atoms ``(p, u, v, m)`` whose
+            IUPAC dihedral is the torsion of each bond (read by
+            [`torsion_angles`][batched_nerf.torsion_angles]): ``p`` the
+            lowest-index neighbour of ``u`` other than ``v``, ``m`` that of ``v``
+            other than ``u``.
         row_bonds: ``(K,)`` int64 tensor, the bond (index into ``bonds``) of each row.
         keeps_fixed: whether the seed atoms of every fragment are ``fixed``
             (always with ``moving="smaller"``); then [`update_torsions`][batched_nerf.update_torsions]
@@ -264,6 +270,7 @@ class RotorTable:
         self.fixed = torch.from_numpy(fixed)
         self.rows = torch.from_numpy(rows)
         self.row_bonds = torch.from_numpy(row_bonds)
+        self.torsions = torch.from_numpy(self._torsion_atoms(pairs, chosen))
         self.keeps_fixed = keeps
 
     @property
@@ -358,6 +365,18 @@ class RotorTable:
         return refs, keeps
 
     @staticmethod
+    def _torsion_atoms(pairs: np.ndarray, bonds: np.ndarray) -> np.ndarray:
+        """``(R, 4)`` ``(p, u, v, m)``: the lowest-index other neighbour of ``u`` and of ``v``."""
+        out = np.zeros((len(bonds), 4), dtype=np.int64)
+        for k, (u, v) in enumerate(bonds.tolist()):
+            ends = []
+            for a, b in ((u, v), (v, u)):
+                near = np.concatenate([pairs[pairs[:, 0] == a, 1], pairs[pairs[:, 1] == a, 0]])
+                ends.append(int(near[near != b].min()))  # a non-terminal bond: a has another neighbour
+            out[k] = (ends[0], u, v, ends[1])
+        return out
+
+    @staticmethod
     def _rotor_rows(refs: np.ndarray, bonds: np.ndarray, moving: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows, row_bonds = [], []
         for k, (u, v) in enumerate(bonds.tolist()):
@@ -402,6 +421,20 @@ class _Packed:
         self.total_atoms, self.total_bonds = int(atom_offsets[-1]), int(bond_offsets[-1])
         self.rows = torch.cat([r.rows + int(o) for r, o in zip(rotors, atom_offsets)])
         self.row_bonds = torch.cat([r.row_bonds + int(o) for r, o in zip(rotors, bond_offsets)])
+        self.torsions = torch.cat([r.torsions + int(o) for r, o in zip(rotors, atom_offsets)])
+        # padded per-molecule views (M, max N) and (M, max R) for the per-molecule reductions
+        n_max, r_max = max(self.n_atoms), max(self.n_bonds)
+        self.atoms = torch.zeros(len(rotors), n_max, dtype=torch.int64)
+        self.atom_mask = torch.zeros(len(rotors), n_max, dtype=torch.bool)
+        self.bond_atoms = torch.zeros(len(rotors), r_max, 2, dtype=torch.int64)
+        self.bond_mask = torch.zeros(len(rotors), r_max, dtype=torch.bool)
+        self.moving = torch.zeros(len(rotors), r_max, n_max, dtype=torch.bool)
+        for m, (r, o) in enumerate(zip(rotors, atom_offsets.tolist())):
+            self.atoms[m, : r.n_atoms] = torch.arange(o, o + r.n_atoms)
+            self.atom_mask[m, : r.n_atoms] = True
+            self.bond_atoms[m, : r.n_bonds] = r.bonds + o
+            self.bond_mask[m, : r.n_bonds] = True
+            self.moving[m, : r.n_bonds, : r.n_atoms] = r.moving
 
 
 _PACKED_CACHE: OrderedDict[tuple[int, ...], _Packed] = OrderedDict()
@@ -449,7 +482,7 @@ def _molecules(
         raise TypeError("batch must be a 1-D integer tensor: the molecule of each atom (PyG's Data.batch)")
     if batch.shape[0] != total:
         raise ValueError(f"batch has {batch.shape[0]} entries, but xyz has {total} atoms")
-    b = batch.detach().cpu().numpy().astype(np.int64)
+    b = values_of(batch, "batch").astype(np.int64)
     if len(b) and (np.diff(b) < 0).any():
         k = int(np.argmax(np.diff(b) < 0))
         raise ValueError(
@@ -471,6 +504,41 @@ def _molecules(
     if not many:
         raise ValueError("batch is empty: no molecule to update")
     return tuple(many), True
+
+
+def _prepare(xyz: Any, rotors: RotorTable | Sequence[RotorTable], batch: Any) -> tuple[_Packed, bool]:
+    """The packed rotor tables of checked ``xyz``; whether the layout is the flat (PyG) one."""
+    if not isinstance(xyz, Tensor):
+        raise TypeError(f"xyz must be a tensor, got {type(xyz).__name__}")
+    if xyz.dim() < 2 or xyz.shape[-1] != 3:
+        raise ValueError(f"xyz must be (..., N, 3), got shape {tuple(xyz.shape)}")
+    molecules, flat = _molecules(rotors, batch, xyz)
+    packed = _packed(molecules)
+    if xyz.shape[-2] != packed.total_atoms:
+        raise ValueError(
+            f"xyz has {xyz.shape[-2]} atoms, but the molecules have {packed.total_atoms}"
+            + (f" (per molecule: {packed.n_atoms})" if flat else "")
+        )
+    return packed, flat
+
+
+def _per_bond(values: Any, name: str, packed: _Packed, xyz: Tensor, flat: bool) -> Tensor:
+    """``values`` ``(..., sum R)`` (radians) checked against the molecules' bonds and ``xyz``'s batch."""
+    if not isinstance(values, Tensor):
+        values = torch.as_tensor(values, dtype=xyz.dtype, device=xyz.device)
+    if values.is_complex() or not values.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a real floating tensor (radians), got dtype {values.dtype}")
+    if values.dim() < 1 or values.shape[-1] != packed.total_bonds:
+        got = values.shape[-1] if values.dim() else "a scalar"
+        raise ValueError(
+            f"{name} has {got} values, but the molecules have {packed.total_bonds} rotatable bonds"
+            + (f" (per molecule: {packed.n_bonds})" if flat else "")
+        )
+    if tuple(values.shape[:-1]) != tuple(xyz.shape[:-2]):
+        raise ValueError(
+            f"{name} of shape {tuple(values.shape)} need the leading shape {tuple(xyz.shape[:-2])} of xyz"
+        )
+    return values
 
 
 def update_torsions(
@@ -562,31 +630,8 @@ def update_torsions(
         >>> bn.update_torsions(pyg, [rotors, propane], torch.tensor([math.pi]), batch=batch).shape
         torch.Size([7, 3])
     """
-    if not isinstance(xyz, Tensor):
-        raise TypeError(f"xyz must be a tensor, got {type(xyz).__name__}")
-    if xyz.dim() < 2 or xyz.shape[-1] != 3:
-        raise ValueError(f"xyz must be (..., N, 3), got shape {tuple(xyz.shape)}")
-    molecules, flat = _molecules(rotors, batch, xyz)
-    packed = _packed(molecules)
-    if xyz.shape[-2] != packed.total_atoms:
-        raise ValueError(
-            f"xyz has {xyz.shape[-2]} atoms, but the molecules have {packed.total_atoms}"
-            + (f" (per molecule: {packed.n_atoms})" if flat else "")
-        )
-    if not isinstance(updates, Tensor):
-        updates = torch.as_tensor(updates, dtype=xyz.dtype, device=xyz.device)
-    if updates.is_complex() or not updates.dtype.is_floating_point:
-        raise TypeError(f"updates must be a real floating tensor (radians), got dtype {updates.dtype}")
-    if updates.dim() < 1 or updates.shape[-1] != packed.total_bonds:
-        got = updates.shape[-1] if updates.dim() else "a scalar"
-        raise ValueError(
-            f"updates has {got} values, but the molecules have {packed.total_bonds} rotatable bonds"
-            + (f" (per molecule: {packed.n_bonds})" if flat else "")
-        )
-    if tuple(updates.shape[:-1]) != tuple(xyz.shape[:-2]):
-        raise ValueError(
-            f"updates of shape {tuple(updates.shape)} need the leading shape {tuple(xyz.shape[:-2])} of xyz"
-        )
+    packed, flat = _prepare(xyz, rotors, batch)
+    updates = _per_bond(updates, "updates", packed, xyz, flat)
     ic, pose = to_internal(xyz, packed.table, return_pose=True)
     rows = packed.rows.to(xyz.device)
     shift = updates.to(ic.dihedrals.dtype)[..., packed.row_bonds.to(xyz.device)]

@@ -98,12 +98,13 @@ def forward_mode_levels() -> int:
 
 def values_of(t: torch.Tensor, what: str) -> Any:
     """The values of ``t`` as a numpy array, also under ``grad``/``jacrev``/``jacfwd``/``hessian``
-    wrappers (read outside the transforms, nothing recorded).
+    wrappers (read outside the transforms, nothing recorded), and for a plain tensor captured by a
+    function under a transform (whose ``detach()`` there has no storage).
 
     Raises:
         ValueError: ``t`` is batched by ``torch.func.vmap`` (one value per sample, named ``what``).
     """
-    if IS_FUNCTORCH_WRAPPED is None or not IS_FUNCTORCH_WRAPPED(t):
+    if IS_FUNCTORCH_WRAPPED is None:
         return t.detach().cpu().numpy()
     while IS_FUNCTORCH_WRAPPED(t):
         if _FUNCTORCH.is_batchedtensor(t):  # type: ignore[union-attr]

@@ -1,0 +1,260 @@
+"""Reading, setting and matching torsions; the torsion log-volume against an autograd oracle."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+from test_torsion_space import coordinates, distances, molecule, with_hydrogens
+
+import batched_nerf as bn
+
+F64 = torch.float64
+NAMES = ["isopentane", "ring", "bicyclohexyl"]
+
+
+def ragged(seed: int = 0):
+    mols = [molecule(name, seed=seed + s) for s, name in enumerate(NAMES)]
+    rotors = [bn.RotorTable.from_connectivity(p, n) for p, n, _ in mols]
+    xyz = torch.cat([x for _, _, x in mols])
+    batch = torch.cat([torch.full((n,), m) for m, (_, n, _) in enumerate(mols)])
+    return rotors, xyz, batch
+
+
+def random_rigid(x: torch.Tensor, seed: int) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(seed)))
+    q = q * torch.linalg.det(q)  # a rotation
+    return x @ q.T + torch.tensor([1.0, -2.0, 0.5], dtype=F64)
+
+
+# ----------------------------------------------------------------- read and set
+
+
+def test_torsion_angles_are_the_iupac_dihedrals_of_the_named_atoms():
+    rotors, xyz, batch = ragged()
+    got = bn.torsion_angles(xyz, rotors, batch=batch)
+    offsets = np.cumsum([0] + [r.n_atoms for r in rotors])
+    expected = []
+    for r, o in zip(rotors, offsets.tolist()):
+        for p, u, v, m in (r.torsions + o).tolist():
+            chain = bn.ConstructionTable.chain(4)
+            expected.append(float(bn.to_internal(xyz[[p, u, v, m]], chain).dihedrals[3]))
+            assert {p, m}.isdisjoint({u, v})
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
+    # p is bonded to u, m to v
+    for r in rotors:
+        bonded = {frozenset(e) for e in r.connectivity.tolist()}
+        for p, u, v, m in r.torsions.tolist():
+            assert frozenset((p, u)) in bonded and frozenset((v, m)) in bonded and frozenset((u, v)) in bonded
+
+
+def test_an_update_changes_the_torsion_by_minus_tau():
+    rotors, xyz, batch = ragged(1)
+    total = sum(r.n_bonds for r in rotors)
+    taus = torch.linspace(-1.3, 1.1, total, dtype=F64)
+    before = bn.torsion_angles(xyz, rotors, batch=batch)
+    after = bn.torsion_angles(bn.update_torsions(xyz, rotors, taus, batch=batch), rotors, batch=batch)
+    delta = torch.remainder(after - before + taus + math.pi, 2 * math.pi) - math.pi
+    assert delta.abs().max() < 1e-10
+
+
+def test_set_and_transfer_torsions():
+    rotors, xyz, batch = ragged(2)
+    total = sum(r.n_bonds for r in rotors)
+    values = torch.linspace(-3.0, 3.1, total, dtype=F64)
+    new = bn.set_torsions(xyz, rotors, values, batch=batch)
+    read = bn.torsion_angles(new, rotors, batch=batch)
+    assert (torch.remainder(read - values + math.pi, 2 * math.pi) - math.pi).abs().max() < 1e-10
+    # the same molecules with other bond lengths and angles: transfer keeps each one's local geometry
+    other = torch.cat([coordinates(*molecule(name)[:2], seed=20 + s) for s, name in enumerate(NAMES)])
+    moved = bn.set_torsions(other, rotors, bn.torsion_angles(new, rotors, batch=batch), batch=batch)
+    read = bn.torsion_angles(moved, rotors, batch=batch)
+    assert (torch.remainder(read - values + math.pi, 2 * math.pi) - math.pi).abs().max() < 1e-10
+    for r, a, b in zip(
+        rotors,
+        bn.split_atoms(other, [r.n_atoms for r in rotors]),
+        bn.split_atoms(moved, [r.n_atoms for r in rotors]),
+    ):
+        i, j = r.connectivity.T
+        assert np.abs(distances(a)[i, j] - distances(b)[i, j]).max() < 1e-10  # bond lengths kept
+        fixed = r.fixed
+        assert (a[fixed] - b[fixed]).abs().max() < 1e-10  # the unmoved part stays in place
+
+
+def test_set_torsions_is_differentiable():
+    pairs, n = with_hydrogens([(0, 1), (1, 2), (2, 3)], [4, 4, 4, 2])
+    xyz = coordinates(pairs, n, seed=6).requires_grad_()
+    rotors = bn.RotorTable.from_connectivity(pairs, n)
+    values = torch.tensor([0.4, -2.0, 1.0], dtype=F64, requires_grad=True)
+
+    def f(x, v):
+        return bn.set_torsions(x, rotors, v)
+
+    assert torch.autograd.gradcheck(f, (xyz, values))
+    assert torch.autograd.gradgradcheck(f, (xyz, values))
+
+
+def test_jacrev_over_updates_of_a_ragged_batch():
+    """The batch vector is a constant captured by the function under the transform."""
+    rotors, xyz, batch = ragged(4)
+    total = sum(r.n_bonds for r in rotors)
+    jac = torch.func.jacrev(lambda t: bn.update_torsions(xyz, rotors, t, batch=batch))(
+        torch.zeros(total, dtype=F64)
+    )
+    assert jac.shape == (xyz.shape[0], 3, total)
+    vol = torch.func.jacrev(lambda x: bn.torsion_log_volume(x, rotors, batch=batch))(xyz)
+    assert vol.shape == (3, *xyz.shape) and torch.isfinite(vol).all()
+
+
+# ----------------------------------------------------------------- matching
+
+
+def test_match_torsions_recovers_the_updates_of_a_moved_copy():
+    rotors, xyz, batch = ragged(3)
+    total = sum(r.n_bonds for r in rotors)
+    taus = torch.linspace(-2.0, 2.5, total, dtype=F64)
+    target = random_rigid(bn.update_torsions(xyz, rotors, taus, batch=batch), seed=1)
+    updates, fitted, rmsd = bn.match_torsions(xyz, target, rotors, batch=batch, steps=0)
+    assert rmsd.shape == (3,) and rmsd.max() < 1e-6  # sqrt of a difference of sums: ~sqrt(eps) scale
+    assert np.abs(distances(fitted) - distances(target)).max() < 1e-10
+    assert (torch.remainder(updates - taus + math.pi, 2 * math.pi) - math.pi).abs().max() < 1e-10
+    assert torch.allclose(fitted, bn.update_torsions(xyz, rotors, updates, batch=batch))
+
+
+def test_match_torsions_improves_on_the_transfer_for_other_local_geometry():
+    pairs, n, xyz = molecule("isopentane", seed=4)
+    rotors = bn.RotorTable.from_connectivity(pairs, n)
+    other = coordinates(pairs, n, seed=30)  # other bonds and angles
+    target = random_rigid(bn.update_torsions(other, rotors, torch.full((rotors.n_bonds,), 0.8, dtype=F64)), 2)
+    _, _, start = bn.match_torsions(xyz, target, rotors, steps=0)
+    _, fitted, end = bn.match_torsions(xyz, target, rotors, steps=150, lr=0.02)
+    assert end.shape == () and float(end) < 0.9 * float(start)
+    # the reported RMSD is the superposed one: an independent SVD Kabsch agrees
+    a = fitted.numpy() - fitted.numpy().mean(0)
+    b = target.numpy() - target.numpy().mean(0)
+    u, s, vt = np.linalg.svd(a.T @ b)
+    s[-1] *= np.sign(np.linalg.det(u @ vt))
+    kabsch = math.sqrt(max((np.square(a).sum() + np.square(b).sum() - 2 * s.sum()) / n, 0.0))
+    assert abs(kabsch - float(end)) < 1e-8
+
+
+def test_match_torsions_errors():
+    pairs, n, xyz = molecule("isopentane")
+    rotors = bn.RotorTable.from_connectivity(pairs, n)
+    with pytest.raises(
+        ValueError, match=r"target must be a tensor of the shape of xyz \(17, 3\), got \(16, 3\)"
+    ):
+        bn.match_torsions(xyz, xyz[1:], rotors)
+    with pytest.raises(ValueError, match="steps must be a non-negative int, got -1"):
+        bn.match_torsions(xyz, xyz, rotors, steps=-1)
+    with pytest.raises(ValueError, match="lr must be positive, got 0"):
+        bn.match_torsions(xyz, xyz, rotors, lr=0)
+    with pytest.raises(ValueError, match=r"values has 2 values, but the molecules have 4 rotatable bonds"):
+        bn.set_torsions(xyz, rotors, torch.zeros(2, dtype=F64))
+    with pytest.raises(ValueError, match=r"xyz has 16 atoms, but the molecules have 17"):
+        bn.torsion_angles(xyz[1:], rotors)
+
+
+# ----------------------------------------------------------------- log-volume
+
+
+def log_volume_oracle(xyz: torch.Tensor, rotors: bn.RotorTable) -> float:
+    """0.5 log det(J^T J), J the autograd Jacobian of update_torsions at 0 projected off rigid motions."""
+    n = xyz.shape[0]
+    jac = torch.func.jacrev(lambda t: bn.update_torsions(xyz, rotors, t))(
+        torch.zeros(rotors.n_bonds, dtype=F64)
+    ).reshape(3 * n, -1)
+    p = xyz - xyz.mean(0)
+    rigid = [torch.eye(3, dtype=F64)[c].expand(n, 3) for c in range(3)]
+    rigid += [torch.linalg.cross(torch.eye(3, dtype=F64)[c].expand(n, 3), p) for c in range(3)]
+    q, _ = torch.linalg.qr(torch.stack([r.reshape(-1) for r in rigid], 1))
+    jp = jac - q @ (q.T @ jac)
+    return float(0.5 * torch.linalg.slogdet(jp.T @ jp)[1])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_log_volume_equals_the_autograd_oracle(name):
+    pairs, n, xyz = molecule(name, seed=5)
+    for moving in ("smaller", "larger"):  # the side that turns does not matter
+        rotors = bn.RotorTable.from_connectivity(pairs, n, moving=moving)
+        got = bn.torsion_log_volume(xyz, rotors)
+        assert got.shape == ()
+        assert abs(float(got) - log_volume_oracle(xyz, rotors)) < 1e-10
+    # invariant to a rigid motion of the molecule
+    assert abs(float(bn.torsion_log_volume(random_rigid(xyz, 3), rotors)) - float(got)) < 1e-10
+
+
+def test_log_volume_ragged_batch_and_molecule_without_bonds():
+    rotors, xyz, batch = ragged(6)
+    water = bn.RotorTable([(0, 1), (0, 2)], 3)
+    h2o = torch.tensor([[0.0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]], dtype=F64)
+    flat = torch.cat([xyz, h2o])
+    got = bn.torsion_log_volume(flat, [*rotors, water], batch=torch.cat([batch, torch.full((3,), 3)]))
+    parts = bn.split_atoms(xyz, [r.n_atoms for r in rotors])
+    expected = [float(bn.torsion_log_volume(x, r)) for x, r in zip(parts, rotors)] + [0.0]
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-10)
+    # copies (..., N, 3) and vmap
+    pairs, n, one = molecule("ring", seed=7)
+    r = bn.RotorTable.from_connectivity(pairs, n)
+    copies = torch.stack(
+        [one, random_rigid(one, 4), bn.update_torsions(one, r, torch.ones(r.n_bonds, dtype=F64))]
+    )
+    many = bn.torsion_log_volume(copies, r)
+    assert many.shape == (3,)
+    assert torch.allclose(many, torch.func.vmap(lambda x: bn.torsion_log_volume(x, r))(copies), atol=1e-12)
+    assert abs(float(many[0] - many[1])) < 1e-10 and abs(float(many[0] - many[2])) > 1e-3
+
+
+def test_log_volume_gradients():
+    pairs, n = with_hydrogens([(0, 1), (1, 2), (2, 3)], [4, 4, 4, 2])
+    xyz = coordinates(pairs, n, seed=8).requires_grad_()
+    rotors = bn.RotorTable.from_connectivity(pairs, n)
+    assert torch.autograd.gradcheck(lambda x: bn.torsion_log_volume(x, rotors), (xyz,))
+    assert torch.autograd.gradgradcheck(lambda x: bn.torsion_log_volume(x, rotors), (xyz,))
+
+
+# ----------------------------------------------------------------- the peer, where its checkout is given
+
+
+def test_log_volume_equals_torsional_diffusion():
+    """torsional diffusion's own log_det_jac (TORSIONAL_DIFFUSION_PATH: its checkout)."""
+    path = os.environ.get("TORSIONAL_DIFFUSION_PATH")
+    if not path:
+        pytest.skip("TORSIONAL_DIFFUSION_PATH is not set (a checkout of gcorso/torsional-diffusion)")
+    pytest.importorskip("torch_geometric", reason="torsional diffusion's utils need torch_geometric")
+    pytest.importorskip("rdkit", reason="torsional diffusion's likelihood imports RDKit")
+    sys.path.insert(0, path)
+    try:
+        from diffusion.likelihood import log_det_jac
+        from torch_geometric.data import Data
+        from utils.torsion import get_transformation_mask
+    finally:
+        sys.path.remove(path)
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    def rdkit_conformer(smiles: str):
+        mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
+        AllChem.EmbedMolecule(mol, randomSeed=7)
+        pairs = [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()]
+        return pairs, mol.GetNumAtoms(), torch.tensor(mol.GetConformer().GetPositions(), dtype=F64)
+
+    drug_like = ["CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CC(=O)Nc1ccc(O)cc1", "CN1CCC[C@H]1c1cccnc1", "OCCOCCN(CC)CC"]
+    for pairs, n, xyz in [molecule(name, seed=9) for name in NAMES] + [rdkit_conformer(s) for s in drug_like]:
+        both = [(i, j) for i, j in pairs] + [(j, i) for i, j in pairs]
+        edge_index = torch.tensor(sorted(both)).T  # each bond twice, (i, j) beside (j, i) as PyG gives it
+        order = [
+            k for i, j in sorted(pairs) for k in (sorted(both).index((i, j)), sorted(both).index((j, i)))
+        ]
+        edge_index = edge_index[:, order]
+        data = Data(edge_index=edge_index, pos=xyz.clone(), num_nodes=n)
+        data.edge_mask, data.mask_rotate = get_transformation_mask(data)
+        data.edge_mask = torch.tensor(data.edge_mask)
+        theirs = log_det_jac(data)
+        rotors = bn.RotorTable.from_connectivity(pairs, n)
+        assert int(data.edge_mask.sum()) == rotors.n_bonds
+        assert abs(float(bn.torsion_log_volume(xyz, rotors)) - theirs) < 1e-8
