@@ -54,6 +54,7 @@ OPTIONAL = (
     "numba",
     "triton",
     "tqdm",
+    "torch_geometric",
 )
 PAGES = sorted(["README.md", *(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))])
 _FENCE = re.compile(

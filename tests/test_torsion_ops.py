@@ -258,3 +258,65 @@ def test_log_volume_equals_torsional_diffusion():
         rotors = bn.RotorTable.from_connectivity(pairs, n)
         assert int(data.edge_mask.sum()) == rotors.n_bonds
         assert abs(float(bn.torsion_log_volume(xyz, rotors)) - theirs) < 1e-8
+
+
+# ----------------------------------------------------------------- PyG batches and RDKit molecules
+
+
+def test_rotor_tables_of_a_pyg_batch():
+    pyg = pytest.importorskip("torch_geometric.data", reason="torch_geometric is an optional extra")
+    mols = [molecule(name, seed=s) for s, name in enumerate(NAMES)]
+    datas = []
+    for pairs, n, xyz in mols:
+        edge_index = torch.tensor([e for a, b in pairs for e in ((a, b), (b, a))]).T
+        datas.append(pyg.Data(edge_index=edge_index, pos=xyz, num_nodes=n))
+    data = pyg.Batch.from_data_list(datas)
+    rotors = bn.rotor_tables(data)
+    assert rotors == [bn.RotorTable.from_connectivity(p, n) for p, n, _ in mols]  # the cached objects
+    assert rotors[0] is bn.RotorTable.from_connectivity(mols[0][0], mols[0][1])
+    taus = torch.linspace(-1.0, 2.0, sum(r.n_bonds for r in rotors), dtype=F64)
+    new = bn.update_torsions(data.pos, rotors, taus, batch=data.batch)
+    expected = torch.cat([x for _, _, x in mols])
+    assert torch.equal(new, bn.update_torsions(expected, rotors, taus))
+    # a single Data, and the batch vector in place of ptr, give the same tables
+    assert bn.rotor_tables(datas[1]) == [rotors[1]]
+    del data.ptr
+    assert bn.rotor_tables(data) == rotors
+
+
+def test_rotor_tables_duck_typed_and_errors():
+    from types import SimpleNamespace
+
+    edges = torch.tensor([[0, 1], [1, 2], [2, 3], [4, 5], [5, 6], [6, 7]]).T
+    data = SimpleNamespace(edge_index=edges, num_nodes=8, batch=torch.tensor([0] * 4 + [1] * 4))
+    assert [r.n_bonds for r in bn.rotor_tables(data)] == [1, 1]
+    assert [r.bonds.tolist() for r in bn.rotor_tables(data, moving="larger")] == [[[1, 2]], [[1, 2]]]
+    with pytest.raises(ValueError, match=r"edge 1 \(1, 5\) joins molecule 0 and molecule 1"):
+        bn.rotor_tables(
+            SimpleNamespace(edge_index=torch.tensor([[0, 1], [1, 5]]).T, num_nodes=8, ptr=[0, 4, 8])
+        )
+    with pytest.raises(ValueError, match=r"ptr must rise from 0 to the 8 atoms, got \[0, 4, 7\]"):
+        bn.rotor_tables(SimpleNamespace(edge_index=edges, num_nodes=8, ptr=[0, 4, 7]))
+    with pytest.raises(ValueError, match="batch must be 8 sorted non-negative molecule indices"):
+        bn.rotor_tables(SimpleNamespace(edge_index=edges, num_nodes=8, batch=torch.tensor([1] * 4 + [0] * 4)))
+    with pytest.raises(ValueError, match=r"edge_index must be \(2, E\) integer atom pairs"):
+        bn.rotor_tables(SimpleNamespace(edge_index=edges.T, num_nodes=8))
+    with pytest.raises(ValueError, match=r"edge_index names atoms outside 0\.\.7"):
+        bn.rotor_tables(SimpleNamespace(edge_index=edges + 1, num_nodes=8))
+    with pytest.raises(TypeError, match="molecules must be a torch_geometric Data/Batch"):
+        bn.rotor_tables(42)
+    with pytest.raises(TypeError, match=r"molecules\[1\] must be an RDKit molecule, got int"):
+        bn.rotor_tables([SimpleNamespace(GetBonds=list, GetNumAtoms=lambda: 0), 3])
+    with pytest.raises(ValueError, match="moving must be"):
+        bn.rotor_tables(data, moving="left")  # type: ignore[arg-type]
+
+
+def test_rotor_tables_of_rdkit_molecules():
+    chem = pytest.importorskip("rdkit.Chem", reason="RDKit is an optional extra (interop)")
+    mols = [chem.AddHs(chem.MolFromSmiles(s)) for s in ("CCCC", "CC(=O)Nc1ccc(O)cc1")]
+    rotors = bn.rotor_tables(mols)
+    for mol, r in zip(mols, rotors):
+        pairs = [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()]
+        assert r is bn.RotorTable.from_connectivity(pairs, mol.GetNumAtoms())
+    assert bn.rotor_tables(mols[0]) == rotors[:1]
+    assert [r.n_bonds for r in rotors] == [3, 4]  # butane: two methyls and C1-C2; paracetamol: no ring bond
