@@ -103,8 +103,8 @@ def set_torsions(xyz: Tensor, rotors: Rotors, values: Any, *, batch: Tensor | No
 
 def _padded(x: Tensor, packed: _Packed) -> tuple[Tensor, Tensor]:
     """``(..., M, n, 3)`` coordinates of each molecule (zeros past its atoms) and the ``(M, n)`` mask."""
-    mask = packed.atom_mask.to(x.device)
-    out = x.index_select(-2, packed.atoms.to(x.device).reshape(-1)).unflatten(-2, tuple(mask.shape))
+    mask = packed.padded.atom_mask.to(x.device)
+    out = x.index_select(-2, packed.padded.atoms.to(x.device).reshape(-1)).unflatten(-2, tuple(mask.shape))
     return out * mask[..., None].to(x.dtype), mask
 
 
@@ -265,10 +265,12 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
     packed, flat = _prepare(xyz, rotors, batch)
     x, mask = _padded(xyz, packed)  # (..., M, n, 3)
     dev = xyz.device
-    bond_mask = packed.bond_mask.to(dev)  # (M, r)
-    ends = xyz.index_select(-2, packed.bond_atoms.to(dev).reshape(-1)).unflatten(-2, (*bond_mask.shape, 2))
+    bond_mask = packed.padded.bond_mask.to(dev)  # (M, r)
+    ends = xyz.index_select(-2, packed.padded.bond_atoms.to(dev).reshape(-1)).unflatten(
+        -2, (*bond_mask.shape, 2)
+    )
     xu, xv = ends.unbind(-2)  # (..., M, r, 3)
-    moving = packed.moving.to(dev)[..., None].to(xyz.dtype)  # (M, r, n, 1)
+    moving = packed.padded.moving.to(dev)[..., None].to(xyz.dtype)  # (M, r, n, 1)
     axis = xu - xv
     e = axis / axis.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(xyz.dtype).tiny)
     w = mask[..., None].to(xyz.dtype)  # (M, n, 1)

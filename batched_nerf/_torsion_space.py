@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -421,7 +422,9 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTab
       sequence of them.
 
     Each table is [`RotorTable.from_connectivity`][batched_nerf.RotorTable.from_connectivity]'s,
-    so the same molecule graph gives the same object, and the list goes
+    so the same molecule graph gives the same object; the same batch (the
+    same ``edge_index`` and molecule boundaries) is answered from a cache of 64
+    batches at the cost of hashing its edges. The list goes
     straight to [`update_torsions`][batched_nerf.update_torsions] with the
     batch's ``pos`` and ``batch``.
 
@@ -504,6 +507,16 @@ def _pyg_tables(data: Any, moving: Moving) -> list[RotorTable]:
         raise ValueError(f"ptr must rise from 0 to the {n} atoms, got {starts.tolist()}")
     if edges.size and (edges.min() < 0 or edges.max() >= n):
         raise ValueError(f"edge_index names atoms outside 0..{n - 1}")
+    key = (edges.tobytes(), edges.shape, starts.tobytes(), moving)
+    return list(_recent(_BATCH_CACHE, _BATCH_CACHE_SIZE, key, lambda: _split_batch(edges, starts, moving)))
+
+
+_BATCH_CACHE: OrderedDict[tuple[Any, ...], tuple[RotorTable, ...]] = OrderedDict()
+_BATCH_CACHE_SIZE = 64
+
+
+def _split_batch(edges: np.ndarray, starts: np.ndarray, moving: Moving) -> tuple[RotorTable, ...]:
+    """The rotor table of each molecule ``starts[m]:starts[m + 1]`` of a batch's ``(2, E)`` edges."""
     mol = np.searchsorted(starts, edges, side="right") - 1  # (2, E)
     cross = np.flatnonzero(mol[0] != mol[1])
     if len(cross):
@@ -518,7 +531,7 @@ def _pyg_tables(data: Any, moving: Moving) -> list[RotorTable]:
         local = edges[:, order[bounds[m] : bounds[m + 1]]].T - starts[m]
         pairs = np.unique(np.sort(local, axis=1), axis=0).reshape(-1, 2)
         out.append(RotorTable.from_connectivity(pairs, int(starts[m + 1] - starts[m]), moving=moving))
-    return out
+    return tuple(out)
 
 
 class _Packed:
@@ -535,19 +548,31 @@ class _Packed:
         self.rows = torch.cat([r.rows + int(o) for r, o in zip(rotors, atom_offsets)])
         self.row_bonds = torch.cat([r.row_bonds + int(o) for r, o in zip(rotors, bond_offsets)])
         self.torsions = torch.cat([r.torsions + int(o) for r, o in zip(rotors, atom_offsets)])
-        # padded per-molecule views (M, max N) and (M, max R) for the per-molecule reductions
-        n_max, r_max = max(self.n_atoms), max(self.n_bonds)
-        self.atoms = torch.zeros(len(rotors), n_max, dtype=torch.int64)
+
+    @cached_property
+    def padded(self) -> _Padded:
+        """Per-molecule padded views, made on first use (the updates do not need them)."""
+        return _Padded(self.rotors)
+
+
+class _Padded:
+    """Padded per-molecule views of packed rotor tables, ``(M, max N)`` atoms and ``(M, max R)`` bonds."""
+
+    def __init__(self, rotors: tuple[RotorTable, ...]) -> None:
+        n_max, r_max = max(r.n_atoms for r in rotors), max(r.n_bonds for r in rotors)
+        self.atoms = torch.zeros(len(rotors), n_max, dtype=torch.int64)  # global atom index
         self.atom_mask = torch.zeros(len(rotors), n_max, dtype=torch.bool)
-        self.bond_atoms = torch.zeros(len(rotors), r_max, 2, dtype=torch.int64)
+        self.bond_atoms = torch.zeros(len(rotors), r_max, 2, dtype=torch.int64)  # global (u, v)
         self.bond_mask = torch.zeros(len(rotors), r_max, dtype=torch.bool)
         self.moving = torch.zeros(len(rotors), r_max, n_max, dtype=torch.bool)
-        for m, (r, o) in enumerate(zip(rotors, atom_offsets.tolist())):
-            self.atoms[m, : r.n_atoms] = torch.arange(o, o + r.n_atoms)
+        offset = 0
+        for m, r in enumerate(rotors):
+            self.atoms[m, : r.n_atoms] = torch.arange(offset, offset + r.n_atoms)
             self.atom_mask[m, : r.n_atoms] = True
-            self.bond_atoms[m, : r.n_bonds] = r.bonds + o
+            self.bond_atoms[m, : r.n_bonds] = r.bonds + offset
             self.bond_mask[m, : r.n_bonds] = True
             self.moving[m, : r.n_bonds, : r.n_atoms] = r.moving
+            offset += r.n_atoms
 
 
 _PACKED_CACHE: OrderedDict[tuple[int, ...], _Packed] = OrderedDict()

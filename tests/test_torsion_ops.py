@@ -291,6 +291,10 @@ def test_rotor_tables_duck_typed_and_errors():
     data = SimpleNamespace(edge_index=edges, num_nodes=8, batch=torch.tensor([0] * 4 + [1] * 4))
     assert [r.n_bonds for r in bn.rotor_tables(data)] == [1, 1]
     assert [r.bonds.tolist() for r in bn.rotor_tables(data, moving="larger")] == [[[1, 2]], [[1, 2]]]
+    # the batch cache is keyed by content: other edges in the same tensor give other tables
+    edges[:, 2] = torch.tensor([1, 3])  # molecule 0 becomes a star: nothing turns
+    assert [r.n_bonds for r in bn.rotor_tables(data)] == [0, 1]
+    edges[:, 2] = torch.tensor([2, 3])
     with pytest.raises(ValueError, match=r"edge 1 \(1, 5\) joins molecule 0 and molecule 1"):
         bn.rotor_tables(
             SimpleNamespace(edge_index=torch.tensor([[0, 1], [1, 5]]).T, num_nodes=8, ptr=[0, 4, 8])
