@@ -25,8 +25,9 @@ from ._pack import pack_tables, split_atoms
 from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
 from ._table import ConstructionTable
 from ._topology import Topology
+from ._torsion_inputs import rotor_tables
 from ._torsion_ops import match_torsions, set_torsions, torsion_angles, torsion_log_volume
-from ._torsion_space import RotorTable, rotatable_bonds, rotor_tables, update_torsions
+from ._torsion_space import RotorTable, rotatable_bonds, update_torsions
 from ._version import __version__
 from ._warmup import warmup
 from ._zmatrix import ZMatrix

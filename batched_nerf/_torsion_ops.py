@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import _superpose as superpose
 from ._geometry import cross, dihedral
 from ._torsion_space import RotorTable, _Packed, _per_bond, _prepare, update_torsions
 
@@ -101,40 +102,13 @@ def set_torsions(xyz: Tensor, rotors: Rotors, values: Any, *, batch: Tensor | No
     return update_torsions(xyz, rotors, torch.remainder(delta + math.pi, 2 * math.pi) - math.pi, batch=batch)
 
 
-def _padded(x: Tensor, packed: _Packed) -> tuple[Tensor, Tensor]:
-    """``(..., M, n, 3)`` coordinates of each molecule (zeros past its atoms) and the ``(M, n)`` mask."""
-    mask = packed.padded.atom_mask.to(x.device)
-    out = x.index_select(-2, packed.padded.atoms.to(x.device).reshape(-1)).unflatten(-2, tuple(mask.shape))
-    return out * mask[..., None].to(x.dtype), mask
-
-
-def _centered(x: Tensor, mask: Tensor) -> Tensor:
-    """Padded coordinates minus each molecule's centroid (padding stays zero)."""
-    w = mask[..., None].to(x.dtype)
-    centroid = x.sum(-2, keepdim=True) / w.sum(-2, keepdim=True)
-    return (x - centroid) * w
-
-
 def _rmsd(x: Tensor, y: Tensor, packed: _Packed) -> Tensor:
-    """``(..., M)`` RMSD after the best superposition (Horn's quaternion eigenvalue; no reflection)."""
-    a, mask = _padded(x, packed)
-    b, _ = _padded(y, packed)
-    a, b = _centered(a, mask), _centered(b, mask)
-    s = a.transpose(-1, -2) @ b  # (..., M, 3, 3)
-    sxx, sxy, sxz, syx, syy, syz, szx, szy, szz = s.flatten(-2).unbind(-1)
-    k = torch.stack(
-        [
-            torch.stack([sxx + syy + szz, syz - szy, szx - sxz, sxy - syx], -1),
-            torch.stack([syz - szy, sxx - syy - szz, sxy + syx, szx + sxz], -1),
-            torch.stack([szx - sxz, sxy + syx, syy - sxx - szz, syz + szy], -1),
-            torch.stack([sxy - syx, szx + sxz, syz + szy, szz - sxx - syy], -1),
-        ],
-        -2,
-    )
-    top = torch.linalg.eigvalsh(k)[..., -1]
-    n = mask.sum(-1).to(x.dtype)
-    msd = (a.square().sum((-1, -2)) + b.square().sum((-1, -2)) - 2 * top) / n
-    return msd.clamp_min(0).sqrt()
+    """``(..., M)`` RMSD of each molecule after the best superposition (no reflection)."""
+    padded = packed.padded
+    mask = padded.atom_mask.to(x.device)
+    a, _ = superpose.centered(padded.gather(x), mask)
+    b, _ = superpose.centered(padded.gather(y), mask)
+    return superpose.msd(a, b, mask).sqrt()
 
 
 def match_torsions(
@@ -263,8 +237,9 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
         tensor(-0.6931, dtype=torch.float64)
     """
     packed, flat = _prepare(xyz, rotors, batch)
-    x, mask = _padded(xyz, packed)  # (..., M, n, 3)
     dev = xyz.device
+    mask = packed.padded.atom_mask.to(dev)
+    x = packed.padded.gather(xyz)  # (..., M, n, 3)
     bond_mask = packed.padded.bond_mask.to(dev)  # (M, r)
     ends = xyz.index_select(-2, packed.padded.bond_atoms.to(dev).reshape(-1)).unflatten(
         -2, (*bond_mask.shape, 2)
@@ -277,7 +252,7 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
     dx = cross(e.unsqueeze(-2), x.unsqueeze(-3) - xv.unsqueeze(-2)) * moving  # (..., M, r, n, 3)
     n = w.sum(-2, keepdim=True)  # (M, 1, 1)
     dx = (dx - dx.sum(-2, keepdim=True) / n.unsqueeze(-3)) * w.unsqueeze(-3)
-    p = _centered(x, mask)  # (..., M, n, 3)
+    p, _ = superpose.centered(x, mask)  # (..., M, n, 3)
     eye = torch.eye(3, dtype=xyz.dtype, device=dev)
     inertia = p.square().sum((-1, -2))[..., None, None] * eye - p.transpose(-1, -2) @ p  # (..., M, 3, 3)
     momentum = cross(p.unsqueeze(-3), dx).sum(-2)  # (..., M, r, 3)

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf._geometry",
         "batched_nerf._build_order",
         "batched_nerf._topology",
+        "batched_nerf._superpose",
         "batched_nerf.runtime",
     ),
     ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
@@ -35,7 +36,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("batched_nerf._pose", "batched_nerf._box", "batched_nerf._entries"),
     ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._flow_entries", "batched_nerf._pack"),
     ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses", "batched_nerf._warmup"),
-    ("batched_nerf._compile", "batched_nerf._torsion_space", "batched_nerf._torsion_ops"),
+    (
+        "batched_nerf._compile",
+        "batched_nerf._torsion_space",
+        "batched_nerf._torsion_ops",
+        "batched_nerf._torsion_inputs",
+    ),
     # on top: file helpers, proteins, then the file adapters (the mdtraj adapter reads proteins),
     # shipped data, CLI, test helpers
     ("batched_nerf.formats._common",),

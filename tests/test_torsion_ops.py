@@ -324,3 +324,61 @@ def test_rotor_tables_of_rdkit_molecules():
         assert r is bn.RotorTable.from_connectivity(pairs, mol.GetNumAtoms())
     assert bn.rotor_tables(mols[0]) == rotors[:1]
     assert [r.n_bonds for r in rotors] == [3, 4]  # butane: two methyls and C1-C2; paracetamol: no ring bond
+
+
+# ----------------------------------------------------------------- DiffDock's alignment after the update
+
+
+def kabsch_numpy(mobile: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """``mobile`` superposed onto ``reference`` by an SVD Kabsch (reflection fixed), float64."""
+    cm, cr = mobile.mean(0), reference.mean(0)
+    u, _, vt = np.linalg.svd((mobile - cm).T @ (reference - cr))
+    d = np.sign(np.linalg.det(u @ vt))
+    rot = u @ np.diag([1.0, 1.0, d]) @ vt  # x -> x @ rot
+    return (mobile - cm) @ rot + cr
+
+
+def test_align_superposes_each_molecule_onto_its_input():
+    rotors, xyz, batch = ragged(8)
+    total = sum(r.n_bonds for r in rotors)
+    taus = torch.linspace(-2.5, 2.0, total, dtype=F64)
+    free = bn.update_torsions(xyz, rotors, taus, batch=batch)
+    aligned = bn.update_torsions(xyz, rotors, taus, batch=batch, align=True)
+    sizes = [r.n_atoms for r in rotors]
+    for f, a, x in zip(
+        bn.split_atoms(free, sizes), bn.split_atoms(aligned, sizes), bn.split_atoms(xyz, sizes)
+    ):
+        expected = kabsch_numpy(f.numpy(), x.numpy())
+        assert np.abs(a.numpy() - expected).max() < 1e-10
+        assert np.abs(distances(a) - distances(f)).max() < 1e-10  # a rigid motion of the update
+        assert (a - f).abs().max() > 1e-3  # and not the identity
+    # equivariant: a rotated input gives the rotated result
+    moved = random_rigid(xyz, 5)
+    turned = bn.update_torsions(moved, rotors, taus, batch=batch, align=True)
+    assert (turned - random_rigid(aligned, 5)).abs().max() < 1e-10
+
+
+def test_align_gradients_vmap_and_nan():
+    pairs, n = with_hydrogens([(0, 1), (1, 2), (2, 3)], [4, 4, 4, 2])
+    xyz = coordinates(pairs, n, seed=11).requires_grad_()
+    rotors = bn.RotorTable.from_connectivity(pairs, n)
+    taus = torch.tensor([0.3, -1.1, 2.0], dtype=F64, requires_grad=True)
+
+    def f(x, t):
+        return bn.update_torsions(x, rotors, t, align=True)
+
+    assert torch.autograd.gradcheck(f, (xyz, taus))
+    assert torch.autograd.gradgradcheck(f, (xyz, taus))
+    many = torch.randn(4, 3, dtype=F64, generator=torch.Generator().manual_seed(2))
+    x = xyz.detach()
+    mapped = torch.func.vmap(lambda t: f(x, t))(many)
+    assert (mapped - f(x.expand(4, n, 3), many)).abs().max() < 1e-12
+    # a NaN update makes its molecule NaN, the other molecules stay finite
+    rot, xyz3, batch = ragged(9)
+    total = sum(r.n_bonds for r in rot)
+    bad = torch.zeros(total, dtype=F64)
+    bad[0] = float("nan")
+    out = bn.update_torsions(xyz3, rot, bad, batch=batch, align=True)
+    first = batch == 0
+    assert torch.isnan(out[first]).all() and torch.isfinite(out[~first]).all()
+    assert (out[~first] - xyz3[~first]).abs().max() < 1e-10  # zero updates, aligned onto themselves
