@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ._torsion_space import Moving, RotorTable, _check_moving, _recent
+from ._torsion_space import Moving, RotorTable, Rule, _check_moving, _recent, rotatable_bonds
 from .runtime.torch_compat import values_of
 
 __all__ = ["rotor_tables"]
 
 
-def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTable]:
+def rotor_tables(molecules: Any, *, moving: Moving = "smaller", rule: Rule = "graph") -> list[RotorTable]:
     """The cached [`RotorTable`][batched_nerf.RotorTable] of each molecule of a PyG batch or RDKit molecules.
 
     Accepts, without importing either package:
@@ -42,6 +42,9 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTab
     Args:
         molecules: a PyG ``Data``/``Batch``, an RDKit ``Mol`` or a sequence of ``Mol``.
         moving: the side each bond turns, ``"smaller"`` or ``"larger"``.
+        rule: ``"graph"`` (the peers' rule) or ``"chemistry"`` (see
+            [`rotatable_bonds`][batched_nerf.rotatable_bonds]; RDKit molecules
+            only: their bond orders and elements).
 
     Returns:
         One [`RotorTable`][batched_nerf.RotorTable] per molecule, in order.
@@ -50,7 +53,9 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTab
         TypeError: ``molecules`` is none of these (naming its type, or the
             position of a wrong item in a sequence).
         ValueError: an edge joins two molecules of a batch (naming the edge),
-            or a malformed ``edge_index``, ``ptr`` or ``batch``.
+            a malformed ``edge_index``, ``ptr`` or ``batch``, an unknown
+            ``rule``, or ``rule="chemistry"`` for a PyG batch (it has no bond
+            orders).
 
     Example:
         >>> import torch, batched_nerf as bn
@@ -62,16 +67,23 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTab
         [1, 0]
     """
     _check_moving(moving)
+    if rule not in ("graph", "chemistry"):
+        raise ValueError(f"rule must be 'graph' or 'chemistry', got {rule!r}")
     if hasattr(molecules, "edge_index"):
+        if rule != "graph":
+            raise ValueError(
+                "rule='chemistry' needs bond orders, which a PyG batch does not carry: pass the RDKit "
+                "molecules, or bonds=rotatable_bonds(..., rule='chemistry') to RotorTable per molecule"
+            )
         return _pyg_tables(molecules, moving)
     if hasattr(molecules, "GetBonds") and hasattr(molecules, "GetNumAtoms"):
-        return [_rdkit_table(molecules, moving)]
+        return [_rdkit_table(molecules, moving, rule)]
     if isinstance(molecules, Sequence) and not isinstance(molecules, (str, bytes)):
         out = []
         for k, mol in enumerate(molecules):
             if not (hasattr(mol, "GetBonds") and hasattr(mol, "GetNumAtoms")):
                 raise TypeError(f"molecules[{k}] must be an RDKit molecule, got {type(mol).__name__}")
-            out.append(_rdkit_table(mol, moving))
+            out.append(_rdkit_table(mol, moving, rule))
         return out
     raise TypeError(
         "molecules must be a torch_geometric Data/Batch (edge_index), an RDKit molecule or a "
@@ -79,11 +91,18 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller") -> list[RotorTab
     )
 
 
-def _rdkit_table(mol: Any, moving: Moving) -> RotorTable:
-    pairs = [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()]
-    return RotorTable.from_connectivity(
-        np.asarray(pairs, dtype=np.int64).reshape(-1, 2), mol.GetNumAtoms(), moving=moving
+def _rdkit_table(mol: Any, moving: Moving, rule: Rule) -> RotorTable:
+    bonds = list(mol.GetBonds())
+    pairs = np.asarray([(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in bonds], dtype=np.int64).reshape(
+        -1, 2
     )
+    n = mol.GetNumAtoms()
+    chosen = None
+    if rule == "chemistry":
+        orders = [b.GetBondTypeAsDouble() for b in bonds]
+        elements = np.asarray([a.GetAtomicNum() for a in mol.GetAtoms()], dtype=np.int64)
+        chosen = rotatable_bonds(pairs, n, moving=moving, rule=rule, bond_orders=orders, elements=elements)
+    return RotorTable.from_connectivity(pairs, n, bonds=chosen, moving=moving)
 
 
 def _ints(values: Any, name: str) -> np.ndarray:

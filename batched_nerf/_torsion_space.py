@@ -28,12 +28,14 @@ from ._autolink import components
 from ._autotable import _bond_pairs, refs_from_connectivity
 from ._convert import to_cartesian, to_internal
 from ._pack import pack_tables
+from ._perceive import _symbols, atomic_number
 from ._table import ConstructionTable
 from .runtime.torch_compat import values_of
 
 __all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
 
 Moving = Literal["smaller", "larger"]
+Rule = Literal["graph", "chemistry"]
 
 
 def _recent(
@@ -139,7 +141,15 @@ def _oriented(pairs: np.ndarray, n_atoms: int, moving: str) -> tuple[np.ndarray,
     return np.asarray(out, dtype=np.int64).reshape(-1, 2), graph
 
 
-def rotatable_bonds(connectivity: Any, n_atoms: int, *, moving: Moving = "smaller") -> Tensor:
+def rotatable_bonds(
+    connectivity: Any,
+    n_atoms: int,
+    *,
+    moving: Moving = "smaller",
+    rule: Rule = "graph",
+    bond_orders: Any = None,
+    elements: Any = None,
+) -> Tensor:
     """Rotatable bonds of a bond graph, oriented towards the side that turns.
 
     The rule of DiffDock and torsional diffusion: a bond is rotatable when it
@@ -155,31 +165,110 @@ def rotatable_bonds(connectivity: Any, n_atoms: int, *, moving: Moving = "smalle
     key=len)[0]`` picks with atoms numbered from 0). ``moving="larger"`` turns
     the other side.
 
+    ``rule="chemistry"`` keeps, of those bonds, a chemist's rotors (the sense
+    of RDKit's ``RotatableBondSmarts``, with amides excluded): a single bond
+    (order 1; aromatic 1.5 is not) whose two atoms each have another heavy-atom
+    neighbour (so methyl, hydroxyl, amine and halomethyl rotors are terminal
+    and left out), neither atom in a triple bond, and not an amide C-N bond
+    (a carbon double-bonded to O or S, bonded to N). It needs the bond orders
+    and the elements.
+
     Args:
         connectivity: ``(E, 2)`` pairs of bonded atom indices (numpy, lists or
             torch; any order, duplicates allowed).
         n_atoms: the number of atoms ``N``.
         moving: ``"smaller"`` (default) or ``"larger"``: the side each bond turns.
+        rule: ``"graph"`` (default; the peers' rule) or ``"chemistry"``.
+        bond_orders: with ``rule="chemistry"``, ``(E,)`` order of each pair of
+            ``connectivity`` (1, 1.5 aromatic, 2, 3).
+        elements: with ``rule="chemistry"``, ``(N,)`` atomic numbers or
+            element symbols.
 
     Returns:
         ``(R, 2)`` int64 tensor of ``(u, v)`` pairs, in the order of the sorted
         pairs ``(min(u, v), max(u, v))``.
 
     Raises:
-        ValueError: a malformed pair or an atom index out of range, or an
-            unknown ``moving``.
+        ValueError: a malformed pair or an atom index out of range, an
+            unknown ``moving`` or ``rule``; with ``rule="chemistry"``, missing
+            ``bond_orders`` or ``elements``, or of the wrong length, an
+            unknown element symbol (naming its index), or two orders for one
+            pair (naming it).
 
     Example:
         >>> import batched_nerf as bn
         >>> butane = [(0, 1), (1, 2), (2, 3)] + [(0, 4), (0, 5), (0, 6), (3, 7), (3, 8), (3, 9)]
+        >>> butane += [(1, 10), (1, 11), (2, 12), (2, 13)]
         >>> # the methyls turn; C1-C2 has 7 atoms on each side: the side of atom 0 turns
-        >>> bn.rotatable_bonds(butane + [(1, 10), (1, 11), (2, 12), (2, 13)], 14).tolist()
+        >>> bn.rotatable_bonds(butane, 14).tolist()
         [[1, 0], [2, 1], [2, 3]]
+        >>> # a chemist's rule: the methyl rotors are terminal
+        >>> orders, elements = [1] * 13, "CCCC" + "H" * 10
+        >>> bn.rotatable_bonds(butane, 14, rule="chemistry", bond_orders=orders, elements=elements).tolist()
+        [[2, 1]]
     """
     _check_moving(moving)
     pairs = _bond_pairs(connectivity, int(n_atoms))
     bonds, _ = _oriented(pairs, int(n_atoms), moving)
+    if rule == "chemistry":
+        bonds = bonds[_chemists_rotors(connectivity, bond_orders, elements, pairs, bonds, int(n_atoms))]
+    elif rule != "graph":
+        raise ValueError(f"rule must be 'graph' or 'chemistry', got {rule!r}")
     return torch.from_numpy(bonds)
+
+
+def _chemists_rotors(
+    connectivity: Any, bond_orders: Any, elements: Any, pairs: np.ndarray, bonds: np.ndarray, n: int
+) -> np.ndarray:
+    """``(R,)`` mask of the graph rule's ``bonds`` that are a chemist's rotors (see ``rotatable_bonds``)."""
+    if bond_orders is None or elements is None:
+        raise ValueError(
+            "rule='chemistry' needs bond_orders (one per connectivity pair) and elements (one per atom)"
+        )
+    raw = np.asarray(connectivity.detach().cpu().numpy() if hasattr(connectivity, "detach") else connectivity)
+    raw = raw.reshape(-1, 2).astype(np.int64)
+    orders = np.asarray(bond_orders, dtype=np.float64).reshape(-1)
+    if len(orders) != len(raw):
+        raise ValueError(f"bond_orders has {len(orders)} values, but connectivity has {len(raw)} pairs")
+    z = _atomic_numbers(elements, n)
+    order_of: dict[tuple[int, int], float] = {}
+    for (i, j), o in zip(raw.tolist(), orders.tolist()):
+        key = (min(i, j), max(i, j))
+        if order_of.setdefault(key, o) != o:
+            raise ValueError(f"the pair ({i}, {j}) is given twice with the orders {order_of[key]} and {o}")
+    heavy = z > 1
+    heavy_degree = np.zeros(n, dtype=np.int64)
+    np.add.at(heavy_degree, pairs[:, 0], heavy[pairs[:, 1]])
+    np.add.at(heavy_degree, pairs[:, 1], heavy[pairs[:, 0]])
+    triple = np.zeros(n, dtype=bool)
+    carbonyl = np.zeros(n, dtype=bool)  # a carbon double-bonded to O or S
+    for (i, j), o in order_of.items():
+        if o == 3:
+            triple[[i, j]] = True
+        if o == 2:
+            for c, x in ((i, j), (j, i)):
+                carbonyl[c] |= z[c] == 6 and z[x] in (8, 16)
+    keep = np.zeros(len(bonds), dtype=bool)
+    for k, (u, v) in enumerate(bonds.tolist()):
+        amide = (carbonyl[u] and z[v] == 7) or (carbonyl[v] and z[u] == 7)
+        keep[k] = (
+            order_of[(min(u, v), max(u, v))] == 1
+            and heavy_degree[u] >= 2
+            and heavy_degree[v] >= 2
+            and not (triple[u] or triple[v] or amide)
+        )
+    return keep
+
+
+def _atomic_numbers(elements: Any, n: int) -> np.ndarray:
+    """``(N,)`` atomic numbers from numbers or symbols (a string of one-letter symbols too)."""
+    items = list(elements) if isinstance(elements, str) else elements
+    values = np.asarray(items.detach().cpu().numpy() if hasattr(items, "detach") else items)
+    if values.shape != (n,):
+        raise ValueError(f"elements must have one entry per atom ({n}), got shape {values.shape}")
+    if np.issubdtype(values.dtype, np.integer):
+        return values.astype(np.int64)
+    return np.asarray([atomic_number(e) for e in _symbols(values.tolist())], dtype=np.int64)
 
 
 class RotorTable:

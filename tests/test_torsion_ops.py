@@ -382,3 +382,67 @@ def test_align_gradients_vmap_and_nan():
     first = batch == 0
     assert torch.isnan(out[first]).all() and torch.isfinite(out[~first]).all()
     assert (out[~first] - xyz3[~first]).abs().max() < 1e-10  # zero updates, aligned onto themselves
+
+
+# ----------------------------------------------------------------- a chemist's rule
+
+
+def test_chemistry_rule_on_a_graph():
+    pairs, n = with_hydrogens([(0, 1), (1, 2), (2, 3)], [4, 4, 4, 4])  # butane
+    orders = [1] * len(pairs)
+    elements = ["C"] * 4 + ["H"] * (n - 4)
+    assert bn.rotatable_bonds(pairs, n).shape == (3, 2)
+    chem = bn.rotatable_bonds(pairs, n, rule="chemistry", bond_orders=orders, elements=elements)
+    assert chem.tolist() == [[2, 1]]  # the methyl rotors are terminal
+    # a double bond and a triple bond are not rotors; atomic numbers work as well as symbols
+    z = [6] * 4 + [1] * (n - 4)
+    double = bn.rotatable_bonds(pairs, n, rule="chemistry", bond_orders=[1, 2, 1] + [1] * (n - 4), elements=z)
+    assert double.tolist() == []
+    with pytest.raises(ValueError, match="rule='chemistry' needs bond_orders"):
+        bn.rotatable_bonds(pairs, n, rule="chemistry")
+    with pytest.raises(ValueError, match=r"bond_orders has 2 values, but connectivity has 13 pairs"):
+        bn.rotatable_bonds(pairs, n, rule="chemistry", bond_orders=[1, 1], elements=z)
+    with pytest.raises(ValueError, match=r"elements must have one entry per atom \(14\)"):
+        bn.rotatable_bonds(pairs, n, rule="chemistry", bond_orders=orders, elements=z[:3])
+    with pytest.raises(ValueError, match=r"unknown element .Qq. at index 3"):
+        bn.rotatable_bonds(
+            pairs, n, rule="chemistry", bond_orders=orders, elements=["C"] * 3 + ["Qq"] + ["H"] * (n - 4)
+        )
+    with pytest.raises(ValueError, match=r"the pair \(1, 0\) is given twice with the orders 1.0 and 2.0"):
+        bn.rotatable_bonds([*pairs, (1, 0)], n, rule="chemistry", bond_orders=[*orders, 2], elements=z)
+    with pytest.raises(ValueError, match="rule must be 'graph' or 'chemistry', got 'rdkit'"):
+        bn.rotatable_bonds(pairs, n, rule="rdkit")  # type: ignore[arg-type]
+
+
+def test_chemistry_rule_equals_rdkit_rotatable_bond_smarts():
+    chem = pytest.importorskip("rdkit.Chem", reason="RDKit is an optional extra (interop)")
+    from rdkit.Chem import Lipinski
+
+    # no amides here (RDKit's pattern excludes only N-H amides, ours every amide)
+    smiles = [
+        "CC(=O)Oc1ccccc1C(=O)O",
+        "CC(C)Cc1ccc(cc1)C(C)C(=O)O",
+        "CN1CCC[C@H]1c1cccnc1",
+        "OCCOCCN(CC)CC",
+        "CCOC(=O)C1=C(C)NC(C)=C(C1c1ccccc1[N+](=O)[O-])C(=O)OC",
+        "c1ccccc1-c1ccccc1",
+        "CC#CCC",
+    ]
+    for s in smiles:
+        mol = chem.AddHs(chem.MolFromSmiles(s))
+        ours = {frozenset(b) for b in bn.rotor_tables(mol, rule="chemistry")[0].bonds.tolist()}
+        heavy = chem.RemoveHs(mol)  # hydrogens were appended: heavy-atom indices agree
+        theirs = {frozenset(m) for m in heavy.GetSubstructMatches(Lipinski.RotatableBondSmarts)}
+        assert ours == theirs, s
+    # paracetamol: the amide C-N is excluded here, kept by the graph rule
+    para = chem.AddHs(chem.MolFromSmiles("CC(=O)Nc1ccc(O)cc1"))
+    assert bn.rotor_tables(para)[0].n_bonds == 4
+    assert bn.rotor_tables(para, rule="chemistry")[0].bonds.tolist() in ([[3, 4]], [[4, 3]])
+    with pytest.raises(
+        ValueError, match="rule='chemistry' needs bond orders, which a PyG batch does not carry"
+    ):
+        from types import SimpleNamespace
+
+        bn.rotor_tables(
+            SimpleNamespace(edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=1), rule="chemistry"
+        )
