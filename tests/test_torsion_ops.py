@@ -446,3 +446,34 @@ def test_chemistry_rule_equals_rdkit_rotatable_bond_smarts():
         bn.rotor_tables(
             SimpleNamespace(edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=1), rule="chemistry"
         )
+
+
+def test_stereocentres_keep_their_cip_labels():
+    chem = pytest.importorskip("rdkit.Chem", reason="RDKit is an optional extra (interop)")
+    from rdkit.Chem import AllChem
+    from rdkit.Geometry import Point3D
+
+    mol = chem.AddHs(chem.MolFromSmiles("C[C@H](N)C(=O)N[C@@H](Cc1ccccc1)C(=O)O[C@@H](C)CC"))
+    AllChem.EmbedMolecule(mol, randomSeed=3)
+
+    def labels(xyz: torch.Tensor) -> dict[int, str]:
+        conf = mol.GetConformer()
+        for i, (x, y, z) in enumerate(xyz.tolist()):
+            conf.SetAtomPosition(i, Point3D(x, y, z))
+        chem.AssignStereochemistryFrom3D(mol)
+        return {a.GetIdx(): a.GetProp("_CIPCode") for a in mol.GetAtoms() if a.HasProp("_CIPCode")}
+
+    xyz = torch.tensor(mol.GetConformer().GetPositions(), dtype=F64)
+    before = labels(xyz)
+    assert len(before) == 3
+    rotors = bn.rotor_tables(mol)[0]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        taus = (2 * torch.rand(rotors.n_bonds, generator=gen, dtype=F64) - 1) * math.pi
+        for moved in (
+            bn.update_torsions(xyz, rotors, taus),
+            bn.update_torsions(xyz, rotors, taus, align=True),
+        ):
+            assert labels(moved) == before
+    # a mirror image flips them: the check can fail
+    assert labels(xyz * torch.tensor([-1.0, 1.0, 1.0], dtype=F64)) != before
