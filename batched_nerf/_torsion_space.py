@@ -108,30 +108,39 @@ class _Bridges:
         self.disc = np.asarray(disc, dtype=np.int64)
         self.size = np.asarray(size, dtype=np.int64)
         self.comp, _ = components(n_atoms, pairs[:, 0], pairs[:, 1])
+        self._sides: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # child end -> (rest, subtree)
 
     def subtree(self, c: int) -> np.ndarray:
         """Boolean mask of the atoms of the DFS subtree of ``c`` (one side of its bridge)."""
         return (self.disc >= self.disc[c]) & (self.disc < self.disc[c] + self.size[c])
 
     def sides(self, u: int, v: int) -> tuple[np.ndarray, np.ndarray]:
-        """Masks of the atoms on ``u``'s and on ``v``'s side of the bridge ``u-v``."""
+        """Masks of the atoms on ``u``'s and on ``v``'s side of the bridge ``u-v`` (kept per bridge)."""
         c = self.child[frozenset((u, v))]
-        sub = self.subtree(c)
-        rest = (self.comp == self.comp[c]) & ~sub
+        if c not in self._sides:
+            sub = self.subtree(c)
+            self._sides[c] = ((self.comp == self.comp[c]) & ~sub, sub)
+        rest, sub = self._sides[c]
         return (rest, sub) if c == v else (sub, rest)
 
 
 def _oriented(pairs: np.ndarray, n_atoms: int, moving: str) -> tuple[np.ndarray, _Bridges]:
     """Rotatable bonds ``(R, 2)`` ``(u, v)``, ``v`` on the moving side, in sorted pair order."""
     graph = _Bridges(pairs, n_atoms)
+    comp_size = np.bincount(graph.comp, minlength=1)
     out = []
     for i, j in pairs.tolist():
-        if frozenset((i, j)) not in graph.child:
+        c = graph.child.get(frozenset((i, j)))
+        if c is None:
             continue
-        side_i, side_j = graph.sides(i, j)
-        n_i, n_j = int(side_i.sum()), int(side_j.sum())
+        below, above = (
+            int(graph.size[c]),
+            int(comp_size[graph.comp[c]] - graph.size[c]),
+        )  # c's side, the other
+        n_i, n_j = (above, below) if c == j else (below, above)
         if n_i < 2 or n_j < 2:
             continue
+        side_i, side_j = graph.sides(i, j)
         if n_i != n_j:
             j_moves = (n_j < n_i) == (moving == "smaller")
         else:  # tie: the side holding the fragment's lowest atom index is "the smaller one"
@@ -361,7 +370,7 @@ class RotorTable:
         self.fixed = torch.from_numpy(fixed)
         self.rows = torch.from_numpy(rows)
         self.row_bonds = torch.from_numpy(row_bonds)
-        self.torsions = torch.from_numpy(self._torsion_atoms(pairs, chosen))
+        self.torsions = torch.from_numpy(self._torsion_atoms(pairs, chosen, n_atoms))
         self.keeps_fixed = keeps
 
     @property
@@ -456,30 +465,39 @@ class RotorTable:
         return refs, keeps
 
     @staticmethod
-    def _torsion_atoms(pairs: np.ndarray, bonds: np.ndarray) -> np.ndarray:
+    def _torsion_atoms(pairs: np.ndarray, bonds: np.ndarray, n_atoms: int) -> np.ndarray:
         """``(R, 4)`` ``(p, u, v, m)``: the lowest-index other neighbour of ``u`` and of ``v``."""
-        out = np.zeros((len(bonds), 4), dtype=np.int64)
-        for k, (u, v) in enumerate(bonds.tolist()):
-            ends = []
-            for a, b in ((u, v), (v, u)):
-                near = np.concatenate([pairs[pairs[:, 0] == a, 1], pairs[pairs[:, 1] == a, 0]])
-                ends.append(int(near[near != b].min()))  # a non-terminal bond: a has another neighbour
-            out[k] = (ends[0], u, v, ends[1])
-        return out
+        both = np.concatenate([pairs, pairs[:, ::-1]])  # (atom, neighbour), each bond both ways
+        both = both[np.lexsort((both[:, 1], both[:, 0]))]
+        start = np.searchsorted(both[:, 0], np.arange(n_atoms))
+        u, v = bonds[:, 0], bonds[:, 1]
+
+        def lowest_other(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            # a rotatable bond is not terminal: a has a neighbour besides b, so start[a] + 1 is a's too
+            first = both[start[a], 1]
+            return np.where(first != b, first, both[np.minimum(start[a] + 1, len(both) - 1), 1])
+
+        return np.stack([lowest_other(u, v), u, v, lowest_other(v, u)], 1).reshape(-1, 4).astype(np.int64)
 
     @staticmethod
     def _rotor_rows(refs: np.ndarray, bonds: np.ndarray, moving: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        rows, row_bonds = [], []
-        for k, (u, v) in enumerate(bonds.tolist()):
-            axis = {u, v}
-            for i in np.flatnonzero(
-                ((refs[:, 0] == u) & (refs[:, 1] == v)) | ((refs[:, 0] == v) & (refs[:, 1] == u))
-            ):
-                d = int(refs[i, 2])
-                if d >= 0 and d not in axis and int(i) not in axis and moving[k, i] != moving[k, d]:
-                    rows.append(int(i))
-                    row_bonds.append(k)
-        return np.asarray(rows, dtype=np.int64), np.asarray(row_bonds, dtype=np.int64)
+        """Rows ``i: (b, a, d)``, ``{b, a}`` a bond ``k``, ``i`` and ``d`` off its axis on opposite sides."""
+        none = np.zeros(0, dtype=np.int64)
+        if len(bonds) == 0:
+            return none, none
+        n = len(refs)
+        codes = np.minimum(bonds[:, 0], bonds[:, 1]) * n + np.maximum(bonds[:, 0], bonds[:, 1])
+        order = np.argsort(codes)
+        b, a, d = refs[:, 0], refs[:, 1], refs[:, 2]
+        row_codes = np.minimum(b, a) * n + np.maximum(b, a)
+        k = order[np.minimum(np.searchsorted(codes[order], row_codes), len(codes) - 1)]
+        i = np.arange(n)
+        u, v = bonds[k, 0], bonds[k, 1]
+        ok = (b >= 0) & (a >= 0) & (d >= 0) & (codes[k] == row_codes)
+        ok &= (d != u) & (d != v) & (i != u) & (i != v) & (moving[k, i] != moving[k, np.maximum(d, 0)])
+        rows, row_bonds = i[ok], k[ok]
+        keep = np.lexsort((rows, row_bonds))  # bond after bond, rows ascending
+        return rows[keep].astype(np.int64), row_bonds[keep].astype(np.int64)
 
 
 def _as_pairs(bonds: Any) -> np.ndarray:
