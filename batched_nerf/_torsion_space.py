@@ -517,6 +517,13 @@ _ROTOR_CACHE: OrderedDict[tuple[Any, ...], RotorTable] = OrderedDict()
 _ROTOR_CACHE_SIZE = 1024
 
 
+def _stacked(parts: list[Tensor], offsets: np.ndarray) -> Tensor:
+    """The CPU int64 ``parts`` one after another, part ``m`` plus ``offsets[m]`` (one array pass)."""
+    arrays = [p.numpy() for p in parts]
+    shift = np.repeat(offsets[:-1], [len(a) for a in arrays]).reshape((-1,) + (1,) * (arrays[0].ndim - 1))
+    return torch.from_numpy(np.concatenate(arrays) + shift)
+
+
 class _Packed:
     """The packed table of a sequence of rotor tables and its global torsion rows."""
 
@@ -528,9 +535,9 @@ class _Packed:
         self.n_atoms = [r.n_atoms for r in rotors]
         self.n_bonds = [r.n_bonds for r in rotors]
         self.total_atoms, self.total_bonds = int(atom_offsets[-1]), int(bond_offsets[-1])
-        self.rows = torch.cat([r.rows + int(o) for r, o in zip(rotors, atom_offsets)])
-        self.row_bonds = torch.cat([r.row_bonds + int(o) for r, o in zip(rotors, bond_offsets)])
-        self.torsions = torch.cat([r.torsions + int(o) for r, o in zip(rotors, atom_offsets)])
+        self.rows = _stacked([r.rows for r in rotors], atom_offsets)
+        self.row_bonds = _stacked([r.row_bonds for r in rotors], bond_offsets)
+        self.torsions = _stacked([r.torsions for r in rotors], atom_offsets)
 
     @cached_property
     def padded(self) -> _Padded:
