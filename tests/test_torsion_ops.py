@@ -227,6 +227,8 @@ def test_log_volume_equals_torsional_diffusion():
         pytest.skip("TORSIONAL_DIFFUSION_PATH is not set (a checkout of gcorso/torsional-diffusion)")
     pytest.importorskip("torch_geometric", reason="torsional diffusion's utils need torch_geometric")
     pytest.importorskip("rdkit", reason="torsional diffusion's likelihood imports RDKit")
+    for name in [m for m in sys.modules if m == "utils" or m.startswith("utils.")]:
+        del sys.modules[name]  # DiffDock's package has the same name
     sys.path.insert(0, path)
     try:
         from diffusion.likelihood import log_det_jac
@@ -477,3 +479,79 @@ def test_stereocentres_keep_their_cip_labels():
             assert labels(moved) == before
     # a mirror image flips them: the check can fail
     assert labels(xyz * torch.tensor([-1.0, 1.0, 1.0], dtype=F64)) != before
+
+
+# ----------------------------------------------------------------- the peers' own updates (their checkouts)
+
+
+def _peer_torsion_module(env: str, what: str):
+    path = os.environ.get(env)
+    if not path:
+        pytest.skip(f"{env} is not set (a checkout of {what})")
+    pytest.importorskip("torch_geometric", reason="the peers' utils/torsion.py imports torch_geometric")
+    pytest.importorskip("rdkit", reason="the peers' molecules come from RDKit")
+    for name in [m for m in sys.modules if m == "utils" or m.startswith("utils.")]:
+        del sys.modules[name]  # both peers name their package "utils"
+    sys.path.insert(0, path)
+    try:
+        import utils.torsion as torsion
+    finally:
+        sys.path.remove(path)
+    return path, torsion
+
+
+def test_matches_diffdock_on_its_1a0q_ligand():
+    path, torsion = _peer_torsion_module("DIFFDOCK_PATH", "gcorso/DiffDock")
+    from rdkit import Chem
+
+    mol = Chem.RemoveHs(Chem.MolFromMolFile(os.path.join(path, "data", "1a0q", "1a0q_ligand.sdf")))
+    rotors = bn.rotor_tables(mol)[0]
+    pos = torch.tensor(mol.GetConformer().GetPositions(), dtype=F64)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        taus = (2 * torch.rand(rotors.n_bonds, generator=gen, dtype=F64) - 1) * math.pi
+        theirs = torsion.modify_conformer_torsion_angles(
+            pos.numpy(), rotors.bonds, rotors.moving.numpy(), taus.numpy(), as_numpy=True
+        )
+        ours = bn.update_torsions(pos, rotors, taus)
+        assert np.abs(ours.numpy() - theirs).max() < 1e-8  # the unmoved atoms stay: the same frame
+    zero = bn.update_torsions(pos, rotors, torch.zeros(rotors.n_bonds, dtype=F64))
+    assert (zero - pos).abs().max() < 1e-10
+
+
+def test_matches_torsional_diffusion_on_a_ragged_batch():
+    _, torsion = _peer_torsion_module("TORSIONAL_DIFFUSION_PATH", "gcorso/torsional-diffusion")
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+    from torch_geometric.data import Batch, Data
+
+    smiles = ["CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CC(=O)Nc1ccc(O)cc1", "CN1CCC[C@H]1c1cccnc1", "OCCOCCN(CC)CC"]
+    datas = []
+    for k, s in enumerate(smiles):
+        mol = Chem.AddHs(Chem.MolFromSmiles(s))
+        AllChem.EmbedMolecule(mol, randomSeed=k)
+        pairs = [(b.GetBeginAtomIdx(), b.GetEndAtomIdx()) for b in mol.GetBonds()]
+        edge_index = torch.tensor([e for a, b in pairs for e in ((a, b), (b, a))]).T
+        pos = torch.tensor(mol.GetConformer().GetPositions(), dtype=F64)
+        data = Data(edge_index=edge_index, pos=pos, num_nodes=mol.GetNumAtoms())
+        edge_mask, data.mask_rotate = torsion.get_transformation_mask(data)
+        data.edge_mask = torch.tensor(edge_mask)
+        datas.append(data)
+    batch = Batch.from_data_list(datas)
+    rotors = bn.rotor_tables(batch)
+    gen = torch.Generator().manual_seed(1)
+    taus = [(2 * torch.rand(r.n_bonds, generator=gen, dtype=F64) - 1) * math.pi for r in rotors]
+    ours = bn.update_torsions(batch.pos, rotors, torch.cat(taus), batch=batch.batch)
+    for data, r, t, mine in zip(datas, rotors, taus, bn.split_atoms(ours, [r.n_atoms for r in rotors])):
+        peer_edges = data.edge_index.T[data.edge_mask].tolist()
+        assert sorted(map(tuple, peer_edges)) == sorted(
+            map(tuple, r.bonds.tolist())
+        )  # same bonds, same sides
+        order = [peer_edges.index(b) for b in r.bonds.tolist()]
+        peer_taus = np.zeros(len(order))
+        peer_taus[order] = t.numpy()
+        theirs = torsion.modify_conformer(
+            data.pos.clone(), data.edge_index.T[data.edge_mask], data.mask_rotate, peer_taus, as_numpy=True
+        )
+        assert np.abs(distances(mine) - distances(theirs)).max() < 1e-8
+        assert np.abs(mine.numpy() - theirs).max() < 1e-8
