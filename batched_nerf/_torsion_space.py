@@ -133,10 +133,8 @@ def _oriented(pairs: np.ndarray, n_atoms: int, moving: str) -> tuple[np.ndarray,
         c = graph.child.get(frozenset((i, j)))
         if c is None:
             continue
-        below, above = (
-            int(graph.size[c]),
-            int(comp_size[graph.comp[c]] - graph.size[c]),
-        )  # c's side, the other
+        below = int(graph.size[c])  # the atoms on c's side (its DFS subtree)
+        above = int(comp_size[graph.comp[c]]) - below
         n_i, n_j = (above, below) if c == j else (below, above)
         if n_i < 2 or n_j < 2:
             continue
