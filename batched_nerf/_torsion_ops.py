@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _superpose as superpose
-from ._geometry import cross, dihedral
+from ._geometry import centered, cross, dihedral, superposed_msd
 from ._torsion_space import RotorTable, _Packed, _per_bond, _prepare, update_torsions
 
 __all__ = ["match_torsions", "set_torsions", "torsion_angles", "torsion_log_volume"]
@@ -106,9 +105,9 @@ def _rmsd(x: Tensor, y: Tensor, packed: _Packed) -> Tensor:
     """``(..., M)`` RMSD of each molecule after the best superposition (no reflection)."""
     padded = packed.padded
     mask = padded.atom_mask.to(x.device)
-    a, _ = superpose.centered(padded.gather(x), mask)
-    b, _ = superpose.centered(padded.gather(y), mask)
-    return superpose.msd(a, b, mask).sqrt()
+    a, _ = centered(padded.gather(x), mask)
+    b, _ = centered(padded.gather(y), mask)
+    return superposed_msd(a, b, mask).sqrt()
 
 
 def match_torsions(
@@ -252,7 +251,7 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
     dx = cross(e.unsqueeze(-2), x.unsqueeze(-3) - xv.unsqueeze(-2)) * moving  # (..., M, r, n, 3)
     n = w.sum(-2, keepdim=True)  # (M, 1, 1)
     dx = (dx - dx.sum(-2, keepdim=True) / n.unsqueeze(-3)) * w.unsqueeze(-3)
-    p, _ = superpose.centered(x, mask)  # (..., M, n, 3)
+    p, _ = centered(x, mask)  # (..., M, n, 3)
     eye = torch.eye(3, dtype=xyz.dtype, device=dev)
     inertia = p.square().sum((-1, -2))[..., None, None] * eye - p.transpose(-1, -2) @ p  # (..., M, 3, 3)
     momentum = cross(p.unsqueeze(-3), dx).sum(-2)  # (..., M, r, 3)

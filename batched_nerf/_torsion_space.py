@@ -23,10 +23,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _superpose as superpose
 from ._autolink import components
 from ._autotable import _bond_pairs, refs_from_connectivity
 from ._convert import to_cartesian, to_internal
+from ._geometry import centered, superposing_rotation
 from ._pack import pack_tables
 from ._perceive import _symbols, atomic_number
 from ._table import ConstructionTable
@@ -789,7 +789,7 @@ def update_torsions(
 def _superposed(mobile: Tensor, reference: Tensor, padded: _Padded) -> Tensor:
     """Each molecule of ``mobile`` ``(..., T, 3)`` rigidly superposed onto ``reference``."""
     mask = padded.atom_mask.to(mobile.device)
-    a, _ = superpose.centered(padded.gather(mobile), mask)
-    b, centroid = superpose.centered(padded.gather(reference.to(mobile.dtype)), mask)
-    turned = a @ superpose.rotation(a, b).transpose(-1, -2) + centroid
+    a, _ = centered(padded.gather(mobile), mask)
+    b, centroid = centered(padded.gather(reference.to(mobile.dtype)), mask)
+    turned = a @ superposing_rotation(a, b).transpose(-1, -2) + centroid
     return padded.scatter(turned)

@@ -23,7 +23,6 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf._geometry",
         "batched_nerf._build_order",
         "batched_nerf._topology",
-        "batched_nerf._superpose",
         "batched_nerf.runtime",
     ),
     ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
