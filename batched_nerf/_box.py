@@ -203,10 +203,19 @@ def minimum_image(vectors: Any, box: Any) -> Tensor:
     v = as_float(vectors, "vectors")
     if v.ndim < 2 or v.shape[-1] != 3:
         raise ValueError(f"vectors must have shape (..., M, 3), got {tuple(v.shape)}")
-    h = _matrix(as_box(box, v))
-    hd = h.detach()
-    hinv, _ = _reciprocal(hd)
-    return v + _image_shift(v.detach(), hd, hinv) @ h
+    return nearest_image(v, *cell(as_box(box, v)))
+
+
+def cell(box: Tensor) -> tuple[Tensor, Tensor]:
+    """``(H, H^{-1})`` of a checked box (``H^{-1}`` of the detached ``H``), made once for many vectors."""
+    h = _matrix(box)
+    hinv, _ = _reciprocal(h.detach())
+    return h, hinv
+
+
+def nearest_image(v: Tensor, h: Tensor, hinv: Tensor) -> Tensor:
+    """[`minimum_image`][batched_nerf.minimum_image] of ``(..., M, 3)`` vectors with the box from ``cell``."""
+    return v + _image_shift(v.detach(), h.detach(), hinv) @ h
 
 
 # ------------------------------------------------------------------ whole molecules

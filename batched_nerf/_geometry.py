@@ -192,7 +192,6 @@ def batch_shape(*shapes: Sequence[int]) -> torch.Size:
 
 # ------------------------------------------------------------------ superposition
 # Optimal superposition of point sets (Kabsch / Horn), batched, masked and differentiable.
-# "Optimal superposition of point sets (Kabsch / Horn), batched, masked and differentiable.
 #
 # For centred point sets ``a_i`` (mobile) and ``b_i`` (reference) with
 # ``S = sum_i a_i b_i^T``, the rotation ``R`` maximising ``sum_i b_i . R a_i`` is

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ._torsion_space import Moving, RotorTable, Rule, _check_moving, _recent, rotatable_bonds
+from ._torsion_space import Moving, RotorTable, Rule, _check_moving, _check_rule, _recent, rotatable_bonds
 from .runtime.torch_compat import values_of
 
 __all__ = ["rotor_tables"]
@@ -67,8 +67,7 @@ def rotor_tables(molecules: Any, *, moving: Moving = "smaller", rule: Rule = "gr
         [1, 0]
     """
     _check_moving(moving)
-    if rule not in ("graph", "chemistry"):
-        raise ValueError(f"rule must be 'graph' or 'chemistry', got {rule!r}")
+    _check_rule(rule)
     if hasattr(molecules, "edge_index"):
         if rule != "graph":
             raise ValueError(

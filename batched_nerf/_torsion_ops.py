@@ -97,8 +97,12 @@ def set_torsions(xyz: Tensor, rotors: Rotors, values: Any, *, batch: Tensor | No
     """
     packed, flat = _prepare(xyz, rotors, batch)
     values = _per_bond(values, "values", packed, xyz, flat)
-    delta = _angles(xyz, packed) - values.to(xyz.dtype)
-    return update_torsions(xyz, rotors, torch.remainder(delta + math.pi, 2 * math.pi) - math.pi, batch=batch)
+    return update_torsions(xyz, rotors, _wrapped(_angles(xyz, packed) - values.to(xyz.dtype)), batch=batch)
+
+
+def _wrapped(delta: Tensor) -> Tensor:
+    """Angle differences of any size mapped to ``[-pi, pi)`` (the same turn, the shorter way)."""
+    return torch.remainder(delta + math.pi, 2 * math.pi) - math.pi
 
 
 def _rmsd(x: Tensor, y: Tensor, packed: _Packed) -> Tensor:
@@ -176,8 +180,7 @@ def match_torsions(
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     x, y = xyz.detach(), target.detach().to(xyz.dtype)
-    delta = _angles(x, packed) - _angles(y, packed)
-    tau = (torch.remainder(delta + math.pi, 2 * math.pi) - math.pi).requires_grad_(True)
+    tau = _wrapped(_angles(x, packed) - _angles(y, packed)).requires_grad_(True)
     with torch.enable_grad():
         opt = torch.optim.Adam([tau], lr=lr)
         for _ in range(steps):

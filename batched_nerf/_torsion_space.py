@@ -63,6 +63,11 @@ def _check_moving(moving: str) -> None:
         raise ValueError(f"moving must be 'smaller' or 'larger', got {moving!r}")
 
 
+def _check_rule(rule: str) -> None:
+    if rule not in ("graph", "chemistry"):
+        raise ValueError(f"rule must be 'graph' or 'chemistry', got {rule!r}")
+
+
 class _Bridges:
     """Bridges of a bond graph with, for each, the atoms of the child side (iterative DFS)."""
 
@@ -217,10 +222,9 @@ def rotatable_bonds(
     _check_moving(moving)
     pairs = _bond_pairs(connectivity, int(n_atoms))
     bonds, _ = _oriented(pairs, int(n_atoms), moving)
+    _check_rule(rule)
     if rule == "chemistry":
         bonds = bonds[_chemists_rotors(connectivity, bond_orders, elements, pairs, bonds, int(n_atoms))]
-    elif rule != "graph":
-        raise ValueError(f"rule must be 'graph' or 'chemistry', got {rule!r}")
     return torch.from_numpy(bonds)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._box import minimum_image
+from ._box import cell, nearest_image
 from ._checks import as_box, as_float, check_device, check_tensor, check_xyz, to_tensor
 from ._geometry import safe_norm
 from ._table import ConstructionTable
@@ -476,9 +476,9 @@ def clash_loss(
             raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk_size!r}")
     dev, dtype = xyz.device, xyz.dtype
     batch = xyz.shape[:-2]
-    cell = None if box is None else as_box(box, xyz)
-    if cell is not None:
-        batch = torch.broadcast_shapes(batch, cell.shape[:-1] if cell.shape[-1] == 6 else cell.shape[:-2])
+    periodic = None if box is None else cell(as_box(box, xyz))  # (H, H^-1), once for every block
+    if periodic is not None:
+        batch = torch.broadcast_shapes(batch, periodic[0].shape[:-2])
     rad: Tensor | None = None
     if radii is not None:
         rad = to_tensor(radii, "radii", dtype=dtype, device=dev)
@@ -512,8 +512,8 @@ def clash_loss(
                 (ex_i[lo:hi] - i0, ex_j[lo:hi]), torch.zeros((), dtype=torch.bool, device=dev)
             )
         diff = xyz[..., i0:i1, None, :] - xyz[..., None, :, :]  # (..., R, N, 3)
-        if cell is not None:
-            diff = minimum_image(diff.flatten(-3, -2), cell).unflatten(-2, tuple(diff.shape[-3:-1]))
+        if periodic is not None:
+            diff = nearest_image(diff.flatten(-3, -2), *periodic).unflatten(-2, tuple(diff.shape[-3:-1]))
         d = safe_norm(diff)  # (..., R, N)
         dmin = dm if rad is None else rad[i0:i1, None] + rad[None, :]
         pen = torch.relu(dmin - tolerance - d) ** power

@@ -104,7 +104,7 @@ def values_of(t: torch.Tensor, what: str) -> Any:
     Raises:
         ValueError: ``t`` is batched by ``torch.func.vmap`` (one value per sample, named ``what``).
     """
-    if IS_FUNCTORCH_WRAPPED is None:
+    if IS_FUNCTORCH_WRAPPED is None or current_level() is None:  # outside every transform: plain
         return t.detach().cpu().numpy()
     while IS_FUNCTORCH_WRAPPED(t):
         if _FUNCTORCH.is_batchedtensor(t):  # type: ignore[union-attr]
