@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._geometry import centered, cross, dihedral, superposed_msd
+from ._geometry import centered, cross, dihedral, safe_normalize, superposed_msd
 from ._torsion_space import RotorTable, _Packed, _per_bond, _prepare, update_torsions
 
 __all__ = ["match_torsions", "set_torsions", "torsion_angles", "torsion_log_volume"]
@@ -249,7 +249,7 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
     xu, xv = ends.unbind(-2)  # (..., M, r, 3)
     moving = packed.padded.moving.to(dev)[..., None].to(xyz.dtype)  # (M, r, n, 1)
     axis = xu - xv
-    e = axis / axis.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(xyz.dtype).tiny)
+    e = safe_normalize(axis)  # padded bonds have a zero axis: finite to second order there too
     w = mask[..., None].to(xyz.dtype)  # (M, n, 1)
     dx = cross(e.unsqueeze(-2), x.unsqueeze(-3) - xv.unsqueeze(-2)) * moving  # (..., M, r, n, 3)
     n = w.sum(-2, keepdim=True)  # (M, 1, 1)

@@ -215,6 +215,20 @@ def test_log_volume_gradients():
     rotors = bn.RotorTable.from_connectivity(pairs, n)
     assert torch.autograd.gradcheck(lambda x: bn.torsion_log_volume(x, rotors), (xyz,))
     assert torch.autograd.gradgradcheck(lambda x: bn.torsion_log_volume(x, rotors), (xyz,))
+    # a ragged batch pads the molecule with fewer bonds (zero-length axes): still finite to second order
+    pentane, butane = (bn.RotorTable.from_connectivity([(k, k + 1) for k in range(n - 1)], n) for n in (5, 4))
+    chains = bn.pack_tables([bn.ConstructionTable.chain(5), bn.ConstructionTable.chain(4)])
+    flat = bn.to_cartesian(
+        torch.full((9,), 1.5, dtype=F64),
+        torch.full((9,), 1.9, dtype=F64),
+        torch.linspace(-2, 2, 9, dtype=F64),
+        chains,
+    ).requires_grad_()
+    batch = torch.tensor([0] * 5 + [1] * 4)
+    assert (pentane.n_bonds, butane.n_bonds) == (2, 1)
+    assert torch.autograd.gradgradcheck(
+        lambda x: bn.torsion_log_volume(x, [pentane, butane], batch=batch), (flat,)
+    )
 
 
 # ----------------------------------------------------------------- the peer, where its checkout is given
