@@ -9,29 +9,33 @@ layer, [`batched_nerf.losses`][batched_nerf.losses]); file formats and adapters
 Hypothesis strategies for property tests live in [`batched_nerf.testing`][batched_nerf.testing]
 (imported on demand: it needs ``hypothesis``).
 
-The public surface is what ``__all__`` lists; modules starting with ``_`` are
-private.
+The public surface is what ``__all__`` lists here and in the public modules
+(``losses``, ``formats.*``, ``protein``, ``data``, ``testing``). Modules starting
+with ``_`` are private, and so are the layer folders, bottom up: ``topology``
+(numpy table analysis), ``runtime`` (what every compiled call shares), ``engines``
+(planners and kernels), ``core`` (the table and the two maps), ``learning`` and
+``torsion_space``; their public names are re-exported here.
 """
 
 from . import losses
-from ._autotable import nonbonded_references, perceive_connectivity
-from ._box import box_vectors, check_box, minimum_image, unwrap, wrap
-from ._compile import compile_builder
-from ._convert import InternalCoordinates, to_cartesian, to_internal
-from ._flow import FlowCoordinates, InternalCoordinateTransform
 from ._geometry import EPS
-from ._logdet import log_det_jacobian, pose_log_det
-from ._pack import pack_tables, split_atoms
-from ._pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
-from ._table import ConstructionTable
-from ._topology import Topology
-from ._torsion_inputs import rotor_tables
-from ._torsion_ops import match_torsions, set_torsions, torsion_angles, torsion_log_volume
-from ._torsion_space import RotorTable, rotatable_bonds, update_torsions
 from ._version import __version__
 from ._warmup import warmup
-from ._zmatrix import ZMatrix
+from .core.box import box_vectors, check_box, minimum_image, unwrap, wrap
+from .core.compile import compile_builder
+from .core.convert import InternalCoordinates, to_cartesian, to_internal
+from .core.pack import pack_tables, split_atoms
+from .core.pose import Pose, apply_pose, extract_pose, pose_components, rotation_angles, rotation_from_angles
+from .core.table import ConstructionTable
+from .core.zmatrix import ZMatrix
 from .engines.backends import backends
+from .learning.flow import FlowCoordinates, InternalCoordinateTransform
+from .learning.logdet import log_det_jacobian, pose_log_det
+from .topology.analysis import Topology
+from .topology.auto import nonbonded_references, perceive_connectivity
+from .torsion_space.inputs import rotor_tables
+from .torsion_space.ops import match_torsions, set_torsions, torsion_angles, torsion_log_volume
+from .torsion_space.rotors import RotorTable, rotatable_bonds, update_torsions
 
 _LAZY_SUBMODULES = ("data", "formats", "protein", "testing")
 # Adapters live in `formats` (which the core never imports): loaded on first use.

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ._convert import to_cartesian, to_internal
-from ._pose import extract_pose
-from ._table import ConstructionTable
+from .core.convert import to_cartesian, to_internal
+from .core.pose import extract_pose
+from .core.table import ConstructionTable
 
 __all__ = ["PASSES", "warmup"]
 
@@ -79,7 +79,7 @@ def _inverse(table: ConstructionTable, n: int, dtype: torch.dtype, second: bool)
 
 def _flow(table: ConstructionTable, n: int, dtype: torch.dtype) -> None:
     """Both directions of the flow layer with gradients: its entries' four kernels."""
-    from ._flow import InternalCoordinateTransform
+    from .learning.flow import InternalCoordinateTransform
 
     flow = InternalCoordinateTransform(table, pose=True)
     b, a, d = _inputs(n, dtype)

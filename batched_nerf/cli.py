@@ -38,10 +38,10 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from ._table import ConstructionTable
-from ._torsion_space import _Bridges
 from ._version import __version__
-from ._zmatrix import ZMatrix, formula
+from .core.table import ConstructionTable
+from .core.zmatrix import ZMatrix, formula
+from .torsion_space.rotors import _Bridges
 
 __all__ = ["main"]
 
@@ -206,7 +206,7 @@ def _graph_of(zmatrix: ZMatrix) -> np.ndarray:
     """Bonds perceived from the built coordinates of the real atoms, as row pairs."""
     import warnings
 
-    from ._autotable import perceive_connectivity
+    from .topology.auto import perceive_connectivity
 
     elements = zmatrix.real_elements
     if elements is None:

@@ -21,12 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._box import cell, nearest_image
-from ._checks import as_box, as_float, check_device, check_tensor, check_xyz, to_tensor
 from ._geometry import safe_norm
-from ._table import ConstructionTable
-from ._topology import Topology
-from ._zmatrix import ZMatrix, _as_connectivity
+from .core.box import cell, nearest_image
+from .core.checks import as_box, as_float, check_device, check_tensor, check_xyz, to_tensor
+from .core.table import ConstructionTable
+from .core.zmatrix import ZMatrix, _as_connectivity
+from .topology.analysis import Topology
 
 __all__ = ["clash_loss", "clash_pairs", "committor_loss"]
 

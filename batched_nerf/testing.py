@@ -45,8 +45,8 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from ._convert import InternalCoordinates
-from ._table import ConstructionTable
+from .core.convert import InternalCoordinates
+from .core.table import ConstructionTable
 
 __all__ = [
     "assert_same_geometry",
@@ -309,7 +309,7 @@ def fixed_positions(
     angles = _uniform(g, shape, 0.5, math.pi - 0.5, torch.float64)
     dihedrals = _uniform(g, shape, -math.pi, math.pi, torch.float64)
     chain = ConstructionTable.chain(f)
-    from ._convert import to_cartesian
+    from .core.convert import to_cartesian
 
     xyz = to_cartesian(bonds, angles, dihedrals, chain, method="levels")
     rot, shift = _rigid(g, tuple(batch_shape), torch.float64)

@@ -93,8 +93,8 @@ def best_of(fn: Callable[[], Any], repeat: int) -> float:
 def rows_for(name: str, xyz: np.ndarray, elements: list[str], repeat: int) -> list[tuple[str, str, float]]:
     from scipy.spatial import cKDTree
 
-    from batched_nerf._autotable import refs_from_xyz  # the arrays ConstructionTable.from_xyz wraps
-    from batched_nerf._perceive import COVALENT_RADII
+    from batched_nerf.topology.auto import refs_from_xyz  # the arrays ConstructionTable.from_xyz wraps
+    from batched_nerf.topology.perceive import COVALENT_RADII
 
     radius = 1.3 * 2 * max(COVALENT_RADII[e] for e in set(elements))
     out = [(name, "cKDTree.query_pairs", best_of(lambda: cKDTree(xyz).query_pairs(radius), repeat))]
@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     xyz, elements = water_box(4000)
     rows += rows_for("4,000 waters (12,000 atoms)", xyz, elements, args.repeat)
     if args.sequential:
-        import batched_nerf._autolink as autolink
-        from batched_nerf._autotable import refs_from_xyz
+        import batched_nerf.topology.link as autolink
+        from batched_nerf.topology.auto import refs_from_xyz
 
         autolink._SEQUENTIAL = True
         try:

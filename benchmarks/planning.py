@@ -167,7 +167,7 @@ def protein_combination_later(seed: int, repeat: int) -> dict[str, Any]:
 
 
 def from_xyz(seed: int, repeat: int) -> dict[str, Any]:
-    from batched_nerf._perceive import COVALENT_RADII  # as benchmarks/perception.py
+    from batched_nerf.topology.perceive import COVALENT_RADII  # as benchmarks/perception.py
     from benchmarks.perception import water_box
 
     try:

@@ -221,7 +221,7 @@ def analysis(rotors, pos, tau, batch) -> None:
         bn.RotorTable(pairs, n)
         times.append(time.perf_counter() - t0)
     compose = []
-    from batched_nerf import _torsion_space
+    from batched_nerf.torsion_space import rotors as _torsion_space
 
     for _ in range(20):
         _torsion_space._PACKED_CACHE.clear()

@@ -30,7 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "batched_nerf"
 API = ROOT / "docs" / "api"
 #: public-looking modules that are internal machinery, not public API
-INTERNAL = ("batched_nerf.engines", "batched_nerf.runtime", "batched_nerf.__main__")
+#: the layer folders: internal, their names reach users through ``batched_nerf`` (``__init__`` says so)
+INTERNAL = (
+    "batched_nerf.topology",
+    "batched_nerf.engines",
+    "batched_nerf.runtime",
+    "batched_nerf.core",
+    "batched_nerf.learning",
+    "batched_nerf.torsion_space",
+    "batched_nerf.__main__",
+)
 SPHINX_ROLE = re.compile(r":(?:py:)?(func|class|mod|meth|attr|data|exc|obj|ref|doc|term):`")
 #: a reST literal-block marker: a paragraph ending in ``::``
 LITERAL_BLOCK = re.compile(r"::[ \t]*$", re.M)

@@ -17,33 +17,53 @@ PACKAGE = Path(__file__).resolve().parent.parent / "batched_nerf"
 #: the module and everything under it (the longest name decides), except the package itself,
 #: which covers only its ``__init__``: a new module outside every layer fails the test.
 LAYERS: list[tuple[str, ...]] = [
-    # ground: numpy build orders, topology, geometry
+    # ground: numpy build orders, topology, geometry, the runtime, file helpers; the folders'
+    # ``__init__`` (docstrings only)
     (
         "batched_nerf._version",
         "batched_nerf._geometry",
-        "batched_nerf._build_order",
-        "batched_nerf._topology",
+        "batched_nerf.topology",
+        "batched_nerf.topology.order",
+        "batched_nerf.topology.analysis",
         "batched_nerf.runtime",
+        "batched_nerf.core",
+        "batched_nerf.core.files",
+        "batched_nerf.learning",
+        "batched_nerf.torsion_space",
     ),
-    ("batched_nerf._perceive", "batched_nerf._autolink", "batched_nerf._autotable"),
+    (
+        "batched_nerf.topology.perceive",
+        "batched_nerf.topology.link",
+        "batched_nerf.topology.auto",
+        "batched_nerf.topology.frame_tree",
+    ),
     # engines: planners and builders behind a registry (their own layers: ENGINE_LAYERS)
     ("batched_nerf.engines",),
-    # the table (owns the plan cache) and the input checks
-    ("batched_nerf._table",),
-    ("batched_nerf._checks",),
-    # public API
-    ("batched_nerf._pose", "batched_nerf._box", "batched_nerf._entries"),
-    ("batched_nerf._convert", "batched_nerf._logdet", "batched_nerf._flow_entries", "batched_nerf._pack"),
-    ("batched_nerf._flow", "batched_nerf._zmatrix", "batched_nerf.losses", "batched_nerf._warmup"),
+    # core: the table (owns the plan cache), the input checks, then the maps
+    ("batched_nerf.core.table",),
+    ("batched_nerf.core.checks",),
+    ("batched_nerf.core.pose", "batched_nerf.core.box", "batched_nerf.learning.entries"),
     (
-        "batched_nerf._compile",
-        "batched_nerf._torsion_space",
-        "batched_nerf._torsion_ops",
-        "batched_nerf._torsion_inputs",
+        "batched_nerf.core.convert",
+        "batched_nerf.core.pack",
+        "batched_nerf.learning.logdet",
+        "batched_nerf.learning.flow_entries",
     ),
-    # on top: file helpers, proteins, then the file adapters (the mdtraj adapter reads proteins),
-    # shipped data, CLI, test helpers
-    ("batched_nerf.formats._common",),
+    # learning tools and the containers on the maps
+    (
+        "batched_nerf.learning.flow",
+        "batched_nerf.core.zmatrix",
+        "batched_nerf.losses",
+        "batched_nerf._warmup",
+    ),
+    (
+        "batched_nerf.core.compile",
+        "batched_nerf.torsion_space.rotors",
+        "batched_nerf.torsion_space.ops",
+        "batched_nerf.torsion_space.inputs",
+    ),
+    # on top: proteins, then the file adapters (the mdtraj adapter reads proteins), shipped
+    # data, test helpers, the CLI
     ("batched_nerf.protein",),
     ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing"),
     ("batched_nerf.cli", "batched_nerf.__main__"),
@@ -67,7 +87,6 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
     # shared ground of the engines: plan base, frame tree, GPU policy, autograd helpers, buffers
     (
         "batched_nerf.engines.base",
-        "batched_nerf.engines.frame_tree",
         "batched_nerf.engines.gpu_policy",
         "batched_nerf.engines.function",
         "batched_nerf.engines.compiled",
@@ -92,7 +111,13 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
 ]
 
 #: Names that cover only themselves (a package's ``__init__``), not the modules under them.
-_EXACT = {"batched_nerf"}
+_EXACT = {
+    "batched_nerf",
+    "batched_nerf.topology",
+    "batched_nerf.core",
+    "batched_nerf.learning",
+    "batched_nerf.torsion_space",
+}
 _ENGINE_EXACT = {"batched_nerf.engines"}
 
 
@@ -251,18 +276,18 @@ def test_no_import_cycle() -> None:
 
 
 def test_the_checker_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
-    source = "from . import engines\nfrom ._table import X\n\ndef f():\n    from .engines.scan import y\n"
+    source = "from .. import engines\nfrom .table import X\n\ndef f():\n    from ..engines.scan import y\n"
     fake = tmp_path / "m.py"
     fake.write_text(source)
-    found = _imports(fake, "batched_nerf._convert")  # resolved as if it were that module
-    assert found == {"batched_nerf.engines", "batched_nerf._table", "batched_nerf.engines.scan"}
+    found = _imports(fake, "batched_nerf.core.convert")  # resolved as if it were that module
+    assert found == {"batched_nerf.engines", "batched_nerf.core.table", "batched_nerf.engines.scan"}
 
 
 @pytest.mark.parametrize(
     ("module", "allowed"),
     [
-        ("batched_nerf._build_order", set()),
-        ("batched_nerf._topology", {"batched_nerf._build_order"}),
+        ("batched_nerf.topology.order", set()),
+        ("batched_nerf.topology.analysis", {"batched_nerf.topology.order"}),
         ("batched_nerf._geometry", set()),
         ("batched_nerf.runtime.torch_compat", set()),
     ],

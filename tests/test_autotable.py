@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batched_nerf import ConstructionTable, perceive_connectivity, to_cartesian, to_internal
-from batched_nerf._autotable import COVALENT_RADII, refs_from_connectivity, refs_from_xyz
 from batched_nerf.data import available, load
 from batched_nerf.data._reference import angle
+from batched_nerf.topology.auto import COVALENT_RADII, refs_from_connectivity, refs_from_xyz
 
 LINEAR_DEG = 5.0
 
@@ -352,7 +352,7 @@ def test_neighbour_backends_give_identical_results(backend: str, seed: int) -> N
     """The numpy cell list and scipy's cKDTree (optional) find the same bonds and build the same tables."""
     if backend == "scipy":
         pytest.importorskip("scipy", reason="the scipy backend needs scipy")
-    from batched_nerf._perceive import close_pairs, neighbour_backend
+    from batched_nerf.topology.perceive import close_pairs, neighbour_backend
 
     rng = np.random.default_rng(seed)
     points = rng.uniform(0, 12, size=(800, 3))
@@ -372,7 +372,7 @@ def test_neighbour_backends_give_identical_results(backend: str, seed: int) -> N
 
 
 def test_neighbour_backend_refuses_unknown_names() -> None:
-    from batched_nerf._perceive import neighbour_backend
+    from batched_nerf.topology.perceive import neighbour_backend
 
     with pytest.raises(
         ValueError, match=r"unknown neighbour backend 'kd'; expected 'auto', 'numpy' or 'scipy'"
@@ -387,9 +387,9 @@ def test_vectorised_tables_equal_the_atom_by_atom_rules(
     system: str, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small fragments done at once and fragments linked at once: exactly the sequential rows."""
-    import batched_nerf._autolink as autolink
-    import batched_nerf._autotable as autotable
-    from batched_nerf._perceive import neighbour_backend
+    import batched_nerf.topology.auto as autotable
+    import batched_nerf.topology.link as autolink
+    from batched_nerf.topology.perceive import neighbour_backend
 
     if system == "waters":
         xyz = water_box(6, seed=3)
@@ -421,7 +421,7 @@ def test_vectorised_tables_equal_the_atom_by_atom_rules(
 
 
 def test_components_in_numpy_match_a_graph_search() -> None:
-    from batched_nerf._autolink import components
+    from batched_nerf.topology.link import components
 
     rng = np.random.default_rng(4)
     for n in (1, 7, 300):
@@ -442,7 +442,7 @@ def test_vectorised_linking_equals_linking_one_by_one(
     n: int, seed: int, p_new: float, grid: bool, anchor: bool
 ) -> None:
     """Random forests at random or grid positions (exact ties and straight lines): the same rows."""
-    import batched_nerf._autolink as autolink
+    import batched_nerf.topology.link as autolink
 
     rng = np.random.default_rng(seed)
     pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > p_new]
@@ -470,8 +470,8 @@ def test_vectorised_linking_equals_linking_one_by_one(
 @pytest.mark.parametrize(("n_a", "n_b"), [(50, 1), (5, 3), (700, 400)])
 def test_nearest_distances_are_exact_with_either_backend(n_a: int, n_b: int) -> None:
     """The shell order of fragment linking: distances to the first fragment, bit for bit as brute force."""
-    from batched_nerf._autolink import _nearest_distance
-    from batched_nerf._perceive import neighbour_backend
+    from batched_nerf.topology.link import _nearest_distance
+    from batched_nerf.topology.perceive import neighbour_backend
 
     rng = np.random.default_rng(n_a)
     a, b = rng.uniform(-40, 40, (n_a, 3)), rng.uniform(-15, 15, (n_b, 3))

@@ -120,7 +120,7 @@ def test_unwrap_makes_a_long_chain_whole_across_many_boxes() -> None:
     h = bn.box_vectors(box)
     wrapped = bn.wrap(xyz, box)
     assert (xyz.max(0).values - xyz.min(0).values).max() > 50
-    assert len(table.cached(bn._box._tree, bn._box._tree).jumps) == math.ceil(math.log2(n - 1))
+    assert len(table.cached(bn.core.box._tree, bn.core.box._tree).jumps) == math.ceil(math.log2(n - 1))
     whole = bn.unwrap(wrapped, table, box)
     shift = (whole - xyz) @ torch.linalg.inv(h)  # one lattice vector for the whole chain
     torch.testing.assert_close(shift, shift[:1].round().expand_as(shift), rtol=0, atol=1e-10)
@@ -259,7 +259,7 @@ def _shortest_by_brute_force(v: torch.Tensor, h: torch.Tensor, reach: int = 3) -
 @pytest.mark.parametrize("kind", list(BOXES))
 def test_minimum_image_is_exact_below_half_the_smallest_width(kind: str) -> None:
     h = bn.box_vectors(torch.tensor(BOXES[kind], dtype=F64))
-    half = float(bn._box._widths(h).min()) / 2
+    half = float(bn.core.box._widths(h).min()) / 2
     g = torch.Generator().manual_seed(8)
     direction = torch.nn.functional.normalize(torch.randn(2000, 3, generator=g, dtype=F64), dim=-1)
     v = direction * (0.999 * half * torch.rand(2000, 1, generator=g, dtype=F64))
@@ -522,7 +522,7 @@ def test_triclinic_water_box_wrapped_by_mdanalysis() -> None:
         )
         v = (xw[k, 1:] - xw[k, :-1]).numpy()
         ours = bn.minimum_image(torch.from_numpy(v), h)
-        below = ours.norm(dim=-1) < float(bn._box._widths(h).min()) / 2
+        below = ours.norm(dim=-1) < float(bn.core.box._widths(h).min()) / 2
         assert below.sum() > 100
         want = torch.from_numpy(minimize_vectors(v, d))
         torch.testing.assert_close(ours[below], want[below], rtol=0, atol=2e-5)  # float32 inside

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from batched_nerf._entries import MAX_RUNS, EntryLayout, gather, spread
+from batched_nerf.learning.entries import MAX_RUNS, EntryLayout, gather, spread
 
 F64 = torch.float64
 

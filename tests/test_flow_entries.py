@@ -11,8 +11,8 @@ import torch
 
 import batched_nerf as bn
 from batched_nerf import InternalCoordinateTransform
-from batched_nerf import _flow_entries as fe
 from batched_nerf.engines.backends import available, require
+from batched_nerf.learning import flow_entries as fe
 
 pytestmark = pytest.mark.skipif(not available("cpu"), reason="numba (the extra 'fast') is not installed")
 F64 = torch.float64

@@ -12,8 +12,8 @@ from test_scan import IRREGULAR
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf.engines.frame_tree import ANCHOR, NONE, PARENT, POSITIONS, frame_tree
 from batched_nerf.testing import construction_tables, fixed_positions, internal_coordinates
+from batched_nerf.topology.frame_tree import ANCHOR, NONE, PARENT, POSITIONS, frame_tree
 
 FIELDS = ("frame", "parent", "dihedral_ref", "phi_from", "flip_on")
 #: rows hanging from a third seed (3, 4), irregular rows (5, 9) and primary rows (6, 7) with

@@ -163,7 +163,7 @@ def test_an_improper_rotation_gives_nan_and_no_gradient(batch: int) -> None:
     rot = rot.clone()
     rot[1, 0] = -rot[1, 0]  # sample 1, component 0: improper
     w = torch.randn(batch, table.n_atoms, 3, dtype=F64, generator=torch.Generator().manual_seed(9))
-    slot = torch.tensor(bn._pose.pose_info(table).slot)
+    slot = torch.tensor(bn.core.pose.pose_info(table).slot)
 
     def grads(method: str) -> tuple[torch.Tensor, ...]:
         leaves = [t.clone().requires_grad_(True) for t in (b, a, d, rot, tr)]

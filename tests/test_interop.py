@@ -72,8 +72,8 @@ def test_from_chemcoord_reproduces_get_cartesian_exactly(cc, name: str) -> None:
 
 
 def test_chemcoord_dihedral_sign_is_opposite_to_iupac(cc) -> None:  # type: ignore[no-untyped-def]
-    from batched_nerf._convert import to_internal
-    from batched_nerf._table import ConstructionTable
+    from batched_nerf.core.convert import to_internal
+    from batched_nerf.core.table import ConstructionTable
     from batched_nerf.formats.chemcoord import from_chemcoord
 
     zmat = cartesian_of(cc, "alanine_dipeptide").get_zmat()
@@ -127,7 +127,7 @@ def test_chemcoord_text_example(cc, tmp_path) -> None:  # type: ignore[no-untype
 
 
 def test_to_chemcoord_gaussian_dummy_and_errors(cc) -> None:  # type: ignore[no-untyped-def]
-    from batched_nerf._table import ConstructionTable
+    from batched_nerf.core.table import ConstructionTable
     from batched_nerf.formats.chemcoord import from_chemcoord, to_chemcoord
 
     z = read_zmat(io.StringIO("C\nX 1 1.0\nH 1 1.09 2 90.0\nH 1 1.09 2 90.0 3 180.0\n"))
@@ -185,7 +185,7 @@ def test_rdkit_table_and_coordinates() -> None:
     from rdkit import Chem
     from rdkit.Chem import AllChem
 
-    from batched_nerf._convert import to_internal
+    from batched_nerf.core.convert import to_internal
     from batched_nerf.formats.rdkit import table_from_rdkit, xyz_from_rdkit
 
     mol = Chem.AddHs(Chem.MolFromSmiles("CC(=O)NC(C)C(=O)NC"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import batched_nerf as bn
-from batched_nerf.formats._common import optional_import
+from batched_nerf.core.files import optional_import
 
 mda = pytest.importorskip("MDAnalysis", reason="MDAnalysis is an optional dependency (batched-nerf[md])")
 data = pytest.importorskip(

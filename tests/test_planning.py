@@ -12,17 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batched_nerf as bn
-from batched_nerf import _table, data
-from batched_nerf._build_order import _grouped_order, _nested_order, build_order
-from batched_nerf._topology import (
+from batched_nerf import data
+from batched_nerf.core import table as _table
+from batched_nerf.engines.dispatch import auto_method, single_path
+from batched_nerf.engines.levels import _pool_plans
+from batched_nerf.topology.analysis import (
     Topology,
     _hooked,
     analyse,
     components,
     concatenate,
 )
-from batched_nerf.engines.dispatch import auto_method, single_path
-from batched_nerf.engines.levels import _pool_plans
+from batched_nerf.topology.order import _grouped_order, _nested_order, build_order
 
 R = [-1, -1, -1]
 
@@ -141,8 +142,8 @@ def test_nested_order_is_the_heaps(n: int, seed: int, mix: str) -> None:
 def test_linked_waters_take_the_nested_order(monkeypatch) -> None:
     from test_autotable import water_box
 
-    from batched_nerf import _build_order
-    from batched_nerf._autotable import refs_from_xyz
+    from batched_nerf.topology import order as _build_order
+    from batched_nerf.topology.auto import refs_from_xyz
 
     xyz = water_box(6)
     refs = refs_from_xyz(xyz, ["O", "H", "H"] * (len(xyz) // 3)).refs
@@ -156,7 +157,7 @@ def test_linked_waters_take_the_nested_order(monkeypatch) -> None:
 
 
 def test_cycles_refuse_the_whole_array_orders() -> None:
-    from batched_nerf._build_order import _levels
+    from batched_nerf.topology.order import _levels
 
     # rows 3 and 4 read each other: the critical references close a cycle, the jumps never settle
     loop = np.array([R, [0, -1, -1], [1, 0, -1], [4, 1, 0], [3, 1, 0]])

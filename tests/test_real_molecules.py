@@ -183,7 +183,7 @@ def test_perceived_connectivity_matches_rdkit(smiles: str) -> None:
 
 def test_covalent_radii_are_cordero_as_in_ase() -> None:
     data = pytest.importorskip("ase.data", reason="ASE is not installed (optional)")
-    from batched_nerf._perceive import COVALENT_RADII
+    from batched_nerf.topology.perceive import COVALENT_RADII
 
     assert len(COVALENT_RADII) == 96
     for z, (symbol, r) in enumerate(COVALENT_RADII.items(), start=1):
@@ -234,7 +234,7 @@ SYSTEMS = {
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_multi_molecule_round_trip_api(system: str) -> None:
     elements, xyz = SYSTEMS[system]()
-    auto = bn._autotable.refs_from_xyz(xyz, elements)  # the arrays behind ConstructionTable.from_xyz
+    auto = bn.topology.auto.refs_from_xyz(xyz, elements)  # the arrays behind ConstructionTable.from_xyz
     n_frag = int(fragments(auto.connectivity, len(elements)).max()) + 1
     table = bn.ConstructionTable.from_xyz(xyz, elements)
     assert table.n_components == 1 and np.array_equal(table.refs.numpy(), auto.refs)
@@ -298,7 +298,7 @@ def test_multi_molecule_round_trip_chemcoord(system: str) -> None:
 @pytest.mark.parametrize("name", _s22_names())
 def test_s22_round_trip(name: str) -> None:
     elements, xyz = _atoms(s22(), name)
-    auto = bn._autotable.refs_from_xyz(xyz, elements)
+    auto = bn.topology.auto.refs_from_xyz(xyz, elements)
     assert fragments(auto.connectivity, len(elements)).max() == 1  # two molecules
     z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), elements=elements)
     assert worst(z.to_cartesian().numpy(), xyz) < TOL
@@ -505,11 +505,15 @@ def test_from_cartesian_refuses_rows_it_cannot_rebuild() -> None:
             r"link_fragments=True needs xyz",
         ),
         (
-            lambda: bn._autotable.link_components([[-1, -1, -1]], [[0, 0, 0]], first=2),
+            lambda: bn.topology.auto.link_components([[-1, -1, -1]], [[0, 0, 0]], first=2),
             ValueError,
             r"first must",
         ),
-        (lambda: bn._autotable.link_components([[-1, -1]], [[0, 0, 0]]), ValueError, r"refs must have shape"),
+        (
+            lambda: bn.topology.auto.link_components([[-1, -1]], [[0, 0, 0]]),
+            ValueError,
+            r"refs must have shape",
+        ),
         (lambda: bn.nonbonded_references([[-1, -1]], []), ValueError, r"refs must have shape \(N, 3\)"),
         (
             lambda: bn.perceive_connectivity([[0, 0, 0]], ["Qq"]),
@@ -542,7 +546,7 @@ def test_connectivity_without_coordinates_keeps_fragments_apart() -> None:
 def test_tiny_fragments_link_into_a_valid_seed_triple() -> None:
     # two argon atoms, then three separate ions: the first fragments have fewer than three atoms
     xyz = np.array([[0.0, 0, 0], [3.8, 0, 0], [1.0, 3.5, 0.2], [-2.0, 1.0, 3.0], [5.0, -2.0, -1.0]])
-    refs = bn._autotable.link_components(np.full((5, 3), -1), xyz)
+    refs = bn.topology.auto.link_components(np.full((5, 3), -1), xyz)
     table = bn.ConstructionTable(refs)
     assert table.n_components == 1
     z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table)
@@ -591,7 +595,7 @@ def test_random_fragments_link_and_round_trip(n: int, seed: int, p_new: float) -
     rng = np.random.default_rng(seed)
     pairs = [(int(rng.integers(0, i)), i) for i in range(1, n) if rng.random() > p_new]
     xyz = rng.normal(size=(n, 3)) * 3.0
-    auto = bn._autotable.refs_from_connectivity(pairs, n, xyz=xyz)
+    auto = bn.topology.auto.refs_from_connectivity(pairs, n, xyz=xyz)
     table = bn.ConstructionTable(auto.refs)
     assert table.n_components == 1
     crossing = (auto.refs >= 0) & (fragments(np.array(pairs).reshape(-1, 2), n)[np.maximum(auto.refs, 0)]
@@ -664,7 +668,7 @@ def test_collinear_points_always_rebuild(n: int, seed: int, on_line: int, link: 
     xyz = grid[rng.permutation(len(grid))[:n]]
     m = min(on_line, n)
     xyz[:m] = np.stack([5.0 + 1.2 * np.arange(m), np.zeros(m), np.zeros(m)], 1)
-    auto = bn._autotable.refs_from_connectivity(pairs, n, xyz=xyz, link_fragments=link)
+    auto = bn.topology.auto.refs_from_connectivity(pairs, n, xyz=xyz, link_fragments=link)
     table = bn.ConstructionTable(auto.refs)
     z = bn.ZMatrix.from_cartesian(torch.from_numpy(xyz), table, link_fragments=False)
     x = z.to_cartesian().numpy()

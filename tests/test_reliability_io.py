@@ -182,7 +182,7 @@ def test_read_zmat_reads_large_finite_and_fortran_numbers() -> None:
 
 
 def test_finite_float_is_the_one_number_check() -> None:
-    from batched_nerf.formats._common import finite_float
+    from batched_nerf.core.files import finite_float
 
     assert finite_float("-1.5e3", "line 1", "x") == -1500.0
     assert finite_float("2.5D-1", "line 1", "x", fortran=True) == 0.25
@@ -270,7 +270,7 @@ def test_from_xyz_refuses_a_string_of_elements() -> None:
 def test_dummy_atoms_never_bond() -> None:
     xyz = [*WATER, [0.3, 0.3, 0.2]]  # a dummy 0.47 A from the oxygen, 0.68 from a hydrogen
     assert bn.perceive_connectivity(xyz, ["O", "H", "H", "X"]).tolist() == [[0, 1], [0, 2]]
-    auto = bn._autotable.refs_from_xyz(xyz, ["O", "H", "H", "X"])
+    auto = bn.topology.auto.refs_from_xyz(xyz, ["O", "H", "H", "X"])
     assert auto.nonbonded[3].all()  # linked, not bonded
 
 

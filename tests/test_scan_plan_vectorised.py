@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf._topology import FULL, THIRD, Topology
 from batched_nerf.engines.base import as_long
-from batched_nerf.engines.frame_tree import ANCHOR, PARENT, frame_tree
 from batched_nerf.engines.scan.path import Take
 from batched_nerf.engines.scan.plan import RoundPlan, ScanPlan, scan_plan
 from batched_nerf.engines.seeds import seed_atoms, seed_plan
 from batched_nerf.testing import construction_tables
+from batched_nerf.topology.analysis import FULL, THIRD, Topology
+from batched_nerf.topology.frame_tree import ANCHOR, PARENT, frame_tree
 
 BLOCKS = (1, 8, 32)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from batched_nerf import ConstructionTable, ZMatrix, to_cartesian
-from batched_nerf._zmatrix import formula
+from batched_nerf.core.zmatrix import formula
 from batched_nerf.data import available, load
 from batched_nerf.formats import read_zmat
 

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._table import ConstructionTable
-from .._zmatrix import ZMatrix
+from ..core.table import ConstructionTable
+from ..core.zmatrix import ZMatrix
 
 __all__ = ["available", "load"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .._topology import Topology
+from ..topology.analysis import Topology
 from .base import Engine
 from .compose import compose_fused, compose_inverse
 from .fused.build import FUSED

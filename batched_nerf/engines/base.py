@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._topology import Topology
 from ..runtime.torch_compat import import_dynamo_early
+from ..topology.analysis import Topology
 
 __all__ = ["Engine", "Movable", "as_long"]
 

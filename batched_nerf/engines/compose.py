@@ -2,7 +2,7 @@
 
 [`batched_nerf.pack_tables`][batched_nerf.pack_tables] puts tables one after another (atom ``k`` of
 part ``m`` becomes atom ``offset_m + k``; its topology is
-`batched_nerf._topology.concatenate`). Every reference stays inside its
+`batched_nerf.topology.analysis.concatenate`). Every reference stays inside its
 part, so a plan whose entries are per-atom (or per-row) values and indices is
 the parts' plans laid end to end, with the atom, row and fixed-slot offsets
 added to the index entries (``-1`` kept). That is a handful of whole-array numpy
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .._topology import Topology
+from ..topology.analysis import Topology
 from .fused.build import UNIT_MIN_ATOMS, UNITS_MAX, FusedPlan
 from .inverse import InversePlan
 

@@ -55,9 +55,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._topology import FULL, THIRD, Topology
+from ..topology.analysis import FULL, THIRD, Topology
+from ..topology.frame_tree import PARENT, frame_tree
 from . import backends
-from .frame_tree import PARENT, frame_tree
 from .gpu_policy import fused_fills_device
 
 __all__ = ["auto_method", "choose_method", "fused_fills_device", "scan_block", "single_path"]

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .._geometry import angle, dihedral, distance
-from .._topology import Topology
+from ..topology.analysis import Topology
 from .base import Engine, Movable, as_long
 
 __all__ = ["INVERSE", "InternalCoordinates", "InversePlan", "internal_from_xyz", "inverse_plan"]

@@ -43,10 +43,10 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from .._geometry import EPS
-from .._topology import FULL, SECOND, THIRD, Topology
 from ..runtime.torch_compat import IS_FUNCTORCH_WRAPPED
+from ..topology.analysis import FULL, SECOND, THIRD, Topology
+from ..topology.frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .base import Engine, Movable, as_long
-from .frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .function import Function
 from .layout import sincos, to_rows, to_xyz
 from .seeds import SeedPlan, seed_atoms, seed_plan, seed_positions

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._topology import ROOT, SECOND, THIRD, Topology
+from ..topology.analysis import ROOT, SECOND, THIRD, Topology
 from .base import Movable, as_long
 
 __all__ = ["SeedPlan", "seed_atoms", "seed_block", "seed_plan", "seed_positions"]

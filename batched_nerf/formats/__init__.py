@@ -19,7 +19,7 @@ The optional packages are imported only when their functions are called.
 
 from __future__ import annotations
 
-from .._zmatrix import ZMatrix
+from ..core.zmatrix import ZMatrix
 from .ase import from_ase, to_ase
 from .bgflow import refs_from_bgflow, refs_to_bgflow, table_from_bgflow, table_to_bgflow
 from .chemcoord import from_chemcoord, read_chemcoord, to_chemcoord

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import as_numpy, optional_import
+from ..core.files import as_numpy, optional_import
 
 __all__ = ["from_ase", "to_ase"]
 

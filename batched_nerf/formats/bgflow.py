@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from .._build_order import build_order
-from .._table import ConstructionTable
-from ._common import as_numpy, refs_of
+from ..core.files import as_numpy, refs_of
+from ..core.table import ConstructionTable
+from ..topology.order import build_order
 
 __all__ = ["refs_from_bgflow", "refs_to_bgflow", "table_from_bgflow", "table_to_bgflow"]
 

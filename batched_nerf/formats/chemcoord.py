@@ -48,10 +48,10 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from .._build_order import build_order
-from .._table import ConstructionTable
-from .._zmatrix import ZMatrix
-from ._common import PathOrFile, finite_float, optional_import, read_text, require_one_conformation
+from ..core.files import PathOrFile, finite_float, optional_import, read_text, require_one_conformation
+from ..core.table import ConstructionTable
+from ..core.zmatrix import ZMatrix
+from ..topology.order import build_order
 
 __all__ = ["ABSOLUTE_REFERENCES", "from_chemcoord", "read_chemcoord", "to_chemcoord"]
 

@@ -53,11 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._build_order import build_order
-from .._perceive import atomic_number, element_symbol
-from .._table import ConstructionTable
-from .._zmatrix import ZMatrix
-from ._common import (
+from ..core.files import (
     PathOrFile,
     as_numpy,
     check_precision,
@@ -67,6 +63,10 @@ from ._common import (
     refs_of,
     require_one_conformation,
 )
+from ..core.table import ConstructionTable
+from ..core.zmatrix import ZMatrix
+from ..topology.order import build_order
+from ..topology.perceive import atomic_number, element_symbol
 
 __all__ = ["GaussianInput", "ZMatrix", "read_gaussian", "read_zmat", "write_gaussian", "write_zmat"]
 

@@ -51,12 +51,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._build_order import adopt_dihedrals
-from .._convert import InternalCoordinates
-from .._pose import Pose
-from .._table import ConstructionTable
-from .._topology import as_index_array
-from ._common import as_numpy, optional_import
+from ..core.convert import InternalCoordinates
+from ..core.files import as_numpy, optional_import
+from ..core.pose import Pose
+from ..core.table import ConstructionTable
+from ..topology.analysis import as_index_array
+from ..topology.order import adopt_dihedrals
 
 __all__ = [
     "AtomGroupTable",

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._common import optional_import
+from ..core.files import optional_import
 
 __all__ = ["MDTrajFrames", "from_mdtraj"]
 

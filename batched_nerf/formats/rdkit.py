@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .._table import ConstructionTable
-from ._common import optional_import
+from ..core.files import optional_import
+from ..core.table import ConstructionTable
 
 __all__ = ["table_from_rdkit", "xyz_from_rdkit"]
 

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._common import PathOrFile, as_numpy, check_precision, finite_float, open_text, read_text
+from ..core.files import PathOrFile, as_numpy, check_precision, finite_float, open_text, read_text
 
 __all__ = ["read_xyz", "write_xyz"]
 

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import to_tensor
-from .._convert import to_cartesian, to_internal
-from .._table import ConstructionTable
+from ..core.checks import to_tensor
+from ..core.convert import to_cartesian, to_internal
+from ..core.table import ConstructionTable
 from ._build import _float
 from ._templates import BACKBONE
 

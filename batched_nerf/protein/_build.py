@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._checks import to_tensor
-from .._convert import to_cartesian
 from .._geometry import batch_shape
-from .._pack import pack_tables
-from .._table import _static_tensors, outside_inference_mode
+from ..core.checks import to_tensor
+from ..core.convert import to_cartesian
+from ..core.pack import pack_tables
+from ..core.table import _static_tensors, outside_inference_mode
 from ..engines.compose import compose_padded
 from ..engines.dispatch import auto_method
 from ..engines.fused.build import configure

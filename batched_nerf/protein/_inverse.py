@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .._checks import to_tensor
-from .._convert import InternalCoordinates, to_internal
+from ..core.checks import to_tensor
+from ..core.convert import InternalCoordinates, to_internal
 from ._build import packed_proteins
 from ._sequence import protein_table
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._table import outside_inference_mode
+from ..core.table import outside_inference_mode
 from ._build import PackedProteins, _float
 from ._sequence import ProteinTable, protein_table
 from ._templates import CAPS, CTERM_C_O, CTERM_CA_C_O, ONE_TO_THREE, RESIDUE_NAMES, base_residue, residue_name

@@ -7,7 +7,7 @@ from typing import IO
 
 import numpy as np
 
-from ..formats._common import PathOrFile, open_text
+from ..core.files import PathOrFile, open_text
 from ._build import Protein
 from ._sequence import residue_names
 from ._templates import base_residue

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._table import ConstructionTable, outside_inference_mode
+from ..core.table import ConstructionTable, outside_inference_mode
 from ._hydrogens import SIDE_CHAIN_H, backbone_h, hydrogen_rows
 from ._names import CONVENTIONS, detect_convention, to_pdb_names
 from ._templates import (

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._convert import to_cartesian
-from .._table import ConstructionTable, _static_tensors, outside_inference_mode
+from ..core.convert import to_cartesian
+from ..core.table import ConstructionTable, _static_tensors, outside_inference_mode
 from ._build import _DEG, PACK_CACHE_SIZE, PackedProteins, Protein, _float, _packed
 from ._sequence import protein_table
 

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._build_order import adopt_dihedrals
-from .._table import ConstructionTable, outside_inference_mode
-from ..formats._common import as_numpy, optional_import
+from ..core.files import as_numpy, optional_import
+from ..core.table import ConstructionTable, outside_inference_mode
+from ..topology.order import adopt_dihedrals
 from ._templates import CHI_NAMES, SIDE_CHAINS, base_residue
 
 #: Columns of :attr:`TopologyTable.torsion_rows` (the conventions of :func:`build`).

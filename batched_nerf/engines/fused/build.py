@@ -47,12 +47,12 @@ import torch
 from torch import Tensor
 
 from ..._geometry import nan_negative_bonds
-from ..._topology import SECOND, THIRD, Topology
 from ...runtime.torch_compat import no_functorch
+from ...topology.analysis import SECOND, THIRD, Topology
+from ...topology.frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
-from ..frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
 from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._topology import FULL, SECOND, THIRD, Topology
+from ...topology.analysis import FULL, SECOND, THIRD, Topology
+from ...topology.frame_tree import ANCHOR, NONE, PARENT, POSITIONS, FrameTree, frame_tree
 from ..base import Movable, as_long
-from ..frame_tree import ANCHOR, NONE, PARENT, POSITIONS, FrameTree, frame_tree
 from ..seeds import SeedPlan, seed_atoms, seed_plan
 from .path import Take
 

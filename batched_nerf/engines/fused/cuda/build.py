@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from ...._geometry import EPS
-from ...._topology import FULL, ROOT, SECOND, THIRD, Topology
+from ....topology.analysis import FULL, ROOT, SECOND, THIRD, Topology
+from ....topology.frame_tree import ANCHOR, PARENT, frame_tree
 from ...base import Movable
-from ...frame_tree import ANCHOR, PARENT, frame_tree
 from ...gpu_policy import launch
 
 try:  # optional: the CUDA builds of torch ship Triton

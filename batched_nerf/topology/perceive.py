@@ -76,7 +76,7 @@ def element_symbol(symbol: str, index: int | None = None) -> str:
         ValueError: an unknown symbol (naming ``index`` when given).
 
     Example:
-        >>> from batched_nerf._perceive import element_symbol
+        >>> from batched_nerf.topology.perceive import element_symbol
         >>> element_symbol("CL"), element_symbol("d"), element_symbol("x")
         ('Cl', 'D', 'X')
     """
@@ -95,7 +95,7 @@ def atomic_number(symbol: str) -> int:
     """Atomic number ``Z`` of a symbol (``1`` for ``D``/``T``, ``0`` for the dummy ``X``).
 
     Example:
-        >>> from batched_nerf._perceive import atomic_number
+        >>> from batched_nerf.topology.perceive import atomic_number
         >>> atomic_number("C"), atomic_number("D"), atomic_number("X")
         (6, 1, 0)
     """
@@ -124,7 +124,7 @@ def as_xyz(xyz: Any, n_atoms: int | None = None, what: str = "xyz") -> np.ndarra
     """``(N, 3)`` float64 numpy copy of coordinates (numpy, lists or torch, also inside ``torch.func``
     transforms other than ``vmap``); checks shape, finiteness."""
     if hasattr(xyz, "detach"):
-        from .runtime.torch_compat import values_of
+        from ..runtime.torch_compat import values_of
 
         xyz = values_of(xyz, what)
     arr = np.asarray(xyz, dtype=np.float64)
@@ -153,7 +153,7 @@ def neighbour_backend(name: str) -> Iterator[None]:
         ValueError: an unknown backend name.
 
     Example:
-        >>> from batched_nerf._perceive import close_pairs, neighbour_backend
+        >>> from batched_nerf.topology.perceive import close_pairs, neighbour_backend
         >>> import numpy as np
         >>> with neighbour_backend("numpy"):
         ...     close_pairs(np.array([[0.0, 0, 0], [1.0, 0, 0], [5.0, 0, 0]]), np.full(3, 0.6)).tolist()

@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import engines
-from ._checks import check_table
-from ._convert import _METHODS, to_cartesian
-from ._table import ConstructionTable
-from .engines.compiled import check_compiled_backward
-from .engines.dispatch import auto_method
+from .. import engines
+from ..engines.compiled import check_compiled_backward
+from ..engines.dispatch import auto_method
+from .checks import check_table
+from .convert import _METHODS, to_cartesian
+from .table import ConstructionTable
 
 
 def _call_plan(table: ConstructionTable, method: str, inputs: tuple[Any, ...]) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .engines.function import Function
+from ..engines.function import Function
 
 __all__ = ["EntryLayout", "gather", "spread"]
 
@@ -129,7 +129,7 @@ def gather(values: Tensor, layout: EntryLayout) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from batched_nerf._entries import EntryLayout, gather
+        >>> from batched_nerf.learning.entries import EntryLayout, gather
         >>> layout = EntryLayout.of(torch.tensor([0, 2, 3]), 5)
         >>> gather(torch.arange(10.0).reshape(2, 5), layout)
         tensor([[0., 2., 3.],
@@ -146,7 +146,7 @@ def spread(entries: Tensor, layout: EntryLayout) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from batched_nerf._entries import EntryLayout, spread
+        >>> from batched_nerf.learning.entries import EntryLayout, spread
         >>> spread(torch.tensor([1.0, 2.0, 3.0]), EntryLayout.of(torch.tensor([0, 2, 3]), 5))
         tensor([1., 0., 2., 3., 0.])
     """

@@ -15,14 +15,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_table, check_tensor
-from ._convert import to_cartesian, to_internal
-from ._entries import EntryLayout, gather, spread
-from ._flow_entries import EntryKernel, gather_log_det, spread_log_det
-from ._geometry import batch_shape
-from ._logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
-from ._pose import extract_pose, pose_info
-from ._table import ConstructionTable
+from .._geometry import batch_shape
+from ..core.checks import check_table, check_tensor
+from ..core.convert import to_cartesian, to_internal
+from ..core.pose import extract_pose, pose_info
+from ..core.table import ConstructionTable
+from .entries import EntryLayout, gather, spread
+from .flow_entries import EntryKernel, gather_log_det, spread_log_det
+from .logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 
 _LOG_PI = math.log(math.pi)
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -35,7 +35,7 @@ class FlowCoordinates(NamedTuple):
     ``bonds (..., n_bonds)``, ``angles (..., n_angles)``, ``dihedrals
     (..., n_dihedrals)`` (entries ordered by atom index, see the transform's
     ``bond_atoms`` etc.), ``rotation``/``translation`` (``None`` unless
-    ``pose=True``; shapes as in [`batched_nerf._pose.extract_pose`][batched_nerf.extract_pose]),
+    ``pose=True``; shapes as in [`batched_nerf.core.pose.extract_pose`][batched_nerf.extract_pose]),
     ``fixed_xyz (..., F, 3)`` (``None`` without fixed atoms) and ``log_det
     (...)`` = ``log|det d(outputs)/d(xyz)|``.
     """
@@ -68,7 +68,7 @@ class InternalCoordinateTransform(nn.Module):
     * ``pose=True``: the global pose of each seeded component is part of the
       bijection (``3 N`` Cartesian coordinates of non-fixed atoms in, ``3 N``
       numbers out); the rotation is a matrix and its measure the Haar
-      measure, flat in the chart of [`batched_nerf._pose.rotation_angles`][batched_nerf.rotation_angles].
+      measure, flat in the chart of [`batched_nerf.core.pose.rotation_angles`][batched_nerf.rotation_angles].
     * ``pose=False``: the 6 rigid-body degrees of freedom per seeded
       component are dropped; ``log_det`` is that of the square map between
       the ICs and the free coordinates of the canonical frame (exact when

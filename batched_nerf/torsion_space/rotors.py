@@ -23,14 +23,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._autolink import components
-from ._autotable import _bond_pairs, refs_from_connectivity
-from ._convert import to_cartesian, to_internal
-from ._geometry import centered, superposing_rotation
-from ._pack import pack_tables
-from ._perceive import _symbols, atomic_number
-from ._table import ConstructionTable
-from .runtime.torch_compat import values_of
+from .._geometry import centered, superposing_rotation
+from ..core.convert import to_cartesian, to_internal
+from ..core.pack import pack_tables
+from ..core.table import ConstructionTable
+from ..runtime.torch_compat import values_of
+from ..topology.auto import _bond_pairs, refs_from_connectivity
+from ..topology.link import components
+from ..topology.perceive import _symbols, atomic_number
 
 __all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
 

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import DEG, as_box, as_float, check_table, check_xyz
-from ._table import ConstructionTable, _static_tensors
-from ._topology import FULL, SECOND, THIRD, Topology, short
+from ..topology.analysis import FULL, SECOND, THIRD, Topology, short
+from .checks import DEG, as_box, as_float, check_table, check_xyz
+from .table import ConstructionTable, _static_tensors
 
 __all__ = ["Center", "box_vectors", "check_box", "minimum_image", "unwrap", "wrap"]
 

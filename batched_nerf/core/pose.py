@@ -40,11 +40,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import as_float, cast_like, check_device, check_table, check_xyz
-from ._geometry import EPS, batch_shape, cross, dot, safe_norm, safe_normalize
-from ._table import ConstructionTable
-from ._topology import Topology
-from .engines.fused import pose as fused_pose
+from .._geometry import EPS, batch_shape, cross, dot, safe_norm, safe_normalize
+from ..engines.fused import pose as fused_pose
+from ..topology.analysis import Topology
+from .checks import as_float, cast_like, check_device, check_table, check_xyz
+from .table import ConstructionTable
 
 
 class Pose(NamedTuple):

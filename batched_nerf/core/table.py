@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import engines
-from ._autotable import refs_from_connectivity, refs_from_xyz
-from ._topology import FULL, THIRD, Topology, analyse
-from .engines.compose import worth_composing
-from .engines.dispatch import single_path
-from .runtime.torch_compat import clear_transforms, current_level, no_functorch
+from .. import engines
+from ..engines.compose import worth_composing
+from ..engines.dispatch import single_path
+from ..runtime.torch_compat import clear_transforms, current_level, no_functorch
+from ..topology.analysis import FULL, THIRD, Topology, analyse
+from ..topology.auto import refs_from_connectivity, refs_from_xyz
 
 __all__ = ["ConstructionTable"]
 
@@ -297,7 +297,7 @@ class ConstructionTable:
     ) -> ConstructionTable:
         """Table from a bond graph: bonded references, proper torsions, sibling branches.
 
-        See `batched_nerf._autotable.refs_from_connectivity` for the rules
+        See `batched_nerf.topology.auto.refs_from_connectivity` for the rules
         (rings, avoiding near-linear reference triples when ``xyz`` is given).
         With coordinates, disconnected fragments (the molecules of a dimer, the
         ions of a salt) are linked into one build by default: each further

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._table import ConstructionTable
+from .table import ConstructionTable
 
 __all__ = [
     "DEG",

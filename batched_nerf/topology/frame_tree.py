@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._topology import FULL, THIRD, Topology
+from .analysis import FULL, THIRD, Topology
 
 __all__ = ["ANCHOR", "NONE", "PARENT", "POSITIONS", "FrameTree", "frame_tree"]
 
@@ -93,7 +93,7 @@ def frame_tree(topo: Topology) -> FrameTree:
 
     Example:
         >>> import batched_nerf as bn
-        >>> from batched_nerf.engines.frame_tree import frame_tree
+        >>> from batched_nerf.topology.frame_tree import frame_tree
         >>> # methyl-like: 4 is primary below 3, 5 and 6 are siblings of 4
         >>> refs = [[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [3, 2, 1], [3, 2, 4], [3, 2, 5]]
         >>> tree = frame_tree(bn.ConstructionTable(refs).topology)

@@ -8,15 +8,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from . import engines
-from ._box import _matrix, _whole
-from ._checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
-from ._geometry import batch_shape, nan_negative_bonds
-from ._pose import Pose, extract_pose, move, pose_inputs
-from ._table import ConstructionTable
-from .engines.dispatch import auto_method
-from .engines.fused import inverse as fused_inverse
-from .engines.inverse import InternalCoordinates
+from .. import engines
+from .._geometry import batch_shape, nan_negative_bonds
+from ..engines.dispatch import auto_method
+from ..engines.fused import inverse as fused_inverse
+from ..engines.inverse import InternalCoordinates
+from .box import _matrix, _whole
+from .checks import DEG, as_box, broadcast_fixed, broadcast_internal, check_device, check_table, check_xyz
+from .pose import Pose, extract_pose, move, pose_inputs
+from .table import ConstructionTable
 
 __all__ = ["InternalCoordinates", "InverseMethod", "Method", "to_cartesian", "to_internal"]
 

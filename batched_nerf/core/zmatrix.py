@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._autotable import link_components
-from ._checks import as_float, broadcast_fixed, broadcast_internal, check_table, to_tensor
-from ._convert import Method, to_cartesian, to_internal
-from ._table import ConstructionTable
-from ._topology import as_index_array
+from ..topology.analysis import as_index_array
+from ..topology.auto import link_components
+from .checks import as_float, broadcast_fixed, broadcast_internal, check_table, to_tensor
+from .convert import Method, to_cartesian, to_internal
+from .table import ConstructionTable
 
 __all__ = ["ZMatrix"]
 
@@ -77,7 +77,7 @@ class ZMatrix:
 
     Example:
         >>> import torch, batched_nerf as bn
-        >>> from batched_nerf._zmatrix import ZMatrix
+        >>> from batched_nerf.core.zmatrix import ZMatrix
         >>> table = bn.ConstructionTable([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
         >>> water = ZMatrix(table, [0.0, 0.96, 0.96], [0.0, 0.0, 1.824], [0.0, 0.0, 0.0],
         ...                 elements=["O", "H", "H"])
@@ -271,7 +271,7 @@ class ZMatrix:
 
         Example:
             >>> import torch, batched_nerf as bn
-            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> from batched_nerf.core.zmatrix import ZMatrix
             >>> z = ZMatrix(bn.ConstructionTable.chain(4), torch.ones(5, 4), torch.full((5, 4), 2.0),
             ...             torch.linspace(-3, 3, 5)[:, None].expand(5, 4))
             >>> z.to_cartesian().shape
@@ -299,7 +299,7 @@ class ZMatrix:
 
         Example:
             >>> import torch, batched_nerf as bn
-            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> from batched_nerf.core.zmatrix import ZMatrix
             >>> z = ZMatrix(bn.ConstructionTable.chain(3), [0.0, 1.0, 1.0], [0.0, 0.0, 2.0], [0.0] * 3)
             >>> z.to(dtype=torch.float32).dtype
             torch.float32
@@ -322,7 +322,7 @@ class ZMatrix:
 
         Example:
             >>> import torch, batched_nerf as bn
-            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> from batched_nerf.core.zmatrix import ZMatrix
             >>> ones = torch.ones(8, 4)
             >>> z = ZMatrix(bn.ConstructionTable.chain(4), ones, ones, 0 * ones)
             >>> z[2:5].batch_shape, z[0].batch_shape
@@ -358,7 +358,7 @@ class ZMatrix:
         components (the molecules of a dimer, the ions of a salt, each with its
         own seed triple) would drop their placement relative to each other, so
         by default its components are linked into one build first
-        (`batched_nerf._autotable.link_components`: each further
+        (`batched_nerf.topology.auto.link_components`: each further
         component's seed rows reference the nearest atoms already placed, in the
         first conformation); the returned [`table`][batched_nerf.ZMatrix.table] is then that linked
         table, and [`nonbonded_references`][batched_nerf.nonbonded_references] marks the links.
@@ -394,7 +394,7 @@ class ZMatrix:
 
         Example:
             >>> import torch, batched_nerf as bn
-            >>> from batched_nerf._zmatrix import ZMatrix
+            >>> from batched_nerf.core.zmatrix import ZMatrix
             >>> xyz = torch.tensor([[0.0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
             >>> z = ZMatrix.from_cartesian(xyz, bn.ConstructionTable.chain(4))
             >>> torch.allclose(z.to_cartesian(), xyz)

@@ -19,7 +19,7 @@ At scale (solvent boxes): the fragments of up to three atoms (water, ions)
 get their rows all at once in numpy, exactly the rows the per-atom rules give
 them; larger fragments go atom by atom (about 50-80 us per atom). Components,
 bond pairs and the non-bonded mask are numpy throughout; the linking lives in
-`batched_nerf._autolink`, bond perception in `batched_nerf._perceive`.
+`batched_nerf.topology.link`, bond perception in `batched_nerf.topology.perceive`.
 
 This module works on numpy arrays only; [`ConstructionTable`][batched_nerf.ConstructionTable]
 wraps its results (``ConstructionTable.from_connectivity``, ``from_xyz``).
@@ -33,8 +33,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._autolink import LINEAR_TOLERANCE_DEG, _Picker, components, link_components
-from ._perceive import COVALENT_RADII, DEFAULT_SCALE, as_xyz, check_not_coincident, perceive_connectivity
+from .link import LINEAR_TOLERANCE_DEG, _Picker, components, link_components
+from .perceive import COVALENT_RADII, DEFAULT_SCALE, as_xyz, check_not_coincident, perceive_connectivity
 
 __all__ = [
     "COVALENT_RADII",
@@ -490,7 +490,7 @@ def refs_from_connectivity(
             out of range, or ``link_fragments=True`` without ``xyz``.
 
     Example:
-        >>> from batched_nerf._autotable import refs_from_connectivity
+        >>> from batched_nerf.topology.auto import refs_from_connectivity
         >>> ethane = [(0, 1), (0, 2), (0, 3), (0, 4), (1, 5), (1, 6), (1, 7)]
         >>> refs_from_connectivity(ethane, 8).refs.tolist()
         [[1, -1, -1], [-1, -1, -1], [0, 1, 5], [0, 1, 2], [0, 1, 2], [1, 0, -1], [1, 0, 5], [1, 0, 5]]
@@ -559,7 +559,7 @@ def refs_from_xyz(
         UserWarning: when most atoms have no bond (coordinates in bohr?).
 
     Example:
-        >>> from batched_nerf._autotable import refs_from_xyz
+        >>> from batched_nerf.topology.auto import refs_from_xyz
         >>> water = [[0.0, 0.0, 0.0], [0.96, 0.0, 0.0], [-0.24, 0.93, 0.0]]
         >>> refs_from_xyz(water, ["O", "H", "H"]).refs.tolist()
         [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from ._torsion_space import Moving, RotorTable, Rule, _check_moving, _check_rule, _recent, rotatable_bonds
-from .runtime.torch_compat import values_of
+from ..runtime.torch_compat import values_of
+from .rotors import Moving, RotorTable, Rule, _check_moving, _check_rule, _recent, rotatable_bonds
 
 __all__ = ["rotor_tables"]
 

@@ -1,7 +1,7 @@
 """Static topology of a construction table: row checks, components, levels, seeds.
 
 The ground layer of the package: numpy only, no torch, nothing imported from
-the rest of the package but its build orders (`batched_nerf._build_order`).
+the rest of the package but its build orders (`batched_nerf.topology.order`).
 [`ConstructionTable`][batched_nerf.ConstructionTable] analyses its rows once with
 `analyse` and every engine planner, the pose and log-det code and the
 losses read the resulting [`Topology`][batched_nerf.Topology] (``table.topology``)
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._build_order import _find_cycle, _levels, _order
+from .order import _find_cycle, _levels, _order
 
 __all__ = [
     "FULL",
@@ -139,7 +139,7 @@ def analyse(refs: Any, fixed: Any = None) -> Topology:
     Whole-array numpy passes (no Python loop over atoms or rows): row checks,
     components (hooking and pointer jumping), seeds (per-component counts),
     build order, levels (pointer jumping along a critical-reference forest).
-    The build order (`batched_nerf._build_order`) is found in whole-array
+    The build order (`batched_nerf.topology.order`) is found in whole-array
     passes too, except for deep tables whose rows are far from build order
     (a heap over the rows).
 
@@ -216,7 +216,7 @@ def concatenate(parts: Sequence[Topology]) -> Topology:
         ValueError: ``parts`` is empty.
 
     Example:
-        >>> from batched_nerf._topology import analyse, concatenate
+        >>> from batched_nerf.topology.analysis import analyse, concatenate
         >>> water = analyse([[-1, -1, -1], [0, -1, -1], [0, 1, -1]])
         >>> chain = analyse([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0]])
         >>> both = concatenate([water, chain])

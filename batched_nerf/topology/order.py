@@ -49,7 +49,7 @@ def build_order(refs: np.ndarray) -> np.ndarray:
         ValueError: for references out of range or a reference cycle.
 
     Example:
-        >>> from batched_nerf._build_order import build_order
+        >>> from batched_nerf.topology.order import build_order
         >>> build_order([[1, -1, -1], [-1, -1, -1], [0, 1, -1]]).tolist()
         [1, 0, 2]
     """
@@ -81,7 +81,7 @@ def adopt_dihedrals(refs: np.ndarray, quads: np.ndarray) -> np.ndarray:
 
     Example:
         >>> import numpy as np
-        >>> from batched_nerf._build_order import adopt_dihedrals
+        >>> from batched_nerf.topology.order import adopt_dihedrals
         >>> refs = np.array([[-1, -1, -1], [0, -1, -1], [1, 0, -1], [2, 1, 0], [2, 1, 3]])
         >>> adopt_dihedrals(refs, np.array([[0, 1, 2, 4]])).tolist(), refs[4].tolist()
         ([4], [2, 1, 0])

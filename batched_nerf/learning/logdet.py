@@ -61,10 +61,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import DEG, broadcast_internal, check_table
-from ._table import ConstructionTable
-from ._topology import FULL, SECOND, THIRD, Topology
-from .engines.function import Function
+from ..core.checks import DEG, broadcast_internal, check_table
+from ..core.table import ConstructionTable
+from ..engines.function import Function
+from ..topology.analysis import FULL, SECOND, THIRD, Topology
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def log_det_jacobian(
     ```
 
     With ``pose=True`` it is ICs + per-component pose (Haar measure on
-    rotations, see `batched_nerf._pose`) -> all ``3 N`` coordinates of the
+    rotations, see `batched_nerf.core.pose`) -> all ``3 N`` coordinates of the
     non-fixed atoms, which adds [`pose_log_det`][batched_nerf.pose_log_det]. Fixed atoms are given
     (``fixed_xyz``) and contribute nothing; dihedrals never enter.
 

@@ -11,7 +11,7 @@ importable) or blocks of numpy, never from all pairs at once, and the result is
 the same as linking them one by one.
 
 Also here: component labels in numpy and the reference picker that avoids
-near-linear triples (shared with `batched_nerf._autotable`).
+near-linear triples (shared with `batched_nerf.topology.auto`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._perceive import _CHUNK, _kdtree, as_xyz
-from ._perceive import pairs_within as _cell_pairs_within
+from .perceive import _CHUNK, _kdtree, as_xyz
+from .perceive import pairs_within as _cell_pairs_within
 
 __all__ = ["LINEAR_TOLERANCE_DEG", "badness", "components", "link_components", "ref_components"]
 
@@ -292,7 +292,7 @@ def link_components(
         ValueError: ``refs`` or ``xyz`` of the wrong shape, or ``first`` out of range.
 
     Example:
-        >>> from batched_nerf._autotable import link_components
+        >>> from batched_nerf.topology.auto import link_components
         >>> two_waters = [[-1, -1, -1], [0, -1, -1], [0, 1, -1], [-1, -1, -1], [3, -1, -1], [3, 4, -1]]
         >>> xyz = [[0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0],
         ...        [2.9, 0.1, 0.2], [3.3, 0.9, 0], [3.3, -0.6, 0.5]]

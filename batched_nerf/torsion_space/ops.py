@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._geometry import centered, cross, dihedral, safe_normalize, superposed_msd
-from ._torsion_space import RotorTable, _Packed, _per_bond, _prepare, update_torsions
+from .._geometry import centered, cross, dihedral, safe_normalize, superposed_msd
+from .rotors import RotorTable, _Packed, _per_bond, _prepare, update_torsions
 
 __all__ = ["match_torsions", "set_torsions", "torsion_angles", "torsion_log_volume"]
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor
 
-from ._checks import check_table
-from ._table import ConstructionTable
-from ._topology import concatenate
+from ..topology.analysis import concatenate
+from .checks import check_table
+from .table import ConstructionTable
 
 
 def pack_tables(tables: Sequence[ConstructionTable]) -> ConstructionTable:

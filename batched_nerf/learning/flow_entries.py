@@ -2,7 +2,7 @@ r"""The flow layer's entries and log-det in one kernel pass (CPU, numba), with t
 
 [`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] moves between ``(..., N)``
 per-atom internal coordinates and its compact entries, and sums the log-det
-over the entries (`batched_nerf._logdet.entries_log_det`):
+over the entries (`batched_nerf.learning.logdet.entries_log_det`):
 
 ```text
 log_det = sum_e kb_e log|b_e| + sum_e ka_e log|sin a_e|
@@ -14,7 +14,7 @@ and the log-det) compute that reference: on CPU float32/float64 tensors with
 numba installed, as one loop per sample (`engines.fused.cpu.entries`),
 its backward one more loop; under ``create_graph=True``, ``torch.func``,
 forward-mode AD or ``torch.compile``, and without numba, the torch reference
-itself (`batched_nerf._entries.gather`/``spread`` and
+itself (`batched_nerf.learning.entries.gather`/``spread`` and
 `entries_log_det`). Both give the same values
 (the kernel accumulates in float64 and rounds once) and the same derivatives,
 to every order.
@@ -29,12 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._entries import EntryLayout, gather, spread
-from ._logdet import entries_log_det
-from .engines.backends import available, require
-from .engines.function import Function, jvp, save
-from .engines.fused.arrays import numpy_view as _np
-from .engines.fused.arrays import unwrapped
+from ..engines.backends import available, require
+from ..engines.function import Function, jvp, save
+from ..engines.fused.arrays import numpy_view as _np
+from ..engines.fused.arrays import unwrapped
+from .entries import EntryLayout, gather, spread
+from .logdet import entries_log_det
 
 __all__ = ["EntryKernel", "gather_log_det", "spread_log_det"]
 
