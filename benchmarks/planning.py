@@ -265,7 +265,7 @@ def packed_proteins(seed: int, repeat: int) -> dict[str, Any]:
     first_build = _time(lambda: bn.to_cartesian(*ic, table, method=METHOD[0]))
     steady = _steady(lambda: bn.to_cartesian(*ic, table, method=METHOD[0]), repeat)
     planned = max(first_build - steady, 0.0)
-    engine = ", ".join(sorted({key[0] for key in table._plans}))
+    engine = ", ".join(sorted({key[0] for key in table._state.plans}))
     other = "scan" if engine == "levels" else "levels"  # the other engine's plan, for comparison
     other_s = _time(lambda: table.plan(other))
     return _row(

@@ -229,7 +229,7 @@ def test_many_unplanned_parts_planned_anew(monkeypatch: pytest.MonkeyPatch) -> N
     packed = bn.pack_tables(parts)
     packed.plan("fused")
     assert made == [1280]  # the packed table once; the parts stay unplanned
-    assert all(not t._plans for t in parts)
+    assert all(not t._state.plans for t in parts)
 
 
 def test_few_unplanned_parts_planned_then_composed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,7 +238,7 @@ def test_few_unplanned_parts_planned_then_composed(monkeypatch: pytest.MonkeyPat
     made = count_plans(monkeypatch)
     bn.pack_tables([*parts, fresh]).plan("fused")
     assert made == [600]  # the new part, kept for later packs
-    assert ("fused", 1, torch.device("cpu")) in fresh._plans
+    assert ("fused", 1, torch.device("cpu")) in fresh._state.plans
 
 
 def test_pickled_pack_plans_anew() -> None:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 import batched_nerf as bn
 from batched_nerf import data
-from batched_nerf.core import table as _table
 from batched_nerf.engines.dispatch import auto_method, single_path
 from batched_nerf.engines.levels import _pool_plans
+from batched_nerf.runtime.state import PLAN_CACHE_SIZE
 from batched_nerf.topology.analysis import (
     Topology,
     _hooked,
@@ -257,7 +257,8 @@ def test_packed_dispatch_values_come_from_the_parts(parts: list[str], whole_test
         "pair": bn.ConstructionTable([R, [0, -1, -1]]),
     }
     packed = bn.pack_tables([tables[name] for name in parts])
-    lazy = {k for k in vars(packed.topology) if not k.startswith("n_") and k not in ("depth", "_parts")}
+    kept = ("depth", "_parts", "_state")  # not arrays of the packed rows
+    lazy = {k for k in vars(packed.topology) if not k.startswith("n_") and k not in kept}
     whole = bn.ConstructionTable(packed.topology.refs)
     assert (packed.single_path, packed.largest_component) == (whole.single_path, whole.largest_component)
     assert bool(lazy) == whole_test, lazy
@@ -265,7 +266,7 @@ def test_packed_dispatch_values_come_from_the_parts(parts: list[str], whole_test
 
 # ------------------------------------------------------------------ lazy plans
 def _planned(table: bn.ConstructionTable) -> set[tuple[str, int]]:
-    return {(kind, variant) for kind, variant, _ in table._plans}
+    return {(kind, variant) for kind, variant, _ in table._state.plans}
 
 
 def test_new_table_plans_nothing_until_used() -> None:
@@ -308,9 +309,9 @@ def test_single_path_agrees_with_the_scan_plan() -> None:
 def test_plan_cache_is_bounded() -> None:
     table = bn.ConstructionTable.chain(20)
     first = table.plan("scan")
-    for variant in range(2, 2 + _table.PLAN_CACHE_SIZE):
+    for variant in range(2, 2 + PLAN_CACHE_SIZE):
         table.plan("scan", variant=variant)
-    assert len(table._plans) == _table.PLAN_CACHE_SIZE
+    assert len(table._state.plans) == PLAN_CACHE_SIZE
     again = table.plan("scan")  # dropped as the least recently used, made again
     assert again is not first and torch.equal(again.inverse, first.inverse)
 

@@ -274,11 +274,12 @@ def test_packed_build_is_freed_with_its_combination():
     import weakref
 
     from batched_nerf.protein import _build
+    from batched_nerf.runtime.state import state_of
 
     phi = torch.zeros(3, 2, 6)
     bn.protein.build_batch(["ACW", "GKVLAE"], phi, phi)
     packed = _build.packed_proteins(["ACW", "GKVLAE"])
-    alive = weakref.ref(packed.__dict__["_bound"][("build", 6)])
+    alive = weakref.ref(state_of(packed).memo["bound"][("build", 6)])
     del packed
     gc.disable()
     try:

@@ -8,11 +8,15 @@ from them:
 
 * the engines' build plans, made on first use, one engine and variant at a
   time, per device ([`ConstructionTable.plan`][batched_nerf.ConstructionTable.plan]; at most
-  `PLAN_CACHE_SIZE` per table, least recently used dropped first;
+  `runtime.state.PLAN_CACHE_SIZE` per table, least recently used dropped first;
   [`ConstructionTable.prepare`][batched_nerf.ConstructionTable.prepare] builds them ahead of
   ``torch.compile``);
 * other static data ([`ConstructionTable.cached`][batched_nerf.ConstructionTable.cached]: one entry per
-caller).
+  caller).
+
+Both live in the table's `runtime.state.State`, the one owner of derived state:
+[`ConstructionTable.cache_info`][batched_nerf.ConstructionTable.cache_info] reports it in
+bytes and [`ConstructionTable.release`][batched_nerf.ConstructionTable.release] frees it.
 
 A table pickles as its rows, fixed atoms and topology (no plans, no memo), so
 that sending it to ``DataLoader`` workers is cheap; plans are rebuilt there on
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
@@ -35,15 +38,12 @@ from torch import Tensor
 from .. import engines
 from ..engines.compose import worth_composing
 from ..engines.dispatch import single_path
+from ..runtime.state import state_of
 from ..runtime.torch_compat import clear_transforms, current_level, no_functorch
 from ..topology.analysis import FULL, THIRD, Topology, analyse
 from ..topology.auto import refs_from_connectivity, refs_from_xyz
 
 __all__ = ["ConstructionTable"]
-
-#: Most plans a table keeps (engine x variant x device); the least recently used goes first.
-#: Every variant of every engine on two devices fits (5 plans per device today).
-PLAN_CACHE_SIZE = 16
 
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -172,8 +172,7 @@ class ConstructionTable:
             self._single_path = not self._has_full
         else:
             self._single_path = single_path(topology)
-        self._plans: OrderedDict[tuple[str, int, torch.device], Any] = OrderedDict()
-        self._memo: dict[Any, Any] = {}
+        self._state = state_of(topology)  # plans and memo: derived from the rows, kept with them
         self._parts: tuple[ConstructionTable, ...] | None = None
         for engine in engines.ENGINES.values():  # plans that cost next to nothing, if any
             if engine.eager:
@@ -421,10 +420,11 @@ class ConstructionTable:
         if block is not None:
             variant = block
         key = (kind, variant, device)
-        cached = self._plans.get(key)
+        plans = self._state.plans
+        cached = plans.get(key)
         if cached is not None:
             if not torch.compiler.is_compiling():
-                self._plans.move_to_end(key)
+                plans.move_to_end(key)
             return cached
         if kind not in engines.ENGINES:
             raise ValueError(f"unknown plan kind {kind!r}; expected one of {tuple(engines.ENGINES)}")
@@ -440,14 +440,14 @@ class ConstructionTable:
         key = (kind, variant, device)
         with _static_tensors():
             cpu_key = (kind, variant, torch.device("cpu"))
-            base = self._plans.get(cpu_key)
+            base = self._state.plans.get(cpu_key)
             if base is None:
                 base = self._composed(kind, variant)
                 if base is None:
                     base = engines.make_plan(kind, self._topology, variant)
-                self._store(cpu_key, base)
+                self._state.keep_plan(cpu_key, base)
             cached = base if device.type == "cpu" else base.to(device)
-        self._store(key, cached)
+        self._state.keep_plan(key, cached)
         return cached
 
     def _composed(self, kind: str, variant: int) -> Any:
@@ -460,16 +460,10 @@ class ConstructionTable:
         if not self._parts or compose is None:
             return None
         cpu_key = (kind, variant, torch.device("cpu"))
-        missing = len({id(p) for p in self._parts if cpu_key not in p._plans})
+        missing = len({id(p) for p in self._parts if cpu_key not in p._state.plans})
         if not worth_composing(self._topology.n_atoms, missing):
             return None
         return compose([p.plan(kind, None, variant) for p in self._parts], self._topology)
-
-    def _store(self, key: tuple[str, int, torch.device], plan: Any) -> None:
-        self._plans[key] = plan
-        self._plans.move_to_end(key)
-        while len(self._plans) > PLAN_CACHE_SIZE:
-            self._plans.popitem(last=False)
 
     def prepare(
         self,
@@ -521,8 +515,43 @@ class ConstructionTable:
             >>> table.cached("n_full", lambda topo: int((topo.kind == 3).sum()))
             2
         """
+        memo = self._state.memo
         try:
-            return self._memo[key]
+            return memo[key]
         except KeyError:
-            value = self._memo[key] = outside_inference_mode(make)(self._topology)
+            value = memo[key] = outside_inference_mode(make)(self._topology)
             return value
+
+    def cache_info(self) -> dict[str, int]:
+        """What the table keeps derived from its rows: counts and bytes.
+
+        Returns:
+            ``{"plans", "plan_bytes", "memo", "memo_bytes"}``: the engines' plans
+            kept (at most ``PLAN_CACHE_SIZE`` = 16, least recently used dropped
+            first) and the [`cached`][batched_nerf.ConstructionTable.cached]
+            entries, with the bytes of every array and tensor they hold (each
+            storage counted once; plans on a GPU count their device memory). The
+            rows themselves are not counted. See
+            [`batched_nerf.cache_info`][batched_nerf.cache_info] for the whole process.
+
+        Example:
+            >>> import batched_nerf as bn, torch
+            >>> table = bn.ConstructionTable.chain(100)
+            >>> _ = bn.to_cartesian(torch.ones(100), torch.full((100,), 1.9), torch.zeros(100), table)
+            >>> info = table.cache_info()
+            >>> info["plans"] >= 1 and info["plan_bytes"] > 0
+            True
+            >>> table.release().cache_info()["plan_bytes"]
+            0
+        """
+        return self._state.info()
+
+    def release(self) -> ConstructionTable:
+        """Free every plan and memo entry now; they are made again on next use. Returns the table.
+
+        For a data set of many tables that each served once (their plans would
+        otherwise live as long as the tables). Results do not change: plans are
+        a pure function of the rows.
+        """
+        self._state.clear()
+        return self

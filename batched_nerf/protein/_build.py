@@ -21,6 +21,7 @@ from ..engines.dispatch import auto_method
 from ..engines.fused.build import configure
 from ..engines.fused.torsions import TorsionBuild
 from ..engines.fused.torsions import serves as _serves
+from ..runtime.state import memo, state_of
 from ._sequence import protein_table, public_state
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -78,7 +79,7 @@ def templates(owner: Any, dtype: torch.dtype, device: torch.device) -> tuple[Ten
     ``torch.inference_mode`` (a first call in a validation pass must not cache
     inference tensors that a later backward would have to save).
     """
-    cache = owner.__dict__.setdefault("_cast", {})
+    cache = memo(owner, "cast", dict)
     key = (dtype, device)
     if key not in cache:
         cache[key] = outside_inference_mode(_cast)(owner, dtype, device)
@@ -339,7 +340,7 @@ def _bound(t: Any, given: list[Tensor | None], degrees: bool, method: str) -> Te
     phi = given[0]
     if not _serves(phi):
         return None
-    bound = t.__dict__.setdefault("_bound", {})
+    bound = memo(t, "bound", dict)
     if method == "auto" and _auto(bound, t.table, phi.numel() // max(t.n_residues, 1)) != "fused":
         return None
     key = (given[2] is not None, given[3] is not None)
@@ -392,7 +393,7 @@ def _source(t: Any, omega: bool, chi: bool, device: torch.device) -> Tensor:
     block present; an omitted block's entries point at the row itself (whose
     template value is the default), a later block moves up by the omitted ``L``.
     """
-    cache = t.__dict__.setdefault("_sources", {})
+    cache = memo(t, "sources", dict)
     key = (omega, chi, device)
     if key not in cache:
         with _static_tensors():  # plain tensors, also on a first call in inference mode or torch.func
@@ -418,7 +419,7 @@ def _remapped(t: Any, omega: bool, chi: bool) -> Tensor:
 
 def _mask(t: Any, device: torch.device) -> Tensor:
     """``(N,)`` all-True atom mask of one sequence (cached per device, a plain tensor)."""
-    cache = t.__dict__.setdefault("_masks", {})
+    cache = memo(t, "masks", dict)
     if device not in cache:
         with _static_tensors():
             cache[device] = torch.ones(t.n_atoms, dtype=torch.bool, device=device)
@@ -448,7 +449,7 @@ def _layout(t: Any) -> _Layout:
     become ``src + f``, ``N + c P + (k L_max + r)`` and ``N + 3 P + 4 (k L_max + r) + c'``:
     ``base + weights . (N, P, k L_max, f)``.
     """
-    layout = t.__dict__.get("_layout")
+    layout = state_of(t).memo.get("layout")
     if layout is None:
         src = t.source.numpy()
         n, n_res = t.n_atoms, t.n_residues
@@ -462,7 +463,7 @@ def _layout(t: Any) -> _Layout:
         weights = np.stack([~own, np.where(backbone, col, 0) + 3 * chi, backbone + 4 * chi, own]).astype(
             np.int64
         )
-        layout = t.__dict__["_layout"] = _Layout(
+        layout = state_of(t).memo["layout"] = _Layout(
             n=n,
             n_residues=n_res,
             base=base.astype(np.int64),
@@ -669,7 +670,7 @@ def _bound_batch(
     if given is None or phi.shape[-2] != b or not _serves(phi):
         return None
     batch = tuple(phi.shape[:-2])
-    bound = packed.__dict__.setdefault("_bound", {})
+    bound = memo(packed, "bound", dict)
     if method == "auto" and _auto(bound, packed.table, math.prod(batch)) != "fused":
         return None
     tb = bound.get(("build", length))
@@ -688,7 +689,7 @@ def _defaults(
 ) -> tuple[Tensor, ...]:
     """Trans omega ``(B, L_pad)`` and the default chi ``(B, L_pad, 4)`` (zeros past ``L_max``; radians),
     plain tensors cast once per dtype, device and ``L_pad``."""
-    cache = packed.__dict__.setdefault("_defaults", {})
+    cache = memo(packed, "defaults", dict)
     key = (dtype, device, length)
     if key not in cache:
         with _static_tensors():
@@ -738,11 +739,11 @@ class _BoundPart(NamedTuple):
 
 def _bound_part(t: Any) -> _BoundPart:
     """The `_BoundPart` of a [`ProteinTable`][batched_nerf.protein.ProteinTable] (kept on it)."""
-    part = t.__dict__.get("_bound_part")
+    part = state_of(t).memo.get("bound_part")
     if part is None:
         layout = _layout(t)
         rows = np.flatnonzero(layout.weights[0])
-        part = t.__dict__["_bound_part"] = _BoundPart(
+        part = state_of(t).memo["bound_part"] = _BoundPart(
             plan=t.table.plan("fused", torch.device("cpu")),
             values=layout.values.astype(np.float64),
             rows=rows,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..core.table import outside_inference_mode
+from ..runtime.state import memo
 from ._build import PackedProteins, _float
 from ._sequence import ProteinTable, protein_table
 from ._templates import CAPS, CTERM_C_O, CTERM_CA_C_O, ONE_TO_THREE, RESIDUE_NAMES, base_residue, residue_name
@@ -136,7 +137,7 @@ def _tables(t: ProteinTable | PackedProteins) -> tuple[list[ProteinTable], bool]
 
 def _slots(t: ProteinTable, width: int) -> tuple[np.ndarray, np.ndarray]:
     """``(slot (N,), present (L, width))``: each atom's slot ``r * width + s`` (``-1``: none); cached."""
-    cache = t.__dict__.setdefault("_layout_slots", {})
+    cache = memo(t, "layout_slots", dict)
     if width not in cache:
         slot_of = []
         for r, res in enumerate(t.residues):
@@ -218,7 +219,7 @@ class _Maps:
 
 
 def _maps(t: ProteinTable | PackedProteins, width: int) -> _Maps:
-    cache = t.__dict__.setdefault("_layout_maps", {})
+    cache = memo(t, "layout_maps", dict)
     if width not in cache:
         cache[width] = _Maps(t, width)
     return cache[width]
@@ -464,7 +465,7 @@ def from_atom14(atom14: Any, sequence: Layout, hydrogens: bool = False, *, mask:
 @outside_inference_mode
 def _chi_masks(t: ProteinTable | PackedProteins, device: torch.device) -> tuple[Tensor, Tensor]:
     """``(periodic, has)``: ``(L, 4)`` (packed ``(B, L_max, 4)``) bool masks, kept on the table."""
-    cache = t.__dict__.setdefault("_chi_masks", {})
+    cache = memo(t, "chi_masks", dict)
     if device not in cache:
         tables, packed = _tables(t)
         l_max = max(p.n_residues for p in tables)
@@ -534,7 +535,7 @@ def symmetric_chi(chi: Any, sequence: Layout) -> Tensor:
 
 def _swaps(t: ProteinTable) -> np.ndarray:
     """``(N,)`` the renaming permutation of one table (all swaps, Arg's included; kept on ``t``)."""
-    cache = t.__dict__.setdefault("_renaming", {})
+    cache = memo(t, "renaming", dict)
     if not cache:
         index = t._index
         arg = np.arange(t.n_atoms)

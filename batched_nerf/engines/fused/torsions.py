@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...runtime.state import register_pool
 from ...runtime.torch_compat import TRANSFORMS_ACTIVE as _TRANSFORMS_ACTIVE
 from ..backends import available, require
 from ..function import Function
@@ -61,6 +62,19 @@ def kept_bytes() -> int:
     """Bytes of the arrays the `TorsionBuild` objects keep now (at most `KEPT_BYTES`)."""
     with _kept_lock:
         return sum(size for ref, size in _kept.values() if ref() is not None)
+
+
+def _release() -> None:
+    """Drop every kept array now (made again on next use)."""
+    with _kept_lock:
+        for (_, dtype, m), (ref, _) in list(_kept.items()):
+            build = ref()
+            if build is not None:
+                build.__dict__.get("_arrays", {}).pop((dtype, m), None)
+        _kept.clear()
+
+
+register_pool("torsion_arrays", kept_bytes, _release)
 
 
 def _evict() -> None:

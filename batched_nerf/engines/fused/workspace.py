@@ -34,6 +34,8 @@ from contextlib import AbstractContextManager
 
 import numpy as np
 
+from ...runtime.state import register_pool
+
 __all__ = [
     "IDLE_BYTES",
     "KEEP",
@@ -253,3 +255,6 @@ def release() -> None:
         _settle()
         for slot, buffer in list(_recent.values()):
             _forget(slot, buffer)
+
+
+register_pool("work_buffers", held_bytes, release)

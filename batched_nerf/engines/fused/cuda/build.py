@@ -14,7 +14,6 @@ the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ...._geometry import EPS
+from ....runtime.state import memo
 from ....topology.analysis import FULL, ROOT, SECOND, THIRD, Topology
 from ....topology.frame_tree import ANCHOR, PARENT, frame_tree
 from ...base import Movable
@@ -548,12 +548,10 @@ def triton_vjp(
 #: The fused engine calls these with tensors on the device (the numba kernels take numpy arrays).
 TENSORS = True
 
-_PLANS: weakref.WeakKeyDictionary[Topology, dict[torch.device, TritonPlan]] = weakref.WeakKeyDictionary()
-
 
 def plan_on(topo: Topology, device: torch.device) -> TritonPlan:
-    """The kernel rows of ``topo`` on ``device`` (made once per topology and device)."""
-    per_device = _PLANS.setdefault(topo, {})
+    """The kernel rows of ``topo`` on ``device`` (made once per topology and device, kept in its state)."""
+    per_device = memo(topo, "triton_plans", dict)
     plan = per_device.get(device)
     if plan is None:
         cpu = per_device.get(torch.device("cpu"))

@@ -1,0 +1,217 @@
+"""The one owner of derived per-table state: plans, memo entries, and the process-wide pools.
+
+Everything the package derives from a table's rows and keeps between calls lives
+in the `State` of its owner (a [`ConstructionTable`][batched_nerf.ConstructionTable],
+a protein table, a packed table):
+
+* ``plans``: the engines' build plans, one per (engine, variant, device), at most
+  `PLAN_CACHE_SIZE`, least recently used dropped first (the table decides what a
+  plan is; `State` only keeps them);
+* ``memo``: every other value derived once per owner (pose layouts, log-det masks,
+  clash pair lists, protein layouts, casts, masks), made by `memo`.
+
+Process-wide pools that are not one owner's (the CPU kernels' work buffers, the
+bound torsion build's arrays) register here with their byte count and their
+release (`register_pool`), so that `info` reports all of it and `release_pools`
+frees it. A `State` goes with its owner (it is an attribute of it); a pickled
+owner carries none (plans and memo are rebuilt on first use, in the worker).
+
+This module imports nothing else of the package: the layers above register with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PLAN_CACHE_SIZE",
+    "State",
+    "cache_info",
+    "info",
+    "memo",
+    "nbytes",
+    "register_pool",
+    "release_pools",
+    "state_of",
+]
+
+#: Most plans an owner keeps (engine x variant x device); the least recently used goes first.
+#: Every variant of every engine on two devices fits (5 plans per device today).
+PLAN_CACHE_SIZE = 16
+
+_T = TypeVar("_T")
+
+#: Every live `State`, for the process-wide report (weakly: a state goes with its owner).
+_LIVE: weakref.WeakSet[State] = weakref.WeakSet()
+#: ``name -> (held_bytes, release)`` of the process-wide pools.
+_POOLS: dict[str, tuple[Callable[[], int], Callable[[], None]]] = {}
+#: Guards `_LIVE` and `_POOLS` (the states themselves are filled by the thread that uses them; a
+#: race makes a value twice, never a wrong one).
+_lock = threading.Lock()
+
+
+class State:
+    """Derived state of one owner: ``plans`` (bounded, least recently used first out) and ``memo``."""
+
+    __slots__ = ("__weakref__", "memo", "plans")
+
+    def __init__(self) -> None:
+        self.plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.memo: dict[Hashable, Any] = {}
+        with _lock:
+            _LIVE.add(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a pickled owner carries no derived state
+        return (State, ())
+
+    def keep_plan(self, key: Hashable, plan: Any) -> None:
+        """Keep ``plan`` under ``key`` as the most recent; drop the oldest past `PLAN_CACHE_SIZE`."""
+        self.plans[key] = plan
+        self.plans.move_to_end(key)
+        while len(self.plans) > PLAN_CACHE_SIZE:
+            self.plans.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every plan and memo entry (made again on next use)."""
+        self.plans.clear()
+        self.memo.clear()
+
+    def info(self) -> dict[str, int]:
+        """``{"plans", "plan_bytes", "memo", "memo_bytes"}``: counts and bytes held (arrays and tensors
+        reachable from the values, each storage counted once)."""
+        seen: set[object] = set()
+        return {
+            "plans": len(self.plans),
+            "plan_bytes": sum(nbytes(v, seen) for v in list(self.plans.values())),
+            "memo": len(self.memo),
+            "memo_bytes": sum(nbytes(v, seen) for v in list(self.memo.values())),
+        }
+
+
+def state_of(owner: Any) -> State:
+    """The `State` of ``owner``, made on first use (kept in its ``__dict__``, also of a frozen dataclass)."""
+    d = owner.__dict__
+    state = d.get("_state")
+    if state is None:
+        state = d["_state"] = State()
+    return state
+
+
+def memo(owner: Any, key: Hashable, make: Callable[[], _T]) -> _T:
+    """``make()`` once per ``owner`` and ``key``; the kept value from then on."""
+    values = state_of(owner).memo
+    try:
+        return values[key]
+    except KeyError:
+        value = values[key] = make()
+        return value
+
+
+def register_pool(name: str, held_bytes: Callable[[], int], release: Callable[[], None]) -> None:
+    """Report a process-wide pool (work buffers, kept arrays) in `info` and free it in `release_pools`."""
+    with _lock:
+        _POOLS[name] = (held_bytes, release)
+
+
+def release_pools() -> None:
+    """Free every registered pool's idle memory now."""
+    with _lock:
+        pools = list(_POOLS.values())
+    for _, release in pools:
+        release()
+
+
+def cache_info() -> dict[str, int]:
+    """What the whole process keeps between calls: counts and bytes.
+
+    Every table (and protein table) keeps what it derives from its rows in one
+    state: engine plans and memo entries, see
+    [`ConstructionTable.cache_info`][batched_nerf.ConstructionTable.cache_info]. Beside
+    them the process keeps two bounded pools: the CPU kernels' reusable work
+    buffers (at most 2 idle per table, 2 GiB in all, freed with their table)
+    and the bound torsion builds' arrays (at most 256 MiB, least recently used
+    dropped first).
+
+    Returns:
+        ``{"owners", "plans", "plan_bytes", "memo", "memo_bytes", ...}``: live
+        states (one per table topology and per protein table), their plans and
+        memo entries with the bytes of the arrays and tensors they hold (each
+        storage counted once, device memory included), and a ``"<pool>_bytes"``
+        entry per pool in use (``"work_buffers_bytes"``; ``"torsion_arrays_bytes"``
+        once `batched_nerf.protein` is imported).
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> table = bn.ConstructionTable.chain(50).prepare()
+        >>> info = bn.cache_info()
+        >>> info["plans"] >= 1 and info["plan_bytes"] > 0
+        True
+    """
+    return info()
+
+
+def info() -> dict[str, int]:
+    """Process-wide counts and bytes: live owners, their plans and memo entries, each pool's bytes."""
+    with _lock:
+        states = list(_LIVE)
+        pools = dict(_POOLS)
+    seen: set[object] = set()
+    out = {"owners": len(states), "plans": 0, "plan_bytes": 0, "memo": 0, "memo_bytes": 0}
+    for state in states:
+        plans, values = list(state.plans.values()), list(state.memo.values())
+        out["plans"] += len(plans)
+        out["plan_bytes"] += sum(nbytes(v, seen) for v in plans)
+        out["memo"] += len(values)
+        out["memo_bytes"] += sum(nbytes(v, seen) for v in values)
+    for name, (held, _) in sorted(pools.items()):
+        out[f"{name}_bytes"] = int(held())
+    return out
+
+
+def nbytes(value: Any, seen: set[object] | None = None, depth: int = 8) -> int:
+    """Bytes of the arrays and tensors reachable from ``value`` (containers, dataclasses, named
+    tuples, objects' attributes; each storage once per ``seen``, which holds the ids of objects
+    that stay alive during the count, and the data addresses of storages)."""
+    seen = set() if seen is None else seen
+    if depth < 0 or id(value) in seen:
+        return 0
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        if value.is_nested or value.layout != torch.strided:
+            return 0
+        storage = value.untyped_storage()
+        key = ("storage", value.device, storage.data_ptr())
+        if key in seen or storage.nbytes() == 0:
+            return 0
+        seen.add(key)
+        return int(storage.nbytes())
+    if isinstance(value, np.ndarray):
+        base = value
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        key = ("array", base.__array_interface__["data"][0])
+        if key in seen or base.nbytes == 0:
+            return 0
+        seen.add(key)
+        return int(base.nbytes)
+    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.device, torch.dtype, type)):
+        return 0
+    if isinstance(value, dict):
+        items: Any = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif dataclasses.is_dataclass(value):
+        items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    elif hasattr(value, "__dict__"):
+        items = list(vars(value).values())
+    else:
+        items = [getattr(value, s, None) for s in getattr(type(value), "__slots__", ())]
+    return sum(nbytes(item, seen, depth - 1) for item in items)  # (items is alive until then)

@@ -1,0 +1,91 @@
+"""One owner of derived per-table state (`batched_nerf.runtime.state`): what a table, a protein
+table and the process keep, reported in bytes and freed on request."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import torch
+
+import batched_nerf as bn
+from batched_nerf.runtime import state
+
+
+def _build(table: bn.ConstructionTable, batch: int = 4) -> torch.Tensor:
+    n = table.n_atoms
+    torch.manual_seed(0)
+    return bn.to_cartesian(
+        1.5 + torch.rand(batch, n, dtype=torch.float64),
+        1.9 + 0.1 * torch.rand(batch, n, dtype=torch.float64),
+        torch.rand(batch, n, dtype=torch.float64) * 6 - 3,
+        table,
+    )
+
+
+def test_table_reports_and_releases_its_plans_and_memo() -> None:
+    table = bn.ConstructionTable.chain(300)
+    before = _build(table)
+    table.cached("n", lambda topo: torch.zeros(1000, dtype=torch.float64))
+    info = table.cache_info()
+    assert info["plans"] >= 1
+    assert info["plan_bytes"] > 300 * 8  # the plan's index arrays, at least one int64 per atom
+    assert info["memo"] == 1
+    assert info["memo_bytes"] == 8000
+    assert table.release() is table
+    assert table.cache_info() == {"plans": 0, "plan_bytes": 0, "memo": 0, "memo_bytes": 0}
+    assert torch.equal(_build(table), before)  # made again on use, the same results
+    assert table.cache_info()["plans"] >= 1
+
+
+def test_process_report_counts_each_live_table_once_and_forgets_freed_ones() -> None:
+    gc.collect()
+    start = bn.cache_info()
+    tables = [bn.ConstructionTable.chain(200 + k) for k in range(3)]
+    for t in tables:
+        _build(t)
+    grown = bn.cache_info()
+    assert grown["owners"] >= start["owners"] + 3
+    assert grown["plan_bytes"] >= start["plan_bytes"] + sum(t.cache_info()["plan_bytes"] for t in tables)
+    assert "work_buffers_bytes" in grown
+    del tables, t
+    gc.collect()
+    assert bn.cache_info()["owners"] <= grown["owners"] - 3
+
+
+def test_a_pickled_table_carries_no_derived_state() -> None:
+    table = bn.ConstructionTable.chain(50)
+    _build(table)
+    copy = pickle.loads(pickle.dumps(table))
+    assert copy.cache_info()["plans"] <= 1  # only what the table makes eagerly, nothing carried
+    assert len(pickle.dumps(table)) == len(pickle.dumps(copy))
+
+
+def test_protein_tables_keep_their_derived_arrays_in_the_one_state() -> None:
+    p = bn.protein.protein_table("MKVWYAG")
+    assert "_layout" not in vars(p)  # no private attributes stashed beside the state
+    phi = torch.zeros(2, 7, dtype=torch.float64)
+    bn.protein.build("MKVWYAG", phi, phi + 2.0)  # the cached table of the sequence
+    kept = state.state_of(p)
+    assert kept.memo  # casts, bound builds, layouts
+    assert kept.info()["memo_bytes"] > 0
+    assert [k for k in vars(p) if k.startswith("_")] == ["_state"]
+
+
+def test_pools_register_and_release() -> None:
+    freed = []
+    state.register_pool("test_pool", lambda: 123, lambda: freed.append(True))
+    try:
+        assert bn.cache_info()["test_pool_bytes"] == 123
+        state.release_pools()
+        assert freed == [True]
+    finally:
+        state._POOLS.pop("test_pool")
+
+
+def test_nbytes_counts_each_storage_once() -> None:
+    x = torch.zeros(1000, dtype=torch.float64)
+    a = x.numpy()
+    assert state.nbytes([x, x[10:], x.view(10, 100)]) == 8000
+    assert state.nbytes({"a": a, "b": a[::2]}) == 8000
+    assert state.nbytes((1, "s", None, torch.device("cpu"))) == 0
