@@ -197,9 +197,14 @@ def test_row_formulas_are_called_by_the_per_sample_kernels_and_inlined_into_the_
         assert inlined.targetoptions["inline"] == "always"
         assert inlined.py_func.__code__ is called.py_func.__code__
         assert inlined.py_func.__globals__["_sub"] is rows.INLINED["_sub"]
-    assert {"_ddihedral_grad", "_dangle_grad", "_sub", "_cross"} <= set(rows.INLINED)
-    assert numba_kernels._ddihedral_grad is rows._ddihedral_grad  # per sample: a call
-    for module, name in ((numba_kernels, "_angle_args"), (numba_kernels, "_sub"), (blocked, "_angle_grad")):
+    assert {"_dihedral_hvp", "_angle_hvp", "_sub", "_cross"} <= set(rows.INLINED)
+    assert numba_kernels._dihedral_hvp is rows._dihedral_hvp  # per sample: a call
+    for module, name in (
+        (numba_kernels, "_angle_args"),
+        (numba_kernels, "_sub"),
+        (blocked, "_angle_grad"),
+        (blocked, "_dihedral_hvp"),  # the blocked second order: the same formula, inlined
+    ):
         assert getattr(module, name) is rows.INLINED[name]
 
 

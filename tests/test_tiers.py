@@ -80,18 +80,102 @@ def test_per_sample_kernels_serve_until_the_blocked_ones_pay_then_they_compile(
     monkeypatch.setattr(tiers, "TIER_UP_SECONDS", 1e9)
     got = _committor(TABLE)
     assert tiered == []  # per-sample kernels only
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+    for g, w in zip(got, want):  # the same operations in the same order: the same bits
+        assert torch.equal(_bits(g), _bits(w))
     spent = [v for v in tiers._state.values()]
     assert len(spent) == 4 and all(v is not True and v > 0 for v in spent)  # charged per entry
+    layouts = bn.backends()["layouts"]  # what such a call runs now, said
+    assert len(layouts) == 4 and all(v.startswith("per sample (") for v in layouts.values())
+    assert "vjp_items (float64)" in layouts
     monkeypatch.setattr(tiers, "TIER_UP_SECONDS", 0.0)
     caplog.set_level(logging.WARNING, logger="batched_nerf")
     got = _committor(TABLE)
     assert set(tiered) == ITEMS and all(v is True for v in tiers._state.values())
+    assert set(bn.backends()["layouts"].values()) == {"blocked"}
     messages = [r.getMessage() for r in caplog.records if "blocked kernel" in r.getMessage()]
     assert len(messages) == 4 and "compiling it (float64" in messages[0] and "warmup" in messages[0]
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
+        assert torch.equal(g, w)
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of ``x`` (NaNs and signed zeros compared too)."""
+    return x.detach().contiguous().view(torch.int32 if x.dtype == torch.float32 else torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("singular", [False, True])
+def test_both_layouts_give_the_same_bits(
+    tiered: list[str], monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, singular: bool
+) -> None:
+    """Per-sample and blocked kernels, forward, backward, the inverse's vjp and second order, on a
+    branched molecule with hydrogens (every row kind), at ordinary and at collinear geometry."""
+    table = bn.protein.protein_table("ACE ALA NME", hydrogens=True).table
+    gen = torch.Generator().manual_seed(1)
+    n = table.n_atoms
+    xyz = 2.0 * torch.randn(BATCH, n, 3, generator=gen, dtype=dtype)
+    if singular:  # an angle of pi and a zero-length bond
+        xyz[:, 6] = 2 * xyz[:, 5] - xyz[:, 4]
+        xyz[:, 8] = xyz[:, 7]
+
+    def run() -> list[torch.Tensor]:
+        x = xyz.clone().requires_grad_()
+        ic = bn.to_internal(x, table, method="fused")
+        loss = ic.dihedrals.sin().sum() + ic.bonds.square().sum() + ic.angles.cos().sum()
+        (g,) = torch.autograd.grad(loss, x, create_graph=True)
+        g.square().sum().backward()
+        return [ic.bonds, ic.angles, ic.dihedrals, g.detach(), x.grad]
+
+    with tiers.always():
+        blocked = run()
+    assert {"vjp_items", "second_items"} <= set(tiered)
+    tiered.clear()
+    monkeypatch.setattr(tiers, "TIER_UP_SECONDS", 1e9)
+    per_sample = run()
+    assert tiered == []
+    for got, want in zip(per_sample, blocked):
+        assert torch.equal(_bits(got), _bits(want))
+
+
+_COLD_WARM = """
+import sys, torch, batched_nerf as bn
+from batched_nerf.engines.fused.cpu import tiers
+tiers.TIER_UP_SECONDS = 1e9  # no tier-up by time: only the disk cache or `always` decide
+table = bn.ConstructionTable.chain(12)
+def second():
+    x = (2.0 * torch.randn(64, 12, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    x.requires_grad_()
+    ic = bn.to_internal(x, table, method="fused")
+    (g,) = torch.autograd.grad(ic.dihedrals.sin().sum() + ic.bonds.square().sum(), x, create_graph=True)
+    g.square().sum().backward()
+    return torch.stack([g.detach(), x.grad])
+first = second()
+blocked = sorted(v is True for v in tiers._state.values())
+with tiers.always():
+    tiered_up = second()
+torch.save({"first": first, "blocked": blocked, "tiered_up": tiered_up}, sys.argv[1])
+"""
+
+
+def test_results_do_not_depend_on_the_kernel_cache_or_a_tier_up(tmp_path: Path) -> None:
+    """The same calls on an empty numba cache (per-sample kernels), after a tier-up in that process
+    (blocked kernels, compiled then) and in a second process on the now warm cache (blocked, loaded):
+    the same bits."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    env.pop("BATCHED_NERF_TIERED", None)
+    runs = []
+    for k in range(2):
+        out = tmp_path / f"run{k}.pt"
+        done = subprocess.run(
+            [sys.executable, "-c", _COLD_WARM, str(out)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        runs.append(torch.load(out))
+    cold, warm = runs
+    assert cold["blocked"] == [False, False] and warm["blocked"] == [True, True]  # vjp and second order
+    assert torch.equal(_bits(cold["first"]), _bits(cold["tiered_up"]))
+    assert torch.equal(_bits(cold["first"]), _bits(warm["first"]))
+    assert torch.equal(_bits(warm["first"]), _bits(warm["tiered_up"]))
 
 
 def test_a_compiled_or_cached_blocked_kernel_runs_at_once(monkeypatch: pytest.MonkeyPatch) -> None:

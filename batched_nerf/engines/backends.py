@@ -89,14 +89,17 @@ def backends() -> dict[str, Any]:
         the kernel error after which ``auto`` stopped picking the fused kernels
         there in this process; empty while none failed), ``"tiered"`` (whether
         the CPU's blocked kernels wait until they are cached or worth their
-        compile: ``BATCHED_NERF_TIERED``, `batched_nerf.engines.fused.cpu.tiers`)
-        and ``"install"``.
+        compile: ``BATCHED_NERF_TIERED``, `batched_nerf.engines.fused.cpu.tiers`),
+        ``"layouts"`` (each blocked CPU kernel a call asked for in this
+        process -> ``"blocked"`` or ``"per sample (x s of 10 s)"``: what such a
+        call runs now; both layouts give the same bits, so this changes speed
+        only) and ``"install"``.
 
     Example:
         >>> import batched_nerf as bn
         >>> info = bn.backends()
         >>> sorted(info)
-        ['auto', 'disabled', 'fused', 'install', 'numba', 'rule', 'tiered', 'triton']
+        ['auto', 'disabled', 'fused', 'install', 'layouts', 'numba', 'rule', 'tiered', 'triton']
         >>> info["install"]
         'pip install "numba>=0.59" scipy (from a clone: pip install -e ".[fast]")'
         >>> info["rule"]["cuda"].startswith("fused when n_components * n_samples >= 4096 lanes")
@@ -114,6 +117,7 @@ def backends() -> dict[str, Any]:
         "rule": dict(gpu_policy.RULE),
         "disabled": {device: why for device, why in disabled.items() if why is not None},
         "tiered": not tiers.disabled(),
+        "layouts": tiers.report(),
         "install": INSTALL,
     }
 
