@@ -13,8 +13,9 @@ The public surface is what ``__all__`` lists here and in the public modules
 (``losses``, ``formats.*``, ``protein``, ``data``, ``testing``). Modules starting
 with ``_`` are private, and so are the layer folders, bottom up: ``topology``
 (numpy table analysis), ``runtime`` (what every compiled call shares), ``engines``
-(planners and kernels), ``core`` (the table and the two maps), ``learning`` and
-``torsion_space``; their public names are re-exported here.
+(planners and kernels), ``core`` (the table and the two maps), ``learning``,
+``torsion_space`` and ``residues`` (residue templates, tables from MD topologies);
+their public names are re-exported here and in ``protein``.
 """
 
 from . import losses

@@ -38,6 +38,7 @@ INTERNAL = (
     "batched_nerf.core",
     "batched_nerf.learning",
     "batched_nerf.torsion_space",
+    "batched_nerf.residues",
     "batched_nerf.__main__",
 )
 SPHINX_ROLE = re.compile(r":(?:py:)?(func|class|mod|meth|attr|data|exc|obj|ref|doc|term):`")

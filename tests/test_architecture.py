@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.core.files",
         "batched_nerf.learning",
         "batched_nerf.torsion_space",
+        "batched_nerf.residues",
     ),
     (
         "batched_nerf.topology.perceive",
@@ -62,10 +63,12 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.torsion_space.ops",
         "batched_nerf.torsion_space.inputs",
     ),
-    # on top: proteins, then the file adapters (the mdtraj adapter reads proteins), shipped
-    # data, test helpers, the CLI
-    ("batched_nerf.protein",),
-    ("batched_nerf.formats", "batched_nerf.data", "batched_nerf.testing"),
+    # residue chemistry (templates, tables from MD topologies), then proteins and the file
+    # adapters side by side (neither imports the other), shipped data, test helpers, the CLI
+    ("batched_nerf.residues.templates",),
+    ("batched_nerf.residues.topology",),
+    ("batched_nerf.protein", "batched_nerf.formats"),
+    ("batched_nerf.data", "batched_nerf.testing"),
     ("batched_nerf.cli", "batched_nerf.__main__"),
     ("batched_nerf",),  # the package's __init__ only
 ]
@@ -117,6 +120,7 @@ _EXACT = {
     "batched_nerf.core",
     "batched_nerf.learning",
     "batched_nerf.torsion_space",
+    "batched_nerf.residues",
 }
 _ENGINE_EXACT = {"batched_nerf.engines"}
 
@@ -226,17 +230,19 @@ def test_an_upward_import_inside_the_engines_is_seen() -> None:
     assert _engine_layer("batched_nerf.engines.fused.cpu.trig") < _engine_layer("batched_nerf.engines.levels")
 
 
-def test_file_adapters_other_than_mdtraj_import_nothing_of_protein() -> None:
-    """One build-order routine (``_build_order``): the MDAnalysis BAT tables no longer borrow the
-    protein topology's; only the mdtraj adapter (``table=True``: a protein topology) reads proteins."""
+def test_file_adapters_and_proteins_import_nothing_of_each_other() -> None:
+    """One build-order routine (``topology.order``), the file helpers in ``core.files`` and the residue
+    chemistry with the MD topology tables in ``residues``: the adapters (the mdtraj one builds
+    topology tables) and the protein builders share what lies below them, nothing else."""
     graph = _graph()
-    borrowing = {
-        module
+    crossing = {
+        (module, target)
         for module, targets in graph.items()
-        if module.startswith("batched_nerf.formats")
-        and any(t.startswith("batched_nerf.protein") for t in targets)
+        for target in targets
+        for a, b in (("formats", "protein"), ("protein", "formats"))
+        if module.startswith(f"batched_nerf.{a}") and target.startswith(f"batched_nerf.{b}")
     }
-    assert borrowing == {"batched_nerf.formats.mdtraj"}
+    assert crossing == set()
 
 
 def test_private_torch_apis_only_in_torch_compat() -> None:

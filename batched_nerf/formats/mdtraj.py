@@ -113,7 +113,7 @@ def from_mdtraj(
         box = torch.from_numpy(np.ascontiguousarray(cells)).to(dtype) * NM
     topology = None
     if table:
-        from ..protein._topology import table_from_topology
+        from ..residues.topology import table_from_topology
 
         topology = table_from_topology(
             traj.topology, xyz=xyz[0].to(torch.float64).numpy(), link_fragments=link_fragments

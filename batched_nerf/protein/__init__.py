@@ -39,6 +39,18 @@ Example:
     (torch.Size([25, 3]), 'O')
 """
 
+from ..residues.templates import (
+    CAPS,
+    CHI_NAMES,
+    DEFAULT_CHI,
+    ONE_TO_THREE,
+    RESIDUE_ALIASES,
+    RESIDUE_NAMES,
+    THREE_TO_ONE,
+    UNSUPPORTED_RESIDUES,
+    VARIANTS,
+)
+from ..residues.topology import TopologyTable, table_from_topology
 from ._backbone import FOLDINGDIFF_FIRST, BackboneInternal, backbone_internal, build_backbone
 from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
@@ -56,18 +68,6 @@ from ._layouts import (
 from ._pdb import write_pdb
 from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
 from ._side_chains import BACKBONE_ATOMS, place_side_chains
-from ._templates import (
-    CAPS,
-    CHI_NAMES,
-    DEFAULT_CHI,
-    ONE_TO_THREE,
-    RESIDUE_ALIASES,
-    RESIDUE_NAMES,
-    THREE_TO_ONE,
-    UNSUPPORTED_RESIDUES,
-    VARIANTS,
-)
-from ._topology import TopologyTable, table_from_topology
 
 __all__ = [
     "ATOM37_NAMES",

@@ -23,8 +23,8 @@ from torch import Tensor
 from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable
+from ..residues.templates import BACKBONE
 from ._build import _float
-from ._templates import BACKBONE
 
 Layout = Literal["residue", "foldingdiff"]
 LAYOUTS: tuple[str, ...] = ("residue", "foldingdiff")

@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple, Union
 
 import numpy as np
 
-from ._templates import branch_dihedral
+from ..residues.templates import branch_dihedral
 
 #: X-H bond lengths (A) of Amber ff14SB by the element of X (``"C"`` sp3, ``"Car"`` aromatic).
 BOND = {"C": 1.090, "Car": 1.080, "N": 1.010, "O": 0.960, "S": 1.336}

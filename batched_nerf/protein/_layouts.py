@@ -29,10 +29,18 @@ import torch
 from torch import Tensor
 
 from ..core.table import outside_inference_mode
+from ..residues.templates import (
+    CAPS,
+    CTERM_C_O,
+    CTERM_CA_C_O,
+    ONE_TO_THREE,
+    RESIDUE_NAMES,
+    base_residue,
+    residue_name,
+)
 from ..runtime.state import memo
 from ._build import PackedProteins, _float
 from ._sequence import ProteinTable, protein_table
-from ._templates import CAPS, CTERM_C_O, CTERM_CA_C_O, ONE_TO_THREE, RESIDUE_NAMES, base_residue, residue_name
 
 #: The 37 heavy-atom types of the ``atom37`` layout, in OpenFold's order (``residue_constants.atom_types``).
 ATOM37_NAMES: tuple[str, ...] = (

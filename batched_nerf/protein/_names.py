@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from ..residues.templates import base_residue
 from ._hydrogens import SIDE_CHAIN_H, Amide, Methylene, Rotor
-from ._templates import base_residue
 
 #: Conventions :meth:`ProteinTable.order_from` reads (``"auto"``: told from the names).
 CONVENTIONS = ("auto", "pdb", "charmm", "gromacs")

@@ -8,9 +8,9 @@ from typing import IO
 import numpy as np
 
 from ..core.files import PathOrFile, open_text
+from ..residues.templates import base_residue
 from ._build import Protein
 from ._sequence import residue_names
-from ._templates import base_residue
 
 
 def _atom_line(

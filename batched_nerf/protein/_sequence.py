@@ -13,9 +13,7 @@ import torch
 from torch import Tensor
 
 from ..core.table import ConstructionTable, outside_inference_mode
-from ._hydrogens import SIDE_CHAIN_H, backbone_h, hydrogen_rows
-from ._names import CONVENTIONS, detect_convention, to_pdb_names
-from ._templates import (
+from ..residues.templates import (
     BACKBONE,
     CHI_NAMES,
     CTERM_C_O,
@@ -33,6 +31,8 @@ from ._templates import (
     branch_dihedral,
     residue_name,
 )
+from ._hydrogens import SIDE_CHAIN_H, backbone_h, hydrogen_rows
+from ._names import CONVENTIONS, detect_convention, to_pdb_names
 
 #: Backbone torsion names; with :data:`CHI_NAMES` the names :meth:`ProteinTable.row` accepts.
 BACKBONE_TORSIONS = ("phi", "psi", "omega")

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..core.files import as_numpy, optional_import
 from ..core.table import ConstructionTable, outside_inference_mode
 from ..topology.order import adopt_dihedrals
-from ._templates import CHI_NAMES, SIDE_CHAINS, base_residue
+from .templates import CHI_NAMES, SIDE_CHAINS, base_residue
 
 #: Columns of :attr:`TopologyTable.torsion_rows` (the conventions of :func:`build`).
 BACKBONE_COLUMNS = ("phi", "psi", "omega")
