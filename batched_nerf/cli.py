@@ -41,7 +41,7 @@ import torch
 from ._version import __version__
 from .core.table import ConstructionTable
 from .core.zmatrix import ZMatrix, formula
-from .torsion_space.rotors import _Bridges
+from .torsion_space.ops import rotatable_torsions
 
 __all__ = ["main"]
 
@@ -273,39 +273,6 @@ def _named(z: ZMatrix, name: str, description: str) -> ZMatrix:
         name=name,
         metadata={**z.metadata, "description": description},
     )
-
-
-# ------------------------------------------------------------------ torsions
-def rotatable_torsions(refs: np.ndarray, pairs: np.ndarray) -> list[tuple[tuple[int, int], list[int]]]:
-    """Groups of rows whose dihedral is a proper torsion about the same rotatable bond.
-
-    A bond ``b-a`` is rotatable when it is in no ring, both atoms have other
-    neighbours, and it does not join two three-connected atoms (amide C-N,
-    conjugated sp2-sp2 bonds). A row ``(b, a, d)`` drives it when ``i-b``,
-    ``b-a`` and ``a-d`` are bonds; rows referencing a sibling (``d`` bonded to
-    ``b``) follow rigidly.
-
-    Returns:
-        ``[((b, a), [rows...]), ...]`` in order of the first row.
-    """
-    n = len(refs)
-    bonded = {frozenset(p) for p in pairs.tolist()}
-    degree = np.zeros(n, dtype=np.int64)
-    for i, j in pairs.tolist():
-        degree[i] += 1
-        degree[j] += 1
-    free = {
-        bond
-        for bond in _Bridges(pairs, n).child
-        if all(degree[x] > 1 for x in bond) and not all(degree[x] == 3 for x in bond)
-    }
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (b, a, d) in enumerate(refs.tolist()):
-        if d < 0 or frozenset((b, a)) not in free:
-            continue
-        if frozenset((i, b)) in bonded and frozenset((a, d)) in bonded:
-            groups.setdefault((b, a), []).append(i)
-    return list(groups.items())
 
 
 # ----------------------------------------------------------------- progress

@@ -11,11 +11,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .._geometry import centered, cross, dihedral, safe_normalize, superposed_msd
-from .rotors import RotorTable, _Packed, _per_bond, _prepare, update_torsions
+from .rotors import RotorTable, _Bridges, _Packed, _per_bond, _prepare, update_torsions
 
 __all__ = ["match_torsions", "set_torsions", "torsion_angles", "torsion_log_volume"]
 
@@ -266,3 +267,36 @@ def torsion_log_volume(xyz: Tensor, rotors: Rotors, *, batch: Tensor | None = No
     gram = gram + torch.diag_embed(pad)  # padded bonds: a 1 on the diagonal, log 1 = 0
     value = 0.5 * torch.linalg.slogdet(gram)[1]
     return value if flat else value.squeeze(-1)
+
+
+def rotatable_torsions(refs: np.ndarray, pairs: np.ndarray) -> list[tuple[tuple[int, int], list[int]]]:
+    """Groups of rows whose dihedral is a proper torsion about the same rotatable bond (the CLI's
+    ``info`` and ``sample`` commands).
+
+    A bond ``b-a`` is rotatable when it is in no ring, both atoms have other
+    neighbours, and it does not join two three-connected atoms (amide C-N,
+    conjugated sp2-sp2 bonds). A row ``(b, a, d)`` drives it when ``i-b``,
+    ``b-a`` and ``a-d`` are bonds; rows referencing a sibling (``d`` bonded to
+    ``b``) follow rigidly.
+
+    Returns:
+        ``[((b, a), [rows...]), ...]`` in order of the first row.
+    """
+    n = len(refs)
+    bonded = {frozenset(p) for p in pairs.tolist()}
+    degree = np.zeros(n, dtype=np.int64)
+    for i, j in pairs.tolist():
+        degree[i] += 1
+        degree[j] += 1
+    free = {
+        bond
+        for bond in _Bridges(pairs, n).child
+        if all(degree[x] > 1 for x in bond) and not all(degree[x] == 3 for x in bond)
+    }
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (b, a, d) in enumerate(refs.tolist()):
+        if d < 0 or frozenset((b, a)) not in free:
+            continue
+        if frozenset((i, b)) in bonded and frozenset((a, d)) in bonded:
+            groups.setdefault((b, a), []).append(i)
+    return list(groups.items())
