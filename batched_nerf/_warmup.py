@@ -28,14 +28,12 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     """With ``threaded``, the kernels' serial-below-this-size thresholds set to 0 (tiny calls take the
     threaded kernels), restored afterwards."""
     from .engines.fused.cpu import build as fused_numba
-    from .engines.fused.cpu import entries as fused_entries
     from .engines.fused.cpu import inverse as fused_inverse_numba
     from .engines.fused.cpu import trig as fused_numba_trig
 
     names = (
         (fused_numba, "SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
-        (fused_entries, "SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
     )
     saved = [getattr(m, n) for m, n in names]
@@ -78,7 +76,7 @@ def _inverse(table: ConstructionTable, n: int, dtype: torch.dtype, second: bool)
 
 
 def _flow(table: ConstructionTable, n: int, dtype: torch.dtype) -> None:
-    """Both directions of the flow layer with gradients: its entries' four kernels."""
+    """Both directions of the flow layer with gradients, with its pose (the kernels it runs)."""
     from .learning.flow import InternalCoordinateTransform
 
     flow = InternalCoordinateTransform(table, pose=True)
@@ -188,8 +186,7 @@ def warmup(
     ``"second"`` (a ``create_graph=True`` gradient of [`to_internal`][batched_nerf.to_internal] and
     its backward: the inverse's second-order kernels; implies ``"inverse"``),
     ``"flow"`` ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] both ways with
-    gradients:
-    its entries' and log-det's kernels).
+    gradients and its pose: the builder's and the inverse's kernels it runs).
     The values computed are thrown away.
 
     Where the compiled code goes: numba's cache, chosen when the kernels are

@@ -48,7 +48,6 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.core.convert",
         "batched_nerf.core.pack",
         "batched_nerf.learning.logdet",
-        "batched_nerf.learning.flow_entries",
     ),
     # learning tools and the containers on the maps
     (
@@ -84,7 +83,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.engines.fused.cpu.tiers",
         "batched_nerf.engines.fused.cpu.inverse_rows",
     ),
-    ("batched_nerf.engines.fused.cpu.blocks", "batched_nerf.engines.fused.cpu.entries"),
+    ("batched_nerf.engines.fused.cpu.blocks",),
     ("batched_nerf.engines.fused.cpu.inverse_blocks",),
     ("batched_nerf.engines.fused.cpu",),
     # shared ground of the engines: plan base, frame tree, GPU policy, autograd helpers, buffers

@@ -21,7 +21,6 @@ from ..core.convert import to_cartesian, to_internal
 from ..core.pose import extract_pose, pose_info
 from ..core.table import ConstructionTable
 from .entries import EntryLayout, gather, spread
-from .flow_entries import EntryKernel, gather_log_det, spread_log_det
 from .logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
 
 _LOG_PI = math.log(math.pi)
@@ -150,9 +149,6 @@ class InternalCoordinateTransform(nn.Module):
             entry_weights(table, self.pose, kind, getattr(self, f"{kind[:-1]}_atoms").numpy())
             for kind in ("bonds", "angles")
         )
-        layouts = tuple(self._layout(k) for k in _KINDS)
-        # entries and log-det in one pass (None: the log-det is not a sum over the entries)
-        self._kernel = None if None in self._log_det_terms else EntryKernel.of(layouts, self._log_det_terms)
         m = _masks(table)
         self._n_angles = int(self.angle_atoms.numel())
         self._n_dihedrals = int(self.dihedral_atoms.numel())
@@ -186,13 +182,10 @@ class InternalCoordinateTransform(nn.Module):
             ValueError: ``xyz`` is not ``(..., N, 3)``.
         """
         ic = to_internal(xyz, self.table)
-        if self._kernel is not None and self._on_cpu_indices():
-            bonds, angles, dihedrals, ld = gather_log_det(*ic, self._kernel)
-        else:
-            bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
-            ld = self._log_det(bonds, angles)
-            if ld is None:
-                ld = log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
+        bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
+        ld = self._log_det(bonds, angles)
+        if ld is None:
+            ld = log_det_jacobian(ic.bonds, ic.angles, ic.dihedrals, self.table, pose=self.pose)
         ld = -ld
         if self.normalize_angles:
             angles = angles / math.pi
@@ -249,23 +242,16 @@ class InternalCoordinateTransform(nn.Module):
             ) from None
         dtype = torch.promote_types(torch.promote_types(bonds.dtype, angles.dtype), dihedrals.dtype)
         entries = tuple(v.to(dtype).expand(*batch, -1) for v in (bonds, angles, dihedrals))
-        if self._kernel is not None and self._on_cpu_indices():
-            b, a, d, ld = spread_log_det(*entries, self._kernel)
-        else:
-            b, a, d = (self._full(v, k) for v, k in zip(entries, _KINDS))
-            ld = self._log_det(entries[0], entries[1])
-            if ld is None:
-                ld = log_det_jacobian(b, a, d, self.table, pose=self.pose)
+        b, a, d = (self._full(v, k) for v, k in zip(entries, _KINDS))
+        ld = self._log_det(entries[0], entries[1])
+        if ld is None:
+            ld = log_det_jacobian(b, a, d, self.table, pose=self.pose)
         xyz = to_cartesian(
             b, a, d, self.table, fixed_xyz=fixed_xyz, method=self.method,  # type: ignore[arg-type]
             rotation=rotation, translation=translation,
         )  # fmt: skip
         ld = ld + self._norm_log_det()
         return xyz, ld.expand(xyz.shape[:-2])
-
-    def _on_cpu_indices(self) -> bool:
-        """The index buffers are on the CPU (the kernel pass's layouts were made from them there)."""
-        return self.bond_atoms.device.type == "cpu"
 
     def _layout(self, kind: str) -> EntryLayout:
         """The entries of ``kind`` (their index on the buffers' device)."""

@@ -76,7 +76,6 @@ _PASSES = (
     ("samples", "to_cartesian"),
     ("build", "to_cartesian"),
     ("pose", "to_cartesian pose"),
-    ("entries", "flow layer entries + log-det"),
 )
 
 
@@ -258,7 +257,7 @@ def describe(dispatcher: Any, args: Any) -> str:
         part = "atan2"
     else:
         part = "forward"
-    plain = module in ("trig", "pose", "entries")  # one layout only
+    plain = module in ("trig", "pose")  # one layout only
     layout = "blocked, " if module.endswith("blocks") else "" if plain else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
