@@ -7,6 +7,7 @@ under ``if TYPE_CHECKING:``: a lazy import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -245,15 +246,16 @@ def test_file_adapters_and_proteins_import_nothing_of_each_other() -> None:
 
 
 def test_private_torch_apis_only_in_torch_compat() -> None:
-    """Every private torch API (``torch._C``, ``torch._functorch``, ``torch._dynamo``) is used in
+    """Every private torch API (``torch._C``, ``torch._functorch``, ``torch._dynamo``, a private
+    attribute of a torch module such as ``torch.autograd.forward_ad._current_level``) is used in
     ``runtime/torch_compat.py`` alone, which says which releases it was checked on."""
-    private = ("torch._C", "torch._functorch", "torch._dynamo")
+    private = re.compile(r"torch(\.[A-Za-z]\w*)*\._[A-Za-z]|forward_ad\._[A-Za-z]")
     found = sorted(
         f"{path.relative_to(PACKAGE.parent)}:{k}"
         for path in PACKAGE.rglob("*.py")
         if path.name != "torch_compat.py"
         for k, line in enumerate(path.read_text().splitlines(), 1)
-        if any(p in line for p in private) and not line.lstrip().startswith("#")
+        if private.search(line) and not line.lstrip().startswith("#")
     )
     assert not found, "private torch APIs outside runtime/torch_compat.py:\n" + "\n".join(found)
 

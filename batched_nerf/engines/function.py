@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from ..runtime.torch_compat import TRANSFORMS_ACTIVE as _TRANSFORMS_ACTIVE
+from ..runtime.gate import transformed
 from ..runtime.torch_compat import UNWRAP_DEAD_WRAPPERS as _unwrap
+from ..runtime.torch_compat import forward_ad_level, forward_grad_on
 
 __all__ = ["Function", "jvp", "save"]
 
@@ -65,7 +66,7 @@ class Function(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args: Any) -> Any:  # type: ignore[override]
-        if _unwrap is None or _TRANSFORMS_ACTIVE is None or _TRANSFORMS_ACTIVE():
+        if _unwrap is None or transformed():
             return super().apply(*args)
         return cls._eager.apply(*_unwrap(args))
 
@@ -78,11 +79,11 @@ def jvp(fn: Any, primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
     Under the older ``torch.autograd.forward_ad`` API a nested level is not allowed ("Nested forward
     mode AD is not supported"), so the reference runs on dual tensors of the level already open.
     """
-    level = torch.autograd.forward_ad._current_level
-    if level < 0 or (_TRANSFORMS_ACTIVE is not None and _TRANSFORMS_ACTIVE()):
+    level = forward_ad_level()
+    if level < 0 or transformed():
         return torch.func.jvp(fn, primals, tangents)[1]
     fw = torch.autograd.forward_ad
-    with fw._set_fwd_grad_enabled(True):  # a Function's jvp runs with forward grad mode off
+    with forward_grad_on():  # a Function's jvp runs with forward grad mode off
         # fresh copies: a primal saved for forward mode carries its own tangent at this level
         plain = (fw.unpack_dual(p, level=level).primal.clone() for p in primals)
         out = fn(*(fw.make_dual(p, t.clone(), level=level) for p, t in zip(plain, tangents)))

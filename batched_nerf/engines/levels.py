@@ -40,10 +40,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from .._geometry import EPS
-from ..runtime.torch_compat import IS_FUNCTORCH_WRAPPED
+from ..runtime import gate
 from ..topology.analysis import FULL, SECOND, THIRD, Topology
 from ..topology.frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from .base import Engine, Movable, as_long
@@ -355,19 +354,11 @@ def plain_level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tenso
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 
-#: ``torch.func`` wrapper test (a private torch function): without it every call takes the plain loop.
-_IS_FUNCTORCH_WRAPPED = IS_FUNCTORCH_WRAPPED
-
-
 def _needs_plain(*tensors: Tensor) -> bool:
-    """True under torch.func transforms, forward-mode AD or torch.compile (the plain loop runs).
-
-    Also True on a torch release without the (private) functorch wrapper test, so
-    that a transform can never meet the hand-written backward unnoticed.
-    """
-    if torch.compiler.is_compiling() or _IS_FUNCTORCH_WRAPPED is None:
-        return True
-    return any(_IS_FUNCTORCH_WRAPPED(t) or forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+    """True under torch.func transforms, forward-mode AD or torch.compile (the plain loop runs; also
+    on a torch release without the functorch wrapper test, so that a transform can never meet the
+    hand-written backward unnoticed): the gate's `REFERENCE`."""
+    return gate.route(*tensors) == gate.REFERENCE
 
 
 def level_loop(plan: LevelPlan, block0: Tensor, frame0: Tensor, loc: Tensor, rot: Tensor) -> Tensor:

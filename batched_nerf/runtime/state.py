@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "LOCK",
     "PLAN_CACHE_SIZE",
     "State",
     "cache_info",
@@ -53,9 +54,12 @@ _T = TypeVar("_T")
 _LIVE: weakref.WeakSet[State] = weakref.WeakSet()
 #: ``name -> (held_bytes, release)`` of the process-wide pools.
 _POOLS: dict[str, tuple[Callable[[], int], Callable[[], None]]] = {}
-#: Guards `_LIVE` and `_POOLS` (the states themselves are filled by the thread that uses them; a
-#: race makes a value twice, never a wrong one).
-_lock = threading.Lock()
+#: The one lock of derived state: `_LIVE` and `_POOLS` here, the work buffers' lists and the kept
+#: torsion arrays (the pools take it as theirs). Never held while a pool's function runs, and the
+#: pools never block on it from a finalizer. The states themselves are filled by the thread that
+#: uses them without it: a race makes a value twice, never a wrong one.
+LOCK = threading.Lock()
+_lock = LOCK
 
 
 class State:

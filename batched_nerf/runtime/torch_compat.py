@@ -22,6 +22,10 @@ Each name, its torch API and its use:
   encloses the call;
 * `forward_mode_levels`: `retrieve_all_functorch_interpreters`, `TransformType`;
   how many `jvp`/`jacfwd` enclose a call;
+* `forward_ad_level`: `torch.autograd.forward_ad._current_level`; whether a level of the
+  older forward-mode API is open (the gate, the engines' `jvp`);
+* `forward_grad_on`: `torch.autograd.forward_ad._set_fwd_grad_enabled`; forward grad mode back
+  on inside a Function's ``jvp`` (the engines' `jvp` on the older API);
 * `values_of`: `get_unwrapped`, `is_batchedtensor`; a tensor's values under
   `grad`/`jacrev`/`jacfwd` wrappers;
 * `import_dynamo_early`: `torch._dynamo`; torch < 2.4 imports it outside transforms.
@@ -42,6 +46,8 @@ __all__ = [
     "UNWRAP_DEAD_WRAPPERS",
     "clear_transforms",
     "current_level",
+    "forward_ad_level",
+    "forward_grad_on",
     "forward_mode_levels",
     "import_dynamo_early",
     "no_functorch",
@@ -94,6 +100,19 @@ def forward_mode_levels() -> int:
     except ImportError:  # pragma: no cover - private torch API moved
         return 0
     return sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+def forward_ad_level() -> int:
+    """The innermost open ``torch.autograd.forward_ad`` level, ``-1`` for none (``-1`` where torch
+    lacks the attribute: no level can then be open through that API)."""
+    return getattr(torch.autograd.forward_ad, "_current_level", -1)
+
+
+def forward_grad_on() -> Any:
+    """Context: forward grad mode on (a Function's ``jvp`` runs with it off); a no-op where torch
+    lacks the switch."""
+    switch = getattr(torch.autograd.forward_ad, "_set_fwd_grad_enabled", None)
+    return contextlib.nullcontext() if switch is None else switch(True)
 
 
 def values_of(t: torch.Tensor, what: str) -> Any:

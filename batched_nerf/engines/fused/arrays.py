@@ -1,18 +1,16 @@
-"""Tensors handed to the CPU kernels: numpy views, and whether a call may skip autograd.
+"""Tensors handed to the CPU kernels: numpy views and the vmapped dimension moved first.
 
 Shared by the builder (`build`), the pose (`pose`) and their
-``torch.autograd.Function``\\ s; nothing here depends on an engine.
+``torch.autograd.Function``\\ s; nothing here depends on an engine (whether a call may take a
+kernel at all, and how, is `batched_nerf.runtime.gate`'s).
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from ..levels import _IS_FUNCTORCH_WRAPPED
-
-__all__ = ["front", "numpy_view", "plain", "unwrapped"]
+__all__ = ["front", "numpy_view"]
 
 
 def numpy_view(t: Tensor) -> np.ndarray:
@@ -27,20 +25,3 @@ def front(x: Tensor | None, dim: int | None, size: int) -> Tensor | None:
         return None
     x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
-
-
-def unwrapped(*tensors: Tensor) -> bool:
-    """No torch.func wrapper or forward-mode tangent on any of ``tensors`` (False where this torch
-    cannot tell wrapped tensors apart)."""
-    if _IS_FUNCTORCH_WRAPPED is None:
-        return False
-    return not any(
-        _IS_FUNCTORCH_WRAPPED(t) or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
-        for t in tensors
-    )
-
-
-def plain(*tensors: Tensor) -> bool:
-    """No gradient, tangent or torch.func wrapper to serve: the kernel can run directly."""
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return not grad and unwrapped(*tensors)

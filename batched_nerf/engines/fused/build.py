@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from ..._geometry import nan_negative_bonds
+from ...runtime import gate
 from ...runtime.torch_compat import no_functorch
 from ...topology.analysis import SECOND, THIRD, Topology
 from ...topology.frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
@@ -55,13 +56,12 @@ from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..function import Function, jvp, save
 from ..gpu_policy import KernelError, disabled, fall_back
-from ..levels import _IS_FUNCTORCH_WRAPPED, LevelPlan, build_levels, level_plan
+from ..levels import LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
 from . import pose as fused_pose
 from . import workspace
 from .arrays import front as _front
 from .arrays import numpy_view as _np
-from .arrays import plain as _plain
 
 __all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
 
@@ -536,7 +536,7 @@ def build_fused(
     """
     batch = bonds.shape[:-1]
     n = bonds.shape[-1]
-    if torch.compiler.is_compiling() or bonds.dtype not in (torch.float32, torch.float64):
+    if not gate.kernel_inputs(bonds, device_type=bonds.device.type):  # traced, or another dtype
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
         x = build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
@@ -554,7 +554,7 @@ def build_fused(
     if pose is not None:
         s = plan.topology.seed_root.size
         rot, tr = pose[0].reshape(m, s, 3, 3), pose[1].reshape(m, s, 3)
-    if _plain(b, a, d, f, *_given((rot, tr))):
+    if gate.plain(b, a, d, f, *_given((rot, tr))):  # else the Function serves grad and transforms
         if triton:
             return _forward_kernel(plan, b, a, d, f, rot, tr).reshape(*batch, n, 3)
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
@@ -568,9 +568,7 @@ def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
     tensors), in a buffer leased from the table's workspace."""
     if (
         getattr(require(a.device.type), "TENSORS", False)  # Triton (on CUDA, or interpreted)
-        or _IS_FUNCTORCH_WRAPPED is None
-        or _IS_FUNCTORCH_WRAPPED(a)
-        or _IS_FUNCTORCH_WRAPPED(d)
+        or gate.wrapped(a, d)
     ):
         return _NO_TURNS
     return Turns.kept(plan.topology, _np(a), _np(d))
@@ -578,7 +576,7 @@ def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
 
 def _takes_pose(bonds: Tensor) -> bool:
     """The CPU kernels build in the pose (float32/float64 CPU tensors, numba installed, not traced)."""
-    return fused_pose.kernel_runs(bonds) and available("cpu")
+    return gate.kernel_inputs(bonds) and available("cpu")
 
 
 FUSED = Engine("fused", fused_plan, build_fused, nan_bonds=True, configure=configure, takes_pose=_takes_pose)

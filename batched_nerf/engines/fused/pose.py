@@ -18,11 +18,11 @@ import torch
 from torch import Tensor
 
 from ..._geometry import cross, dot
-from ...runtime.torch_compat import TRANSFORMS_ACTIVE
+from ...runtime import gate
 from ..backends import available, require
-from .arrays import numpy_view, plain
+from .arrays import numpy_view
 
-__all__ = ["extract", "kernel_runs", "reference"]
+__all__ = ["extract", "reference"]
 
 
 def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
@@ -41,20 +41,6 @@ def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
     return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
 
 
-def kernel_runs(x: Tensor) -> bool:
-    """Whether the CPU kernels can take ``x``: a CPU float32/float64 tensor, no ``torch.compile``
-    tracing (numba must also be installed: `backends.available`)."""
-    cpu = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-    return cpu and not torch.compiler.is_compiling()
-
-
-def _in_transform() -> bool:
-    """Inside a ``torch.func`` transform: even a view (``reshape``, ``detach``) of an unwrapped
-    constant comes back wrapped there, without storage for numpy (``jacrev`` of a function of other
-    inputs over constant coordinates)."""
-    return TRANSFORMS_ACTIVE is None or TRANSFORMS_ACTIVE()
-
-
 def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Tensor, Tensor] | None:
     """Pose ``(rot (..., S, 3, 3), tr (..., S, 3))`` of ``x`` ``(..., N, 3)`` in one kernel pass, or None.
 
@@ -63,7 +49,9 @@ def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Te
     differentiate (no gradient, tangent or ``torch.func`` wrapper), numba
     installed, not under ``torch.compile``. Arguments: see `cpu.pose.extract`.
     """
-    if not kernel_runs(x) or not available("cpu") or not plain(x) or _in_transform():
+    # inside a torch.func transform even a view of an unwrapped constant comes back wrapped, without
+    # storage for numpy (jacrev of a function of other inputs over constant coordinates)
+    if not gate.kernel_inputs(x) or not gate.plain(x) or gate.transformed() or not available("cpu"):
         return None
     lead, n = x.shape[:-2], x.shape[-2]
     flat = numpy_view(x.reshape(-1, n, 3))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -36,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...runtime.state import register_pool
-from ...runtime.torch_compat import TRANSFORMS_ACTIVE as _TRANSFORMS_ACTIVE
+from ...runtime import gate
+from ...runtime.state import LOCK, register_pool
 from ..backends import available, require
 from ..function import Function
 from . import workspace
@@ -45,7 +44,6 @@ from .build import FusedPlan, FusedVJP, Turns, _identity_rows
 
 __all__ = ["KEPT_BYTES", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
-_FLOATS = (torch.float32, torch.float64)
 #: Bytes of broadcast bonds, angles and template arrays kept over all :class:`TorsionBuild` objects (least
 #: recently used dropped first); a call needing more than a quarter of it makes its own.
 KEPT_BYTES = 256 << 20
@@ -53,7 +51,7 @@ KEPT_BYTES = 256 << 20
 #: ``(id(build), dtype, m)`` -> ``(weak reference to the build, bytes)``, least recently used first; the
 #: arrays themselves live on their build (``_arrays``), so a build no longer used is freed with them.
 _kept: OrderedDict[tuple[Any, ...], tuple[weakref.ref, int]] = OrderedDict()
-_kept_lock = threading.Lock()
+_kept_lock = LOCK  # the one lock of derived state (runtime.state)
 #: Up to this many dihedrals per call the values are gathered in numpy, above with torch.
 SMALL_VALUES = 1 << 16
 
@@ -91,22 +89,15 @@ def _evict() -> None:
         total -= size
 
 
-def _forward_ad_active() -> bool:
-    return torch.autograd.forward_ad._current_level >= 0
-
-
 def serves(values: Tensor) -> bool:
     """Whether a `TorsionBuild` can take ``values``: a non-empty CPU float32/float64 tensor, numba
     installed, no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active (an
     empty batch goes the general way, which serves it)."""
     return (
-        values.device.type == "cpu"
-        and values.numel() > 0
-        and values.dtype in _FLOATS
-        and not torch.compiler.is_compiling()
-        and _TRANSFORMS_ACTIVE is not None
-        and not _TRANSFORMS_ACTIVE()
-        and not _forward_ad_active()
+        values.numel() > 0
+        and gate.kernel_inputs(values)
+        and not gate.transformed()
+        and not gate.forward_ad_active()
         and available("cpu")
     )
 

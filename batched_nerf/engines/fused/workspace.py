@@ -27,14 +27,13 @@ the most recently returned. `release` drops every idle buffer now.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 
 import numpy as np
 
-from ...runtime.state import register_pool
+from ...runtime.state import LOCK, register_pool
 
 __all__ = [
     "IDLE_BYTES",
@@ -74,7 +73,7 @@ class _Slot:
 # and a table freed may come from a finalizer, which may run on any thread, also inside a collection
 # that an allocation under ``_lock`` started on the thread holding it; those append to an inbox (atomic
 # under the GIL), and whoever holds the lock next settles it.
-_lock = threading.Lock()
+_lock = LOCK  # the one lock of derived state (runtime.state)
 #: ``id(owner)`` -> its slot (by identity: an owner may be any object that takes a weak reference, a
 #: tensor too, whose ``==`` a weak-key dictionary would call).
 _slots: dict[int, _Slot] = {}
