@@ -116,6 +116,24 @@ def fall_back(device_type: str, error: KernelError, build: Callable[[], Any]) ->
     return build()
 
 
+def guarded(device_type: str, fallback: bool, kernel: Callable[[], Any], reference: Callable[[], Any]) -> Any:
+    """``kernel()`` (a Triton call). With ``fallback`` (``method="auto"``) a `KernelError` warns once
+    (`fall_back`) and returns ``reference()``, as does every later call on ``device_type``; without
+    (``method="fused"``) the error is raised. The one GPU fallback of the fused engine's passes.
+
+    Raises:
+        KernelError: the kernel failed and ``fallback`` is off.
+    """
+    if fallback and disabled(device_type) is not None:
+        return reference()
+    try:
+        return kernel()
+    except KernelError as exc:
+        if not fallback:
+            raise
+        return fall_back(device_type, exc, reference)
+
+
 def disabled(device_type: str) -> str | None:
     """Why ``auto`` no longer picks the fused kernels on ``device_type`` (None: it may)."""
     return _disabled.get(device_type)

@@ -55,7 +55,7 @@ from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..function import Function, jvp, save
-from ..gpu_policy import KernelError, disabled, fall_back
+from ..gpu_policy import guarded
 from ..levels import LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
 from . import pose as fused_pose
@@ -280,9 +280,9 @@ def _forward_kernel(
     (device tensors; the pose after it, in torch)."""
     kernels = require(b.device.type)
     if getattr(kernels, "TENSORS", False):
-        return _guarded(
-            plan,
-            b,
+        return guarded(
+            b.device.type,
+            plan.fallback,
             lambda: _posed(
                 plan,
                 kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
@@ -316,9 +316,9 @@ def _backward_kernel(
         if rot is not None:  # the pose's torch graph after the kernels
             return _reference_vjp(plan, b, a, d, f, rot, tr, g)
         return tuple(
-            _guarded(
-                plan,
-                b,
+            guarded(
+                b.device.type,
+                plan.fallback,
                 lambda: kernels.backward(
                     plan.topology, *_detached(b, a, d, f), g, accumulate=plan.accumulate
                 ),
@@ -338,20 +338,6 @@ def _backward_kernel(
 
 def _detached(*tensors: Tensor | None) -> tuple[Any, ...]:
     return tuple(None if t is None else t.detach() for t in tensors)
-
-
-def _guarded(plan: FusedPlan, b: Tensor, kernel: Any, reference: Any) -> Any:
-    """``kernel()`` (Triton); under ``auto`` (``plan.fallback``) a `KernelError` warns once and
-    returns ``reference()``, also for every later call on that device type."""
-    device = b.device.type
-    if plan.fallback and disabled(device) is not None:
-        return reference()
-    try:
-        return kernel()
-    except KernelError as exc:
-        if not plan.fallback:
-            raise
-        return fall_back(device, exc, reference)
 
 
 def _posed(plan: FusedPlan, x: Tensor, rot: Tensor | None, tr: Tensor | None) -> Tensor:

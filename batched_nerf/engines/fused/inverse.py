@@ -42,7 +42,7 @@ from ..._geometry import batch_shape
 from ...runtime.torch_compat import forward_mode_levels
 from .. import backends
 from ..function import Function, jvp, save
-from ..gpu_policy import KernelError, disabled, fall_back
+from ..gpu_policy import guarded
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
 from . import workspace
@@ -184,19 +184,6 @@ class _FallbackPlan(InversePlan):
     """The inverse plan of a ``method="auto"`` call: Triton kernel errors fall back to the torch engine."""
 
 
-def _guarded(plan: InversePlan, xyz: Tensor, kernel: Any, reference: Any) -> Any:
-    """``kernel()`` (Triton), or under ``auto`` after a `KernelError` (warned once) ``reference()``."""
-    device, fallback = xyz.device.type, isinstance(plan, _FallbackPlan)
-    if fallback and disabled(device) is not None:
-        return reference()
-    try:
-        return kernel()
-    except KernelError as exc:
-        if not fallback:
-            raise
-        return fall_back(device, exc, reference)
-
-
 # --------------------------------------------------------------------------
 # Kernel calls: flatten the leading shape, run, restore
 # --------------------------------------------------------------------------
@@ -218,7 +205,12 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     gpu = _triton(xyz)
     if gpu is not None:
         x = xyz.detach().expand(*lead, n, 3).reshape(math.prod(lead), n, 3)
-        out = _guarded(plan, x, lambda: gpu.internal_forward(plan.refs, _has(plan), x), lambda: _ref(plan, x))
+        out = guarded(
+            x.device.type,
+            isinstance(plan, _FallbackPlan),
+            lambda: gpu.internal_forward(plan.refs, _has(plan), x),
+            lambda: _ref(plan, x),
+        )
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
     bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
@@ -243,8 +235,11 @@ def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> 
         m = math.prod(lead)
         x = xyz.detach().expand(*lead, n, 3).reshape(m, n, 3)
         g = [t.detach().to(dt).expand(*lead, n).reshape(m, n) for t in (gb, ga, gd)]
-        out = _guarded(
-            plan, x, lambda: gpu.internal_vjp(plan.refs, _has(plan), x, *g), lambda: _ref_vjp(plan, x, *g)
+        out = guarded(
+            x.device.type,
+            isinstance(plan, _FallbackPlan),
+            lambda: gpu.internal_vjp(plan.refs, _has(plan), x, *g),
+            lambda: _ref_vjp(plan, x, *g),
         )
         return out.reshape(*lead, n, 3)
     out = torch.empty(math.prod(lead), n, 3, dtype=dt)
