@@ -22,7 +22,7 @@ pose per seeded component, ``rotation (..., S, 3, 3)`` and ``translation
 (..., S, 3)``, components in the order of ``table.components``. The rule is a
 static property of the table, so shapes never depend on data.
 
-Rotation chart. The log-determinants of `_logdet` measure rotations with
+Rotation chart. The log-determinants of `batched_nerf.learning.logdet` measure rotations with
 the Haar measure ``dR`` of total volume ``8 pi^2``. It is flat in the chart
 ``u = (yaw, s, roll)`` of [`rotation_from_angles`][batched_nerf.rotation_from_angles],
 ``R = Rz(yaw) Ry(asin s) Rx(roll)`` with ``s = sin(pitch)`` in ``[-1, 1]``

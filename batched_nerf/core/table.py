@@ -3,7 +3,7 @@
 A [`ConstructionTable`][batched_nerf.ConstructionTable] holds, for each atom ``i``, the three atoms it is
 placed from: ``(bond_ref, angle_ref, dihedral_ref)``, ``-1`` meaning "no
 reference". It checks and analyses the rows once, when it is made (every check
-names the offending row; see `_topology`), and caches what is derived
+names the offending row; see `batched_nerf.topology.analysis`), and caches what is derived
 from them:
 
 * the engines' build plans, made on first use, one engine and variant at a

@@ -3,7 +3,7 @@ r"""Internal-coordinate layer for normalising flows (a bijection with exact log-
 [`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] maps Cartesian coordinates to the
 informative internal coordinates of a [`ConstructionTable`][batched_nerf.ConstructionTable]
 (plus, optionally, the global pose and the fixed atoms) and back, with the
-log-determinant of each direction computed in closed form (`_logdet`).
+log-determinant of each direction computed in closed form (`batched_nerf.learning.logdet`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ covered:
    references, factor ``r^2 sin(theta)``).
 
 2. **With global pose** (``log_det_jacobian(..., pose=True)``). ICs plus the
-   pose ``(R, t)`` of each seeded component (see `_pose`) map onto *all*
+   pose ``(R, t)`` of each seeded component (see `batched_nerf.core.pose`) map onto *all*
    ``3 N`` coordinates of the non-fixed atoms: ``x = R y + t`` with ``y`` the
    canonical build. Rotations are measured with the Haar measure, flat in the
    chart ``(yaw, sin(pitch), roll)`` of [`rotation_from_angles`][batched_nerf.rotation_from_angles],

@@ -21,7 +21,7 @@ from ..engines.dispatch import auto_method
 from ..engines.fused.build import configure
 from ..engines.fused.torsions import TorsionBuild
 from ..engines.fused.torsions import serves as _serves
-from ..runtime.state import memo, state_of
+from ..runtime.state import memo
 from ._sequence import protein_table, public_state
 
 #: Mixed batches (tuples of sequences) whose packed tables are kept.
@@ -449,31 +449,31 @@ def _layout(t: Any) -> _Layout:
     become ``src + f``, ``N + c P + (k L_max + r)`` and ``N + 3 P + 4 (k L_max + r) + c'``:
     ``base + weights . (N, P, k L_max, f)``.
     """
-    layout = state_of(t).memo.get("layout")
-    if layout is None:
-        src = t.source.numpy()
-        n, n_res = t.n_atoms, t.n_residues
-        own = src < n
-        rel = src - n
-        backbone = ~own & (rel < 3 * n_res)
-        chi = ~own & ~backbone
-        col, res = np.divmod(np.where(backbone, rel, 0), max(n_res, 1))
-        chi_res, chi_col = np.divmod(np.where(chi, rel - 3 * n_res, 0), 4)
-        base = np.where(own, src, np.where(backbone, res, 4 * chi_res + chi_col))
-        weights = np.stack([~own, np.where(backbone, col, 0) + 3 * chi, backbone + 4 * chi, own]).astype(
-            np.int64
-        )
-        layout = state_of(t).memo["layout"] = _Layout(
-            n=n,
-            n_residues=n_res,
-            base=base.astype(np.int64),
-            weights=weights.astype(np.int64),
-            arange=np.arange(n),
-            values=torch.stack([t.bonds, t.angles, t.dihedrals]).numpy(),
-            chi=t.default_chi.numpy(),
-            residue_index=t.residue_index.numpy(),
-        )
-    return layout
+    return memo(t, "layout", lambda: _new_layout(t))
+
+
+def _new_layout(t: Any) -> _Layout:
+    """`_layout`, made."""
+    src = t.source.numpy()
+    n, n_res = t.n_atoms, t.n_residues
+    own = src < n
+    rel = src - n
+    backbone = ~own & (rel < 3 * n_res)
+    chi = ~own & ~backbone
+    col, res = np.divmod(np.where(backbone, rel, 0), max(n_res, 1))
+    chi_res, chi_col = np.divmod(np.where(chi, rel - 3 * n_res, 0), 4)
+    base = np.where(own, src, np.where(backbone, res, 4 * chi_res + chi_col))
+    weights = np.stack([~own, np.where(backbone, col, 0) + 3 * chi, backbone + 4 * chi, own]).astype(np.int64)
+    return _Layout(
+        n=n,
+        n_residues=n_res,
+        base=base.astype(np.int64),
+        weights=weights.astype(np.int64),
+        arange=np.arange(n),
+        values=torch.stack([t.bonds, t.angles, t.dihedrals]).numpy(),
+        chi=t.default_chi.numpy(),
+        residue_index=t.residue_index.numpy(),
+    )
 
 
 class PackedProteins:
@@ -739,16 +739,18 @@ class _BoundPart(NamedTuple):
 
 def _bound_part(t: Any) -> _BoundPart:
     """The `_BoundPart` of a [`ProteinTable`][batched_nerf.protein.ProteinTable] (kept on it)."""
-    part = state_of(t).memo.get("bound_part")
-    if part is None:
-        layout = _layout(t)
-        rows = np.flatnonzero(layout.weights[0])
-        part = state_of(t).memo["bound_part"] = _BoundPart(
-            plan=t.table.plan("fused", torch.device("cpu")),
-            values=layout.values.astype(np.float64),
-            rows=rows,
-            base=layout.base[rows],
-            column=layout.weights[1][rows],
-            step=layout.weights[2][rows],
-        )
-    return part
+    return memo(t, "bound_part", lambda: _new_bound_part(t))
+
+
+def _new_bound_part(t: Any) -> _BoundPart:
+    """`_bound_part`, made."""
+    layout = _layout(t)
+    rows = np.flatnonzero(layout.weights[0])
+    return _BoundPart(
+        plan=t.table.plan("fused", torch.device("cpu")),
+        values=layout.values.astype(np.float64),
+        rows=rows,
+        base=layout.base[rows],
+        column=layout.weights[1][rows],
+        step=layout.weights[2][rows],
+    )

@@ -65,23 +65,20 @@ def kept_bytes() -> int:
 def _release() -> None:
     """Drop every kept array now (made again on next use)."""
     with _kept_lock:
-        for (_, dtype, m), (ref, _) in list(_kept.items()):
-            build = ref()
-            if build is not None:
-                build.__dict__.get("_arrays", {}).pop((dtype, m), None)
-        _kept.clear()
+        _evict(budget=-1)
 
 
 register_pool("torsion_arrays", kept_bytes, _release)
 
 
-def _evict() -> None:
-    """Drop the entries of freed builds, then the least recently used until within `KEPT_BYTES`
-    (hold ``_kept_lock``)."""
+def _evict(budget: int | None = None) -> None:
+    """Drop the entries of freed builds, then the least recently used until within ``budget`` bytes
+    (default `KEPT_BYTES`, read now; ``-1``: every one; hold ``_kept_lock``)."""
+    budget = KEPT_BYTES if budget is None else budget
     for key in [key for key, (ref, _) in _kept.items() if ref() is None]:
         del _kept[key]
     total = sum(size for _, size in _kept.values())
-    while total > KEPT_BYTES:
+    while _kept and total > budget:
         (_, dtype, m), (ref, size) = _kept.popitem(last=False)
         build = ref()
         if build is not None:
