@@ -89,3 +89,14 @@ def test_nbytes_counts_each_storage_once() -> None:
     assert state.nbytes([x, x[10:], x.view(10, 100)]) == 8000
     assert state.nbytes({"a": a, "b": a[::2]}) == 8000
     assert state.nbytes((1, "s", None, torch.device("cpu"))) == 0
+
+
+def test_the_rows_a_plan_keeps_are_not_counted() -> None:
+    """A fused plan keeps its table's topology; the report counts the plan's own arrays only (the
+    rows are the table, not state derived from it), also process-wide."""
+    table = bn.ConstructionTable.chain(1000)
+    _build(table)
+    plan = table.plan("fused")
+    assert set(table._state.plans) == {("fused", 1, torch.device("cpu"))}
+    assert table.cache_info()["plan_bytes"] == plan.index.nbytes + plan.starts.nbytes
+    assert state.nbytes(table.topology) > 0  # what was counted before

@@ -65,11 +65,13 @@ _lock = LOCK
 class State:
     """Derived state of one owner: ``plans`` (bounded, least recently used first out) and ``memo``."""
 
-    __slots__ = ("__weakref__", "memo", "plans")
+    __slots__ = ("__weakref__", "_owner", "memo", "plans")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: Any = None) -> None:
         self.plans: OrderedDict[Hashable, Any] = OrderedDict()
         self.memo: dict[Hashable, Any] = {}
+        # weakly: the owner's own arrays (a table's rows) are not derived state, `info` skips them
+        self._owner = None if owner is None else weakref.ref(owner)
         with _lock:
             _LIVE.add(self)
 
@@ -90,8 +92,8 @@ class State:
 
     def info(self) -> dict[str, int]:
         """``{"plans", "plan_bytes", "memo", "memo_bytes"}``: counts and bytes held (arrays and tensors
-        reachable from the values, each storage counted once)."""
-        seen: set[object] = set()
+        reachable from the values, each storage counted once, the owner's own not at all)."""
+        seen = self._owners_arrays()
         return {
             "plans": len(self.plans),
             "plan_bytes": sum(nbytes(v, seen) for v in list(self.plans.values())),
@@ -99,13 +101,22 @@ class State:
             "memo_bytes": sum(nbytes(v, seen) for v in list(self.memo.values())),
         }
 
+    def _owners_arrays(self) -> set[object]:
+        """A `nbytes` ``seen`` set holding the owner's own arrays (a plan that keeps its table's
+        topology does not count the rows)."""
+        seen: set[object] = set()
+        owner = None if self._owner is None else self._owner()
+        if owner is not None:
+            nbytes(owner, seen)
+        return seen
+
 
 def state_of(owner: Any) -> State:
     """The `State` of ``owner``, made on first use (kept in its ``__dict__``, also of a frozen dataclass)."""
     d = owner.__dict__
     state = d.get("_state")
     if state is None:
-        state = d["_state"] = State()
+        state = d["_state"] = State(owner)
     return state
 
 
@@ -167,8 +178,10 @@ def info() -> dict[str, int]:
     with _lock:
         states = list(_LIVE)
         pools = dict(_POOLS)
-    seen: set[object] = set()
     out = {"owners": len(states), "plans": 0, "plan_bytes": 0, "memo": 0, "memo_bytes": 0}
+    seen: set[object] = set()
+    for state in states:  # the owners' own arrays first: not derived state, counted nowhere
+        seen |= state._owners_arrays()
     for state in states:
         plans, values = list(state.plans.values()), list(state.memo.values())
         out["plans"] += len(plans)
@@ -185,7 +198,7 @@ def nbytes(value: Any, seen: set[object] | None = None, depth: int = 8) -> int:
     tuples, objects' attributes; each storage once per ``seen``, which holds the ids of objects
     that stay alive during the count, and the data addresses of storages)."""
     seen = set() if seen is None else seen
-    if depth < 0 or id(value) in seen:
+    if depth < 0 or id(value) in seen or isinstance(value, State):  # a state is counted as its own
         return 0
     seen.add(id(value))
     if isinstance(value, torch.Tensor):
