@@ -144,9 +144,9 @@ def _layout_cases():  # type: ignore[no-untyped-def]
     rows = torch.tensor([4, 0, 2, 3])  # a subset of 5 atoms, shuffled
     inverse = torch.tensor([2, 0, 4, 1, 3])  # a permutation of 5 rows
     return {
-        "to_rows": (lambda x: ToRows.apply(x, rows), torch.randn(3, 2, 5, generator=g, dtype=F64)),
+        "to_rows": (lambda x: ToRows.apply(x, rows, 5), torch.randn(3, 2, 5, generator=g, dtype=F64)),
         "from_rows": (lambda x: FromRows.apply(x, rows, 5), torch.randn(4, 3, 2, generator=g, dtype=F64)),
-        "to_xyz": (lambda x: ToXyz.apply(x, inverse), torch.randn(5, 3, 2, generator=g, dtype=F64)),
+        "to_xyz": (lambda x: ToXyz.apply(x, inverse, 5), torch.randn(5, 3, 2, generator=g, dtype=F64)),
         "from_xyz": (lambda x: FromXyz.apply(x, inverse, 5), torch.randn(2, 5, 3, generator=g, dtype=F64)),
         "sincos": (lambda x: SinCos.apply(x), torch.randn(4, 2, 3, generator=g, dtype=F64)),
     }

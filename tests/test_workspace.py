@@ -26,11 +26,12 @@ def _inputs(table: bn.ConstructionTable, batch: int) -> tuple[torch.Tensor, ...]
 
 
 def _graph_turns(xyz: torch.Tensor):
-    """The trig array kept by ``xyz``'s graph (its fused build node's ``Turns``)."""
+    """The trig array kept by ``xyz``'s graph (the last constant, a ``Turns``, of its fused build node:
+    ``FusedBuild`` or the bound torsion build's ``TorsionFn``)."""
     node = xyz.grad_fn
-    while not hasattr(node, "turns"):
+    while type(node).__name__ not in ("FusedBuildBackward", "TorsionFnBackward"):
         node = node.next_functions[0][0]
-    return node.turns
+    return node.consts[-1]
 
 
 def test_a_large_call_without_gradients_reuses_one_buffer_per_table() -> None:

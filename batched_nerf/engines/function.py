@@ -19,15 +19,16 @@ transform it is torch's ``apply`` (each ``forward`` carries its signature,
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from ..runtime.gate import transformed
 from ..runtime.torch_compat import UNWRAP_DEAD_WRAPPERS as _unwrap
 from ..runtime.torch_compat import forward_ad_level, forward_grad_on
 
-__all__ = ["Function", "jvp", "save"]
+__all__ = ["Function", "KernelOp", "fold", "jvp", "lead", "linear_pair", "save", "with_none"]
 
 
 def _eager_twin(impl: type) -> type:
@@ -97,7 +98,207 @@ def jvp(fn: Any, primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
         return tuple(tangent(o) for o in out) if isinstance(out, tuple) else tangent(out)
 
 
+_reference_jvp = jvp  # (KernelOp's own ``jvp`` argument hides the name)
+
+
 def save(ctx: Any, *tensors: Any) -> None:
     """Keep ``tensors`` for the backward (``ctx.saved_tensors``) and for forward mode (``jvp``)."""
     ctx.save_for_backward(*tensors)
     ctx.save_for_forward(*tensors)
+
+
+def linear_pair(
+    names: tuple[str, str], forward: Callable[..., Tensor], adjoint: Callable[..., Tensor], *, module: str
+) -> tuple[type[Function], type[Function]]:
+    """Functions named ``names`` for a linear map ``forward(x, *consts)`` and
+    its adjoint ``adjoint(g, *consts)`` (the same constants: index arrays, sizes, layouts).
+
+    Each one's backward is the other and its ``jvp`` is itself (the map is linear), so every order of
+    derivative, forward mode and ``vmap`` (generated) stay in these two maps; a plain op's
+    autograd would hand back strided views or a differently ordered scatter instead.
+    """
+    pair: list[type[Function]] = []
+
+    def function(fn: Callable[..., Tensor], other: int, cls_name: str) -> type[Function]:
+        def forward_(x: Tensor, *consts: Any) -> Tensor:
+            return fn(x, *consts)
+
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+            ctx.consts = inputs[1:]
+
+        def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:
+            return (pair[other].apply(g, *ctx.consts), *(None,) * len(ctx.consts))
+
+        def jvp(ctx: Any, t: Tensor, *_: Any) -> Tensor:
+            return fn(t, *ctx.consts)
+
+        attrs = {
+            "__doc__": f"``{fn.__name__}`` (linear); its backward is ``{names[other]}``.",
+            "__module__": module,
+            "__qualname__": cls_name,
+            "generate_vmap_rule": True,
+            "forward": staticmethod(forward_),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+            "jvp": staticmethod(jvp),
+        }
+        return type(cls_name, (Function,), attrs)
+
+    pair += [function(forward, 1, names[0]), function(adjoint, 0, names[1])]
+    return pair[0], pair[1]
+
+
+# ---------------------------------------------------------------------------- kernel ops
+def with_none(values: Any, like: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` (one per non-None entry of ``like``) placed back among ``like``'s Nones."""
+    it = iter(values)
+    return tuple(None if x is None else next(it) for x in like)
+
+
+class KernelOp:
+    """A compiled kernel declared with its differentiable torch reference; the ``autograd.Function``
+    (`Function`, so with the eager fast path) made from them in one place.
+
+    Arguments of every call: tensors first (some may be None: an input not given), then ``consts``
+    non-tensor arguments (plans, kept arrays). ``kernel(*tensors, *consts)`` computes the outputs
+    from plain tensors; ``reference(*tensors, *consts)`` computes the same outputs in differentiable
+    torch (the oracle, and every derivative the op does not declare a kernel for).
+
+    * backward: ``vjp(primals, grads, *consts)`` -> a gradient per tensor (None where not given),
+      usually another op's ``apply`` (a kernel, itself differentiable); without it, the vjp of
+      ``reference`` through ``torch.func.vjp``.
+    * forward mode: ``jvp(primals, tangents, *consts)``; without it, the ``jvp`` of ``reference``
+      (missing tangents zero, each primal in its own memory: a dual tensor of an expanded view
+      cannot be made).
+    * ``vmap``: a rule ``(op, info, in_dims, tensors, consts) -> (outputs, out_dims)``, `fold`
+      (kernels taking a ``(B, ...)`` batch: the vmapped dimension folded into it) or `lead`
+      (kernels taking any leading shape: the vmapped dimension moved first).
+
+    An op without ``reference`` has no ``jvp`` or ``vmap`` (torch says so when asked).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        kernel: Callable[..., Any],
+        reference: Callable[..., Any] | None = None,
+        consts: int = 1,
+        vjp: Callable[..., tuple[Any, ...]] | None = None,
+        jvp: Callable[..., Any] | None = None,
+        vmap: Callable[..., Any] | None = None,
+        module: str,
+        doc: str,
+    ) -> None:
+        self.name, self.kernel, self.reference, self.consts = name, kernel, reference, consts
+
+        def forward(*args: Any) -> Any:
+            return kernel(*args)
+
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            k = len(inputs) - consts
+            given = [t for t in inputs[:k] if t is not None]
+            ctx.consts = inputs[k:]
+            # which inputs were given: None where all were (the common case, on every call)
+            ctx.given = None if len(given) == k else tuple(t is not None for t in inputs[:k])
+            ctx.save_for_backward(*given)
+            ctx.save_for_forward(*given)
+
+        def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+            primals = _primals(ctx)
+            if vjp is not None:
+                out = vjp(primals, grads, *ctx.consts)
+            else:
+                _, pull = torch.func.vjp(
+                    lambda *x: reference(*with_none(x, primals), *ctx.consts),  # type: ignore[misc]
+                    *(p for p in primals if p is not None),
+                )
+                out = with_none(pull(grads if len(grads) > 1 else grads[0]), primals)
+            return (*out, *(None,) * consts)
+
+        def forward_mode(ctx: Any, *tangents: Any) -> Any:
+            primals = _primals(ctx)
+            tangents = tangents[: len(primals)]
+            if jvp is not None:
+                return jvp(primals, tangents, *ctx.consts)
+            given = tuple(p.contiguous() for p in primals if p is not None)
+            dense = tuple(
+                (torch.zeros_like(p) if t is None else t).contiguous()
+                for p, t in zip(primals, tangents)
+                if p is not None
+            )
+            return _reference_jvp(lambda *x: reference(*with_none(x, primals), *ctx.consts), given, dense)  # type: ignore[misc]
+
+        def vmap_rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
+            k = len(args) - consts
+            return vmap(self, info, in_dims[:k], args[:k], args[k:])  # type: ignore[misc]
+
+        attrs: dict[str, Any] = {
+            "__doc__": doc,
+            "__module__": module,
+            "__qualname__": name,
+            "forward": staticmethod(forward),
+            "setup_context": staticmethod(setup_context),
+            "backward": staticmethod(backward),
+        }
+        if reference is not None or jvp is not None:
+            attrs["jvp"] = staticmethod(forward_mode)
+        if vmap is not None:
+            attrs["vmap"] = staticmethod(vmap_rule)
+        #: the ``autograd.Function`` of this op (a graph's nodes read ``<name>Backward``)
+        self.function: type[Function] = type(name, (Function,), attrs)
+        #: ``apply(*tensors, *consts)``: the op, recorded for autograd where a gradient is kept
+        self.apply = self.function.apply
+
+    def __repr__(self) -> str:
+        return f"KernelOp({self.name})"
+
+
+def _primals(ctx: Any) -> tuple[Any, ...]:
+    """A `KernelOp` call's saved tensors, with None where an input was not given."""
+    if ctx.given is None:
+        return ctx.saved_tensors
+    return with_none(ctx.saved_tensors, tuple(True if g else None for g in ctx.given))
+
+
+def fold(
+    consts: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+) -> Callable[..., Any]:
+    """A `KernelOp` ``vmap`` rule for kernels taking a ``(B, ...)`` batch: each tensor's vmapped
+    dimension first (expanded where unbatched) and folded into its batch, every output unfolded
+    back to ``(size, B, ...)``. ``consts``: the constants to run with instead (state kept for
+    the unbatched shapes, made anew)."""
+
+    def rule(
+        op: KernelOp, info: Any, in_dims: tuple[Any, ...], tensors: tuple[Any, ...], cs: tuple[Any, ...]
+    ) -> Any:
+        size = info.batch_size
+        folded = (_fold(x, dim, size) for x, dim in zip(tensors, in_dims))
+        out = op.apply(*folded, *(cs if consts is None else consts(cs)))
+        if isinstance(out, tuple):
+            return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0,) * len(out)
+        return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
+
+    return rule
+
+
+def _fold(x: Tensor | None, dim: int | None, size: int) -> Tensor | None:
+    """``x`` with its vmapped dimension first (expanded when unbatched), the first two dimensions
+    flattened into one, contiguous (no aliasing rows); None stays None (an input not given)."""
+    if x is None:
+        return None
+    x = x.unsqueeze(0).expand(size, *x.shape) if dim is None else x.movedim(dim, 0)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+
+
+def lead(
+    op: KernelOp, info: Any, in_dims: tuple[Any, ...], tensors: tuple[Any, ...], cs: tuple[Any, ...]
+) -> Any:
+    """A `KernelOp` ``vmap`` rule for kernels taking any leading shape: each tensor's vmapped
+    dimension moved first (expanded where unbatched); every output batched along its first."""
+    moved = (
+        x.movedim(d, 0) if d is not None else x.expand(info.batch_size, *x.shape)
+        for x, d in zip(tensors, in_dims)
+    )
+    out = op.apply(*moved, *cs)
+    return out, ((0,) * len(out) if isinstance(out, tuple) else 0)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .function import Function
+from .function import Function, linear_pair
 
 
 def _t2(x: Tensor, rows: int, cols: int) -> Tensor:
@@ -27,8 +27,8 @@ def _t2(x: Tensor, rows: int, cols: int) -> Tensor:
     return x.reshape(rows, cols).t().contiguous()
 
 
-def _rows_of(ic: Tensor, rows: Tensor) -> Tensor:
-    n, batch = ic.shape[-1], ic.shape[-2]
+def _rows_of(ic: Tensor, rows: Tensor, n: int) -> Tensor:
+    batch = ic.shape[-2]
     return _t2(ic, 3 * batch, n).reshape(n, 3, batch).index_select(0, rows)
 
 
@@ -38,52 +38,11 @@ def _rows_to_ic(g: Tensor, rows: Tensor, n: int) -> Tensor:
     return _t2(full, n, 3 * batch).reshape(3, batch, n)
 
 
-class ToRows(Function):
-    """``(3, B, N)`` internal coordinates -> ``(R, 3, B)`` rows ``rows`` (atoms, each at most once)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(ic: Tensor, rows: Tensor) -> Tensor:  # type: ignore[override]
-        return _rows_of(ic, rows)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.rows = inputs[1]
-        ctx.n = inputs[0].shape[-1]
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return FromRows.apply(g, ctx.rows, ctx.n), None
-
-    @staticmethod
-    def jvp(ctx: Any, t: Tensor, _: Any) -> Tensor:
-        return _rows_of(t, ctx.rows)
+# ``(3, B, N)`` internal coordinates -> ``(R, 3, B)`` rows ``rows`` (atoms, each at most once), and back
+ToRows, FromRows = linear_pair(("ToRows", "FromRows"), _rows_of, _rows_to_ic, module=__name__)
 
 
-class FromRows(Function):
-    """Adjoint of `ToRows`: rows scattered into zeros, transposed back to ``(3, B, N)``."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(g: Tensor, rows: Tensor, n: int) -> Tensor:  # type: ignore[override]
-        return _rows_to_ic(g, rows, n)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.rows, ctx.n = inputs[1], inputs[2]
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        return ToRows.apply(g, ctx.rows), None, None
-
-    @staticmethod
-    def jvp(ctx: Any, t: Tensor, *_: Any) -> Tensor:
-        return _rows_to_ic(t, ctx.rows, ctx.n)
-
-
-def _to_xyz(x: Tensor, inverse: Tensor) -> Tensor:
+def _to_xyz(x: Tensor, inverse: Tensor, total: int) -> Tensor:
     n, batch = inverse.numel(), x.shape[-1]
     return _t2(x.index_select(0, inverse), 3 * n, batch).reshape(batch, n, 3)
 
@@ -94,49 +53,8 @@ def _from_xyz(g: Tensor, inverse: Tensor, total: int) -> Tensor:
     return rows.new_zeros((total, 3, batch)).index_copy(0, inverse, rows)
 
 
-class ToXyz(Function):
-    """``(T, 3, B)`` engine rows -> ``(B, N, 3)`` positions (row ``inverse[i]`` is atom ``i``)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, inverse: Tensor) -> Tensor:  # type: ignore[override]
-        return _to_xyz(x, inverse)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.inverse = inputs[1]
-        ctx.total = inputs[0].shape[0]
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        return FromXyz.apply(g, ctx.inverse, ctx.total), None
-
-    @staticmethod
-    def jvp(ctx: Any, t: Tensor, _: Any) -> Tensor:
-        return _to_xyz(t, ctx.inverse)
-
-
-class FromXyz(Function):
-    """Adjoint of `ToXyz`."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(g: Tensor, inverse: Tensor, total: int) -> Tensor:  # type: ignore[override]
-        return _from_xyz(g, inverse, total)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        ctx.inverse, ctx.total = inputs[1], inputs[2]
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:  # type: ignore[override]
-        return ToXyz.apply(g, ctx.inverse), None, None
-
-    @staticmethod
-    def jvp(ctx: Any, t: Tensor, *_: Any) -> Tensor:
-        return _from_xyz(t, ctx.inverse, ctx.total)
+# ``(T, 3, B)`` engine rows -> ``(B, N, 3)`` positions (row ``inverse[i]`` is atom ``i``), and back
+ToXyz, FromXyz = linear_pair(("ToXyz", "FromXyz"), _to_xyz, _from_xyz, module=__name__)
 
 
 class SinCos(Function):
@@ -172,14 +90,14 @@ def to_rows(ic: Tensor, rows: Tensor) -> Tensor:
     """``(3, B, N)`` -> ``(R, 3, B)``: `ToRows` (plain ops while ``torch.compile`` traces)."""
     if torch.compiler.is_compiling():
         return ic.permute(2, 0, 1).index_select(0, rows)
-    return ToRows.apply(ic, rows)
+    return ToRows.apply(ic, rows, ic.shape[-1])
 
 
 def to_xyz(x: Tensor, inverse: Tensor) -> Tensor:
     """``(T, 3, B)`` -> ``(B, N, 3)``: `ToXyz` (plain ops while ``torch.compile`` traces)."""
     if torch.compiler.is_compiling():
         return x.index_select(0, inverse).permute(2, 0, 1)
-    return ToXyz.apply(x, inverse)
+    return ToXyz.apply(x, inverse, x.shape[0])
 
 
 def sincos(x: Tensor) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..engines.function import Function
+from ..engines.function import linear_pair
 
 __all__ = ["EntryLayout", "gather", "spread"]
 
@@ -79,48 +79,7 @@ def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:
     return torch.cat([p for p in pieces if p.shape[-1]], -1)
 
 
-class _Gather(Function):
-    """`gather` of two or more runs, or by index (a new tensor); its backward is `spread`."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(values: Tensor, layout: EntryLayout) -> Tensor:  # type: ignore[override]
-        return _gather(values, layout)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
-        ctx.layout = inputs[1]
-
-    @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[no-untyped-def,override]
-        return spread(g, ctx.layout), None
-
-    @staticmethod
-    def jvp(ctx, t: Tensor, _: None) -> Tensor:  # type: ignore[no-untyped-def,override]
-        return _gather(t, ctx.layout)
-
-
-class _Spread(Function):
-    """`spread`; its backward is `gather`."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(entries: Tensor, layout: EntryLayout) -> Tensor:  # type: ignore[override]
-        return _spread(entries, layout)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
-        ctx.layout = inputs[1]
-
-    @staticmethod
-    def backward(ctx, g: Tensor):  # type: ignore[no-untyped-def,override]
-        return gather(g, ctx.layout), None
-
-    @staticmethod
-    def jvp(ctx, t: Tensor, _: None) -> Tensor:  # type: ignore[no-untyped-def,override]
-        return _spread(t, ctx.layout)
+_Gather, _Spread = linear_pair(("Gather", "Spread"), _gather, _spread, module=__name__)
 
 
 def gather(values: Tensor, layout: EntryLayout) -> Tensor:

@@ -54,18 +54,26 @@ from ...topology.frame_tree import ANCHOR, PARENT, POSITIONS, frame_tree
 from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
-from ..function import Function, jvp, save
+from ..function import KernelOp, fold, with_none
 from ..gpu_policy import guarded
 from ..levels import LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
 from . import pose as fused_pose
 from . import workspace
-from .arrays import front as _front
 from .arrays import numpy_view as _np
 
-__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
-
-__all__ = ["FUSED", "FusedBuild", "FusedPlan", "FusedVJP", "build_fused", "configure", "fused_plan", "trig"]
+__all__ = [
+    "FUSED",
+    "FUSED_BUILD",
+    "FUSED_VJP",
+    "FusedBuild",
+    "FusedPlan",
+    "FusedVJP",
+    "build_fused",
+    "configure",
+    "fused_plan",
+    "trig",
+]
 
 #: Work units hold whole components, at least this many atoms (unless fewer exist) ...
 UNIT_MIN_ATOMS = 256
@@ -267,13 +275,13 @@ def _pose_rows(plan: FusedPlan, rot: Tensor | None, tr: Tensor | None, nan: bool
 
 
 def _forward_kernel(
-    plan: FusedPlan,
     b: Tensor,
     a: Tensor,
     d: Tensor,
     f: Tensor,
-    rot: Tensor | None = None,
-    tr: Tensor | None = None,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    plan: FusedPlan,
     turns: Turns = _NO_TURNS,
 ) -> Tensor:
     """The forward kernel of the inputs' device: numba (numpy views; the pose inside) or triton
@@ -288,7 +296,7 @@ def _forward_kernel(
                 kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
                 *_detached(rot, tr),
             ),
-            lambda: _reference_build(plan, b, a, d, f, rot, tr),
+            lambda: _reference_build(b, a, d, f, rot, tr, plan),
         )
     pose = _pose_rows(plan, rot, tr, nan=True)
     out = kernels.forward(
@@ -298,7 +306,6 @@ def _forward_kernel(
 
 
 def _backward_kernel(
-    plan: FusedPlan,
     b: Tensor,
     a: Tensor,
     d: Tensor,
@@ -306,6 +313,7 @@ def _backward_kernel(
     rot: Tensor | None,
     tr: Tensor | None,
     g: Tensor,
+    plan: FusedPlan,
     turns: Turns = _NO_TURNS,
 ) -> tuple[Tensor | None, ...]:
     """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)`` with respect to ``b, a, d,
@@ -314,7 +322,7 @@ def _backward_kernel(
     g = g.detach().to(b.dtype)
     if getattr(kernels, "TENSORS", False):
         if rot is not None:  # the pose's torch graph after the kernels
-            return _reference_vjp(plan, b, a, d, f, rot, tr, g)
+            return _reference_vjp(b, a, d, f, rot, tr, g, plan)
         return tuple(
             guarded(
                 b.device.type,
@@ -322,7 +330,7 @@ def _backward_kernel(
                 lambda: kernels.backward(
                     plan.topology, *_detached(b, a, d, f), g, accumulate=plan.accumulate
                 ),
-                lambda: _reference_vjp(plan, b, a, d, f, None, None, g),
+                lambda: _reference_vjp(b, a, d, f, None, None, g, plan),
             )
         )
     pose = _pose_rows(plan, rot, tr, nan=False)
@@ -354,13 +362,14 @@ def _posed(plan: FusedPlan, x: Tensor, rot: Tensor | None, tr: Tensor | None) ->
 
 
 def _reference_build(
-    plan: FusedPlan,
     b: Tensor,
     a: Tensor,
     d: Tensor,
     f: Tensor,
-    rot: Tensor | None = None,
-    tr: Tensor | None = None,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    plan: FusedPlan,
+    turns: Turns = _NO_TURNS,
 ) -> Tensor:
     """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``), then the pose where
     given: differentiable torch."""
@@ -370,7 +379,6 @@ def _reference_build(
 
 
 def _reference_vjp(
-    plan: FusedPlan,
     b: Tensor,
     a: Tensor,
     d: Tensor,
@@ -378,127 +386,51 @@ def _reference_vjp(
     rot: Tensor | None,
     tr: Tensor | None,
     g: Tensor,
+    plan: FusedPlan,
+    turns: Turns = _NO_TURNS,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of ``sum(g * build)`` with respect to ``b, a, d, f`` (and ``rot, tr`` where given)."""
-    _, vjp = torch.func.vjp(lambda *x: _reference_build(plan, *x), *_given((b, a, d, f, rot, tr)))
+    tensors = (b, a, d, f, rot, tr)
+    _, vjp = torch.func.vjp(
+        lambda *x: _reference_build(*with_none(x, tensors), plan), *(t for t in tensors if t is not None)
+    )
     return vjp(g)
 
 
-def _tangents(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Zeros for the tangents not given, of the primals that are tensors (a missing pose stays None)."""
-    return tuple(
-        None if p is None else torch.zeros_like(p) if t is None else t for p, t in zip(primals, tangents)
-    )
+def _no_turns(consts: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The constants of a vmapped call: the kept trig array was for the unbatched shapes."""
+    return (consts[0], _NO_TURNS)
 
 
-def _given(values: tuple[Any, ...]) -> tuple[Tensor, ...]:
-    return tuple(v for v in values if v is not None)
+#: ``(B, N)`` bonds, angles, dihedrals, ``(B, F, 3)`` fixed positions and the pose (``(B, S, 3, 3)``
+#: rotations and ``(B, S, 3)`` translations, or None), then the plan and the kept trig array ->
+#: ``(B, N, 3)``; its backward is `FUSED_VJP`.
+FUSED_BUILD = KernelOp(
+    "FusedBuild",
+    kernel=_forward_kernel,
+    reference=_reference_build,
+    consts=2,
+    vjp=lambda primals, grads, plan, turns: with_none(
+        FUSED_VJP.apply(*primals, *grads, plan, turns), primals
+    ),
+    vmap=fold(_no_turns),
+    module=__name__,
+    doc="The fused forward kernel (`FUSED_BUILD`).",
+)
 
-
-def _dense(values: tuple[Any, ...]) -> tuple[Tensor, ...]:
-    """The given values, each in its own memory: ``torch.func.jvp`` cannot make a dual tensor of an
-    expanded view (a broadcast input)."""
-    return tuple(v.contiguous() for v in values if v is not None)
-
-
-def _with_none(values: tuple[Any, ...], like: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``values`` (one per non-None entry of ``like``) placed back among ``like``'s Nones."""
-    it = iter(values)
-    return tuple(None if x is None else next(it) for x in like)
-
-
-class FusedBuild(Function):
-    """``(B, N)`` bonds, angles, dihedrals, ``(B, F, 3)`` fixed positions and the pose (``(B, S, 3, 3)``
-    rotations and ``(B, S, 3)`` translations, or None) -> ``(B, N, 3)``."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        b: Tensor, a: Tensor, d: Tensor, f: Tensor, rot: Any, tr: Any, plan: FusedPlan, turns: Turns
-    ) -> Tensor:
-        return _forward_kernel(plan, b, a, d, f, rot, tr, turns)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        *tensors, plan, turns = inputs
-        ctx.posed = tensors[4] is not None
-        save(ctx, *_given(tuple(tensors)))
-        ctx.plan, ctx.turns = plan, turns
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        grads = FusedVJP.apply(*_saved(ctx), g, ctx.plan, ctx.turns)
-        return (*grads, *(() if ctx.posed else (None, None)), None, None)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> Tensor:
-        primals = _saved(ctx)
-        tangents = _tangents(primals, tangents[:6])
-        return jvp(
-            lambda *x: _reference_build(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
-        )
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
-        *tensors, plan, _ = args  # the kept turns are for the unbatched shapes: made anew
-        size = info.batch_size
-        front = (_front(x, dim, size) for x, dim in zip(tensors, in_dims[:6]))
-        out = FusedBuild.apply(*front, plan, _NO_TURNS)
-        return out.reshape(size, out.shape[0] // size, *out.shape[1:]), 0
-
-
-def _saved(ctx: Any) -> tuple[Any, ...]:
-    """The saved ``(b, a, d, f, rot, tr)`` (the pose None where none was given)."""
-    saved = ctx.saved_tensors
-    return tuple(saved) if ctx.posed else (*saved[:4], None, None, *saved[4:])
-
-
-class FusedVJP(Function):
-    """The fused backward kernel: input gradients of ``sum(g * FusedBuild(...))`` (of ``b, a, d, f`` and,
-    where given, of the pose); differentiable."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        b: Tensor,
-        a: Tensor,
-        d: Tensor,
-        f: Tensor,
-        rot: Any,
-        tr: Any,
-        g: Tensor,
-        plan: FusedPlan,
-        turns: Turns,
-    ) -> tuple[Tensor, ...]:
-        return _backward_kernel(plan, b, a, d, f, rot, tr, g, turns)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        *tensors, plan, _ = inputs
-        ctx.posed = tensors[4] is not None
-        save(ctx, *_given(tuple(tensors)))
-        ctx.plan = plan
-
-    @staticmethod
-    def backward(ctx: Any, *gg: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        primals = _saved(ctx)
-        _, vjp = torch.func.vjp(
-            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), *_given(primals)
-        )
-        return (*_with_none(vjp(tuple(gg)), primals), None, None)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:
-        primals = _saved(ctx)
-        tangents = _tangents(primals, tangents[:7])
-        return jvp(
-            lambda *x: _reference_vjp(ctx.plan, *_with_none(x, primals)), _dense(primals), _dense(tangents)
-        )
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any):  # type: ignore[no-untyped-def]
-        *tensors, plan, _ = args
-        size = info.batch_size
-        out = FusedVJP.apply(*(_front(x, dim, size) for x, dim in zip(tensors, in_dims[:7])), plan, _NO_TURNS)
-        return tuple(o.reshape(size, o.shape[0] // size, *o.shape[1:]) for o in out), (0,) * len(out)
+#: The fused backward kernel: ``(b, a, d, f, rot, tr, g, plan, turns)`` -> the input gradients of
+#: ``sum(g * FusedBuild(...))`` (of ``b, a, d, f`` and, where given, of the pose); its own
+#: derivatives are the reference's graph.
+FUSED_VJP = KernelOp(
+    "FusedVJP",
+    kernel=_backward_kernel,
+    reference=_reference_vjp,
+    consts=2,
+    vmap=fold(_no_turns),
+    module=__name__,
+    doc="The fused backward kernel (`FUSED_VJP`).",
+)
+FusedBuild, FusedVJP = FUSED_BUILD.function, FUSED_VJP.function
 
 
 # ------------------------------------------------------------------- builder
@@ -540,13 +472,15 @@ def build_fused(
     if pose is not None:
         s = plan.topology.seed_root.size
         rot, tr = pose[0].reshape(m, s, 3, 3), pose[1].reshape(m, s, 3)
-    if gate.plain(b, a, d, f, *_given((rot, tr))):  # else the Function serves grad and transforms
+    if gate.plain(
+        b, a, d, f, *(() if rot is None else (rot, tr))
+    ):  # else the Function serves grad and transforms
         if triton:
-            return _forward_kernel(plan, b, a, d, f, rot, tr).reshape(*batch, n, 3)
+            return _forward_kernel(b, a, d, f, rot, tr, plan).reshape(*batch, n, 3)
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
             turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
-            return _forward_kernel(plan, b, a, d, f, rot, tr, turns).reshape(*batch, n, 3)
-    return FusedBuild.apply(b, a, d, f, rot, tr, plan, _turns(plan, a, d)).reshape(*batch, n, 3)
+            return _forward_kernel(b, a, d, f, rot, tr, plan, turns).reshape(*batch, n, 3)
+    return FUSED_BUILD.apply(b, a, d, f, rot, tr, plan, _turns(plan, a, d)).reshape(*batch, n, 3)
 
 
 def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:

@@ -41,7 +41,7 @@ from torch import Tensor
 from ..._geometry import batch_shape
 from ...runtime.torch_compat import forward_mode_levels
 from .. import backends
-from ..function import Function, jvp, save
+from ..function import KernelOp, lead
 from ..gpu_policy import guarded
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
@@ -49,6 +49,9 @@ from . import workspace
 
 __all__ = [
     "CALLS",
+    "FUSED_INTERNAL",
+    "FUSED_INTERNAL_SECOND",
+    "FUSED_INTERNAL_VJP",
     "FusedInternal",
     "FusedInternalSecond",
     "FusedInternalVJP",
@@ -176,7 +179,7 @@ def internal_from_xyz(plan: InversePlan, xyz: Tensor, fallback: bool = False) ->
     """
     if fallback:
         plan = _FallbackPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
-    return InternalCoordinates(*FusedInternal.apply(xyz, plan))
+    return InternalCoordinates(*FUSED_INTERNAL.apply(xyz, plan))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +202,7 @@ def _flat(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.
     return full.reshape(math.prod(lead), *tail).contiguous().numpy()
 
 
-def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["forward"] += 1
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
     gpu = _triton(xyz)
@@ -209,7 +212,7 @@ def _forward(plan: InversePlan, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
             x.device.type,
             isinstance(plan, _FallbackPlan),
             lambda: gpu.internal_forward(plan.refs, _has(plan), x),
-            lambda: _ref(plan, x),
+            lambda: _ref(x, plan),
         )
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
@@ -227,7 +230,7 @@ def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
     return tuple(batch_shape(xyz.shape[:-2], *(g.shape[:-1] for g in per_atom)))
 
 
-def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
+def _vjp(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:
     CALLS["vjp"] += 1
     lead, n, dt = _lead(xyz, gb, ga, gd), xyz.shape[-2], xyz.dtype
     gpu = _triton(xyz)
@@ -239,7 +242,7 @@ def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> 
             x.device.type,
             isinstance(plan, _FallbackPlan),
             lambda: gpu.internal_vjp(plan.refs, _has(plan), x, *g),
-            lambda: _ref_vjp(plan, x, *g),
+            lambda: _ref_vjp(x, *g, plan),
         )
         return out.reshape(*lead, n, 3)
     out = torch.empty(math.prod(lead), n, 3, dtype=dt)
@@ -249,11 +252,11 @@ def _vjp(plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> 
 
 
 def _second(
-    plan: InversePlan, xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor
+    xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor, plan: InversePlan
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     CALLS["second"] += 1
     if _triton(xyz) is not None:  # no Triton kernel for the second order: the torch engine's graph
-        outs = _ref_second(plan, xyz.detach(), gb.detach(), ga.detach(), gd.detach(), v.detach())
+        outs = _ref_second(xyz.detach(), gb.detach(), ga.detach(), gd.detach(), v.detach(), plan)
         return tuple(_sum_to(o, t) for o, t in zip(outs, (xyz, gb, ga, gd)))  # type: ignore[return-value]
     lead = tuple(batch_shape(_lead(xyz, gb, ga, gd), v.shape[:-2]))
     n, dt, b = xyz.shape[-2], xyz.dtype, math.prod(lead)
@@ -275,135 +278,71 @@ def _sum_to(t: Tensor, like: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 
 
-def _ref(plan: InversePlan, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _ref(x: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch_internal_from_xyz(plan, x))  # type: ignore[return-value]
 
 
-def _ref_vjp(plan: InversePlan, x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor) -> Tensor:
+def _ref_vjp(x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:
     lead, n = _lead(x, gb, ga, gd), x.shape[-2]
-    _, pull = torch.func.vjp(lambda y: _ref(plan, y), x.expand(*lead, n, 3))
+    _, pull = torch.func.vjp(lambda y: _ref(y, plan), x.expand(*lead, n, 3))
     return pull(tuple(g.expand(*lead, n) for g in (gb, ga, gd)))[0]
 
 
 def _ref_second(
-    plan: InversePlan, x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor
+    x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor, plan: InversePlan
 ) -> tuple[Tensor, ...]:
-    _, pull = torch.func.vjp(lambda *a: _ref_vjp(plan, *a), x, gb, ga, gd)
+    _, pull = torch.func.vjp(lambda *a: _ref_vjp(*a, plan), x, gb, ga, gd)
     return pull(v)
 
 
-def _ref_jvp(fn: Any, primals: tuple[Tensor, ...], tangents: tuple[Tensor | None, ...]) -> Any:
-    """Forward mode of ``fn`` (torch engine) at ``primals``; missing tangents are zero."""
-    p = tuple(x.contiguous() for x in primals)  # dual tensors need their own memory (no expanded views)
-    t = tuple(torch.zeros_like(x) if dx is None else dx.contiguous() for x, dx in zip(p, tangents))
-    return jvp(fn, p, t)
-
-
-def _batched(info: Any, in_dims: tuple[int | None, ...], *args: Tensor) -> list[Tensor]:
-    """vmapped dims moved to the front; unbatched tensors expanded to the vmap size."""
-    return [
-        a.movedim(d, 0) if d is not None else a.expand(info.batch_size, *a.shape)
-        for a, d in zip(args, in_dims)
-    ]
-
-
 # --------------------------------------------------------------------------
-# The Functions
+# The ops
 # --------------------------------------------------------------------------
 
 
-class FusedInternal(Function):
-    """``(xyz, plan) -> (bonds, angles, dihedrals)`` with the forward kernel."""
-
-    @staticmethod
-    def forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
-        return _forward(plan, xyz)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        xyz, plan = inputs
-        ctx.plan = plan
-        save(ctx, xyz)
-
-    @staticmethod
-    def backward(ctx: Any, gb: Tensor, ga: Tensor, gd: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        (xyz,) = ctx.saved_tensors
-        return _sum_to(FusedInternalVJP.apply(xyz, gb, ga, gd, ctx.plan), xyz), None
-
-    @staticmethod
-    def jvp(ctx: Any, t_xyz: Tensor, _t_plan: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
-        (xyz,) = ctx.saved_tensors
-        zero = xyz.new_zeros(()).expand(xyz.shape[:-1])
-        return FusedInternalSecond.apply(xyz, zero, zero, zero, t_xyz, ctx.plan)[1:]  # J t, a kernel
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], xyz: Tensor, plan: InversePlan) -> Any:  # type: ignore[override]
-        (x,) = _batched(info, in_dims[:1], xyz)
-        return FusedInternal.apply(x, plan), (0, 0, 0)
+def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: InversePlan) -> Any:
+    """``J t`` of `FUSED_INTERNAL`: the second-order kernel's second output, with ``g = 0``."""
+    (xyz,), (t,) = primals, tangents
+    zero = xyz.new_zeros(()).expand(xyz.shape[:-1])
+    return FUSED_INTERNAL_SECOND.apply(xyz, zero, zero, zero, t, plan)[1:]
 
 
-class FusedInternalVJP(Function):
-    """``(xyz, gb, ga, gd, plan) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel."""
+#: ``(xyz, plan) -> (bonds, angles, dihedrals)`` with the forward kernel; its backward is
+#: `FUSED_INTERNAL_VJP`, its forward mode the second-order kernel's ``J t``.
+FUSED_INTERNAL = KernelOp(
+    "FusedInternal",
+    kernel=_forward,
+    reference=_ref,
+    vjp=lambda primals, grads, plan: (_sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan), primals[0]),),
+    jvp=_internal_jvp,
+    vmap=lead,
+    module=__name__,
+    doc="The fused inverse's forward kernel (`FUSED_INTERNAL`).",
+)
 
-    @staticmethod
-    def forward(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:  # type: ignore[override]
-        return _vjp(plan, xyz, gb, ga, gd)
+#: ``(xyz, gb, ga, gd, plan) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel; its backward is
+#: `FUSED_INTERNAL_SECOND`.
+FUSED_INTERNAL_VJP = KernelOp(
+    "FusedInternalVJP",
+    kernel=_vjp,
+    reference=_ref_vjp,
+    vjp=lambda primals, grads, plan: FUSED_INTERNAL_SECOND.apply(*primals, *grads, plan),
+    vmap=lead,
+    module=__name__,
+    doc="The fused inverse's vjp kernel (`FUSED_INTERNAL_VJP`).",
+)
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        *tensors, plan = inputs
-        ctx.plan = plan
-        save(ctx, *tensors)
-
-    @staticmethod
-    def backward(ctx: Any, v: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        ins = ctx.saved_tensors
-        return (*FusedInternalSecond.apply(*ins, v, ctx.plan), None)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> Tensor:  # type: ignore[override]
-        ins = ctx.saved_tensors
-        fn = lambda *a: _ref_vjp(ctx.plan, *a)  # noqa: E731
-        return _ref_jvp(fn, tuple(ins), tangents[:4])
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:  # type: ignore[override]
-        *tensors, plan = args
-        return FusedInternalVJP.apply(*_batched(info, in_dims[:4], *tensors), plan), 0
-
-
-class FusedInternalSecond(Function):
-    """``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``: the backward of `FusedInternalVJP`.
-
-    Outputs ``(..., N, 3)`` (cotangent of ``xyz``) and three ``(..., N)`` (of ``gb, ga, gd``).
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, v: Tensor, plan: InversePlan
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return _second(plan, xyz, gb, ga, gd, v)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        *tensors, plan = inputs
-        ctx.plan = plan
-        save(ctx, *tensors)
-
-    @staticmethod
-    def backward(ctx: Any, *cot: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        ins = ctx.saved_tensors
-        outs, pull = torch.func.vjp(lambda *a: _ref_second(ctx.plan, *a), *ins)
-        grads = pull(tuple(cot))
-        return (*(_sum_to(g, i) for g, i in zip(grads, ins)), None)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor, ...]:  # type: ignore[override]
-        ins = ctx.saved_tensors
-        fn = lambda *a: _ref_second(ctx.plan, *a)  # noqa: E731
-        return _ref_jvp(fn, tuple(ins), tangents[:5])
-
-    @staticmethod
-    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:  # type: ignore[override]
-        *tensors, plan = args
-        return FusedInternalSecond.apply(*_batched(info, in_dims[:5], *tensors), plan), (0, 0, 0, 0)
+#: ``(xyz, gb, ga, gd, v, plan) -> (sum_k g_k H_k v, J v)``, outputs ``(..., N, 3)`` (cotangent of
+#: ``xyz``) and three ``(..., N)`` (of ``gb, ga, gd``): the backward of `FUSED_INTERNAL_VJP`; its
+#: own derivatives are the torch engine's graph.
+FUSED_INTERNAL_SECOND = KernelOp(
+    "FusedInternalSecond",
+    kernel=_second,
+    reference=_ref_second,
+    vmap=lead,
+    module=__name__,
+    doc="The fused inverse's second-order kernel (`FUSED_INTERNAL_SECOND`).",
+)
+FusedInternal = FUSED_INTERNAL.function
+FusedInternalVJP = FUSED_INTERNAL_VJP.function
+FusedInternalSecond = FUSED_INTERNAL_SECOND.function

@@ -12,10 +12,10 @@ them), and the ``source`` split into the template rows and the rows that read a
 value. A call is one gather of the values (numpy for small calls, torch for large
 ones), the ``cos``/``sin`` loop and the build kernel (`cpu`).
 
-Derivatives: `TorsionFn` runs the forward kernel and, for a first-order
-backward, the backward kernel, whose dihedral gradients it reads back into the
-values' columns (each value feeds at most one row: a gather, not a scatter).
-Under ``create_graph=True`` its backward goes through `build.FusedVJP`
+Derivatives: `TORSION_BUILD` (a `KernelOp`; its node `TorsionFn`) runs the forward
+kernel and, for a first-order backward, the backward kernel, whose dihedral
+gradients it reads back into the values' columns (each value feeds at most one row: a gather, not a scatter).
+Under ``create_graph=True`` its backward goes through `build.FUSED_VJP`
 on the torch gather of the values, which is differentiable to any order.
 Forward mode, ``torch.func`` transforms and ``torch.compile`` never take this
 path: `serves` says no and the caller takes the general one.
@@ -38,11 +38,11 @@ from torch import Tensor
 from ...runtime import gate
 from ...runtime.state import LOCK, register_pool
 from ..backends import available, require
-from ..function import Function
+from ..function import KernelOp
 from . import workspace
-from .build import FusedPlan, FusedVJP, Turns, _identity_rows
+from .build import FUSED_VJP, FusedPlan, Turns, _identity_rows
 
-__all__ = ["KEPT_BYTES", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
+__all__ = ["KEPT_BYTES", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
 #: Bytes of broadcast bonds, angles and template arrays kept over all :class:`TorsionBuild` objects (least
 #: recently used dropped first); a call needing more than a quarter of it makes its own.
@@ -288,7 +288,7 @@ class TorsionBuild:
             d = self.dihedrals(parts, m, scratch)
             angles = self.arrays(dtype, m)[1]
             if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
-                out = TorsionFn.apply(self, Turns.kept(owner, angles, d), *parts)
+                out = TORSION_BUILD.apply(*parts, self, Turns.kept(owner, angles, d))
             else:
                 with workspace.borrowed(owner, 4 * m * self.n_out) as buf:
                     out = torch.from_numpy(self.forward(dtype, require("cpu").trig(angles, d, buf)))
@@ -371,42 +371,47 @@ def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
     return out
 
 
-class TorsionFn(Function):
-    """``parts`` -> ``(m, n_out, 3)`` positions of a `TorsionBuild`, from the values' trig array
-    (``turns``, made by the caller); the backward kernel for a first-order backward,
-    `build.FusedVJP` (differentiable, on the table's own layout) under ``create_graph=True``."""
+def _torsion_kernel(*args: Any) -> Tensor:
+    """``(*parts, tb, turns)`` -> ``(m, n_out, 3)``: the forward kernel on the kept trig array."""
+    *parts, tb, turns = args
+    return torch.from_numpy(tb.forward(np.dtype(_NP[parts[0].dtype]), turns.cs))
 
-    @staticmethod
-    def forward(tb: TorsionBuild, turns: Turns, *parts: Tensor) -> Tensor:  # type: ignore[override]
-        return torch.from_numpy(tb.forward(np.dtype(_NP[parts[0].dtype]), turns.cs))
 
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        tb, turns, *parts = inputs
-        ctx.save_for_backward(*parts)
-        ctx.tb, ctx.turns = tb, turns
+def _torsion_vjp(
+    parts: tuple[Tensor, ...], grads: tuple[Tensor], tb: TorsionBuild, turns: Turns
+) -> list[Tensor]:
+    """Gradients of the values ``parts``: the backward kernel for a first-order backward, else (under
+    ``create_graph=True``) the torch gather of the values and `build.FUSED_VJP`, both differentiable."""
+    (g,) = grads
+    dtype = parts[0].dtype
+    if not torch.is_grad_enabled():
+        return _split(tb.backward(turns.cs, g, np.dtype(_NP[dtype])), parts)
+    bonds, angles, template, source, slots, rows, atoms = tb.torch_inputs(dtype)
+    m, n = turns.cs.shape[1], tb.n_atoms
+    values = torch.cat([x.reshape(m, -1) for x in parts], dim=-1)
+    d = torch.cat([template.expand(m, n), values], dim=-1).index_select(-1, source)
+    b, a = bonds.expand(m, n).contiguous(), angles.expand(m, n).contiguous()
+    f = values.new_zeros((m, 0, 3))
+    g = g.reshape(m, tb.n_out, 3).to(dtype)
+    if atoms is not None:  # the kept trig array is of the output layout: the table's is made anew
+        g, turns = g.index_select(1, atoms), Turns(None)
+    gd = FUSED_VJP.apply(b, a, d, f, None, None, g, tb.plan, turns)[2]
+    gv = gd.new_zeros((m, tb.n_values)).index_copy(-1, slots, gd.index_select(-1, rows))
+    return _split(gv, parts)
 
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        parts = ctx.saved_tensors
-        tb: TorsionBuild = ctx.tb
-        dtype = parts[0].dtype
-        if not torch.is_grad_enabled():
-            return (None, None, *_split(tb.backward(ctx.turns.cs, g, np.dtype(_NP[dtype])), parts))
-        # create_graph: the gather in torch and the fused VJP, both differentiable
-        bonds, angles, template, source, slots, rows, atoms = tb.torch_inputs(dtype)
-        m, n = ctx.turns.cs.shape[1], tb.n_atoms
-        values = torch.cat([x.reshape(m, -1) for x in parts], dim=-1)
-        d = torch.cat([template.expand(m, n), values], dim=-1).index_select(-1, source)
-        b, a = bonds.expand(m, n).contiguous(), angles.expand(m, n).contiguous()
-        f = values.new_zeros((m, 0, 3))
-        g = g.reshape(m, tb.n_out, 3).to(dtype)
-        turns = ctx.turns
-        if atoms is not None:  # the kept trig array is of the output layout: the table's is made anew
-            g, turns = g.index_select(1, atoms), Turns(None)
-        gd = FusedVJP.apply(b, a, d, f, None, None, g, tb.plan, turns)[2]
-        gv = gd.new_zeros((m, tb.n_values)).index_copy(-1, slots, gd.index_select(-1, rows))
-        return (None, None, *_split(gv, parts))
+
+#: ``(*parts, tb, turns)`` -> ``(m, n_out, 3)`` positions of a `TorsionBuild` from the values' trig
+#: array (``turns``, made by the caller). No reference: forward mode and ``torch.func`` never take
+#: this path (`serves`).
+TORSION_BUILD = KernelOp(
+    "TorsionFn",
+    kernel=_torsion_kernel,
+    consts=2,
+    vjp=_torsion_vjp,
+    module=__name__,
+    doc="The bound torsion build (`TORSION_BUILD`).",
+)
+TorsionFn = TORSION_BUILD.function
 
 
 _NP = {torch.float32: np.float32, torch.float64: np.float64}
