@@ -1,0 +1,121 @@
+"""`KernelOp` and `linear_pair`: the Function made from a declaration gives the reference's values and
+derivatives to every order, forward mode and ``vmap`` (both rules), with inputs not given (None)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.func import jacfwd, jacrev, vmap
+
+from batched_nerf.engines.function import KernelOp, fold, lead, linear_pair
+
+F64 = torch.float64
+CALLS: list[str] = []
+
+
+def _kernel(x: torch.Tensor, w: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """A "compiled" kernel: numpy on plain arrays (no graph), ``scale * sin(x) * w`` (w = 1 without)."""
+    CALLS.append("kernel")
+    out = np.sin(x.detach().numpy()) * scale
+    if w is not None:
+        out = out * w.detach().numpy()
+    return torch.from_numpy(out)
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor | None, scale: float) -> torch.Tensor:
+    return scale * torch.sin(x) * (1.0 if w is None else w)
+
+
+def _op(vmap_rule):  # type: ignore[no-untyped-def]
+    return KernelOp(
+        "SinTimes", kernel=_kernel, reference=_reference, vmap=vmap_rule, module=__name__, doc="test"
+    )
+
+
+FOLD, LEAD = _op(fold()), _op(lead)
+
+
+@pytest.mark.parametrize("op", [FOLD, LEAD], ids=["fold", "lead"])
+@pytest.mark.parametrize("given", [True, False], ids=["w", "no-w"])
+def test_a_kernel_op_has_the_references_values_and_derivatives(op: KernelOp, given: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, generator=g, dtype=F64, requires_grad=True)
+    w = torch.randn(3, 4, generator=g, dtype=F64, requires_grad=True) if given else None
+    CALLS.clear()
+    got = op.apply(x, w, 2.0)
+    assert CALLS == ["kernel"] and type(got.grad_fn).__name__ == "SinTimesBackward"
+    torch.testing.assert_close(got, _reference(x, w, 2.0), rtol=0, atol=1e-15)
+    inputs = (x,) if w is None else (x, w)
+
+    def f(*t: torch.Tensor) -> torch.Tensor:
+        return op.apply(t[0], t[1] if len(t) > 1 else None, 2.0)
+
+    assert torch.autograd.gradcheck(f, inputs, check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(f, inputs)
+    plain = tuple(t.detach() for t in inputs)
+    ref = jacrev(lambda *t: _reference(t[0], t[1] if len(t) > 1 else None, 2.0))(*plain)
+    for jac in (jacrev, jacfwd):
+        torch.testing.assert_close(jac(f)(*plain), ref)
+
+
+@pytest.mark.parametrize("op", [FOLD, LEAD], ids=["fold", "lead"])
+def test_a_kernel_op_vmaps_over_any_input(op: KernelOp) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(5, 3, 4, generator=g, dtype=F64), torch.randn(3, 4, generator=g, dtype=F64)
+    CALLS.clear()
+    got = vmap(lambda t: op.apply(t, w, 0.5))(x)  # w unbatched: expanded by the rule
+    assert "kernel" in CALLS
+    torch.testing.assert_close(got, _reference(x, w, 0.5))
+    got = vmap(lambda t: op.apply(x[0], t, 0.5), in_dims=1)(x.movedim(0, 1))
+    torch.testing.assert_close(got, _reference(x[0], x, 0.5))
+
+
+def test_a_declared_vjp_is_the_backward_and_the_reference_the_rest() -> None:
+    seen: list[str] = []
+
+    def vjp(primals, grads, scale):  # type: ignore[no-untyped-def]
+        seen.append("vjp")
+        x, w = primals
+        return (grads[0] * scale * torch.cos(x) * (1.0 if w is None else w), None if w is None else grads[0])
+
+    op = KernelOp("Declared", kernel=_kernel, reference=_reference, vjp=vjp, module=__name__, doc="test")
+    x = torch.randn(4, dtype=F64, requires_grad=True)
+    (gx,) = torch.autograd.grad(op.apply(x, None, 3.0).sum(), x, create_graph=True)
+    assert seen == ["vjp"]
+    torch.testing.assert_close(gx, 3.0 * torch.cos(x))
+    (ggx,) = torch.autograd.grad(gx.sum(), x)  # the declared vjp is torch: differentiable again
+    torch.testing.assert_close(ggx, -3.0 * torch.sin(x))
+
+
+def test_an_op_without_a_reference_has_no_forward_mode() -> None:
+    op = KernelOp("NoReference", kernel=_kernel, module=__name__, doc="test")
+    x = torch.randn(4, dtype=F64)
+    with pytest.raises(RuntimeError, match="jvp"):
+        torch.func.jvp(lambda t: op.apply(t, None, 1.0), (x,), (torch.ones_like(x),))
+
+
+def _take(x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    return x.index_select(-1, index)
+
+
+def _put(g: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    return g.new_zeros((*g.shape[:-1], n)).index_copy(-1, index, g)
+
+
+TAKE, PUT = linear_pair(("Take", "Put"), _take, _put, module=__name__)
+
+
+def test_a_linear_pair_is_each_others_backward_to_every_order() -> None:
+    index = torch.tensor([3, 0, 2])
+    x = torch.randn(2, 5, dtype=F64, requires_grad=True)
+    y = torch.randn(2, 3, dtype=F64, requires_grad=True)
+    for fn, t in ((lambda v: TAKE.apply(v, index, 5), x), (lambda v: PUT.apply(v, index, 5), y)):
+        assert torch.autograd.gradcheck(fn, (t,), check_forward_ad=True)
+        assert torch.autograd.gradgradcheck(fn, (t,))
+    (gx,) = torch.autograd.grad((TAKE.apply(x, index, 5) * y).sum(), x, create_graph=True)
+    assert type(gx.grad_fn).__name__ == "PutBackward"  # the adjoint of y, recorded
+    torch.testing.assert_close(gx, _put(y, index, 5))
+    # <A x, y> == <x, A^T y>
+    torch.testing.assert_close((TAKE.apply(x, index, 5) * y).sum(), (x * PUT.apply(y, index, 5)).sum())
+    torch.testing.assert_close(vmap(lambda v: TAKE.apply(v, index, 5))(x), x[:, index])
