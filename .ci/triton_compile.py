@@ -64,6 +64,7 @@ def _record(dtype_name: str) -> list[dict[str, Any]]:
     import torch
 
     import batched_nerf as bn
+    from batched_nerf.engines.fused.build import fused_plan
     from batched_nerf.engines.fused.cuda import build as ft
     from batched_nerf.engines.fused.cuda import inverse as inv
 
@@ -86,8 +87,9 @@ def _record(dtype_name: str) -> list[dict[str, Any]]:
     saved = ft.launch, inv.launch
     ft.launch = inv.launch = record  # type: ignore[assignment]
     try:
-        ft.forward(table.topology, b, a, d, f, accumulate=dtype)
-        ft.backward(table.topology, b, a, d, f, torch.ones(batch, n, 3, dtype=dtype), accumulate=dtype)
+        plan = fused_plan(table.topology)
+        ft.forward(plan, b, a, d, f, accumulate=dtype)
+        ft.backward(plan, b, a, d, f, torch.ones(batch, n, 3, dtype=dtype), accumulate=dtype)
         inv.internal_forward(refs, has, xyz)
         inv.internal_vjp(refs, has, xyz, b, a, d)
     finally:

@@ -60,14 +60,15 @@ def _stats(x: torch.Tensor, ref: np.ndarray) -> dict[str, float]:
 
 def measure(name: str, refs: np.ndarray, samples: int, device: str) -> dict[str, Any]:
     """Errors of each build of ``samples`` float32 conformers of ``refs`` against the float64 reference."""
-    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan
+    from batched_nerf.engines.fused.build import fused_plan
+    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build
 
     table = bn.ConstructionTable(refs)
     b, a, d = make_inputs(table.n_atoms, samples, torch.float32, 0, device)
     ref = np.stack(
         [reference_xyz(*(t[k].double().cpu().numpy() for t in (b, a, d)), refs) for k in range(samples)]
     )
-    plan = triton_plan(table.topology).to(torch.device(device))
+    plan = device_rows(fused_plan(table.topology), device)
     row: dict[str, Any] = {"table": name, "n_atoms": table.n_atoms, "samples": samples}
     for label, acc in (("fused, float64 accumulation", torch.float64), ("fused, float32", torch.float32)):
         t0 = time.perf_counter()

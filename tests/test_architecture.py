@@ -76,7 +76,8 @@ LAYERS: list[tuple[str, ...]] = [
 #: Layers inside ``batched_nerf.engines``, bottom first: compiled loops, then what plans and
 #: launches them, then the engines, then the registry.
 ENGINE_LAYERS: list[tuple[str, ...]] = [
-    # the CPU kernels (numba loops), by their own imports
+    # the fused plan's row layout (every backend reads it), then the CPU kernels (numba loops)
+    ("batched_nerf.engines.fused.rows",),
     (
         "batched_nerf.engines.fused.cpu.trig",
         "batched_nerf.engines.fused.cpu.samples",

@@ -65,6 +65,7 @@ def anew(packed: bn.ConstructionTable) -> bn.ConstructionTable:
 def same_plan_arrays(got, want) -> None:
     np.testing.assert_array_equal(got.index, want.index)
     np.testing.assert_array_equal(got.starts, want.starts)
+    np.testing.assert_array_equal(got.runs, want.runs)
     assert (got.width, got.reach) == (want.width, want.reach)
 
 

@@ -12,6 +12,7 @@ pytest.importorskip(
     minversion="3.0",
     reason="the Triton kernels need triton >= 3 (its interpreter runs them on the CPU)",
 )
+from batched_nerf.engines.fused.build import fused_plan  # noqa: E402
 from batched_nerf.engines.fused.cuda import inverse as kern  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,7 +124,7 @@ def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed:
 
 @pytest.mark.parametrize("name", list(_build_tables()))
 def test_build_and_vjp_match_levels(name: str) -> None:
-    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan, triton_vjp
+    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build, triton_vjp
 
     table = _build_tables()[name]
     bonds, angles, dihedrals, fixed = _internal(table, 3, torch.float64)
@@ -131,7 +132,7 @@ def test_build_and_vjp_match_levels(name: str) -> None:
     want = bn.to_cartesian(bonds, angles, dihedrals, table, fixed_xyz=fixed, method="levels")
     cot = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     grads = torch.autograd.grad(want, inputs, cot)
-    plan = triton_plan(table.topology).to(torch.device(DEVICE))
+    plan = device_rows(fused_plan(table.topology), DEVICE)  # the CPU kernels' plan, on the device
     xyz, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True)
     torch.testing.assert_close(xyz, want.detach(), atol=1e-12, rtol=0)
     got = triton_vjp(plan, saved, bonds, angles, cot, table.n_fixed)
@@ -141,7 +142,7 @@ def test_build_and_vjp_match_levels(name: str) -> None:
 
 def test_build_degenerate_inputs_match_scan() -> None:
     """Zero bonds and angles of 0, pi and beyond pi continue along the frames like the scan engine."""
-    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan
+    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build
 
     table = bn.ConstructionTable.chain(10)
     bonds, angles, dihedrals, _ = _internal(table, 4, torch.float64)
@@ -150,17 +151,17 @@ def test_build_degenerate_inputs_match_scan() -> None:
     angles[:, 6] = 0.0
     angles[:, 7] = 4.0
     want = bn.to_cartesian(bonds, angles, dihedrals, table, method="scan")
-    got = triton_build(triton_plan(table.topology), bonds, angles, dihedrals, None)
+    got = triton_build(device_rows(fused_plan(table.topology), DEVICE), bonds, angles, dihedrals, None)
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
 def test_build_float32_and_nan() -> None:
-    from batched_nerf.engines.fused.cuda.build import triton_build, triton_plan
+    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build
 
     table = bn.data.load("alanine_dipeptide").table
     bonds, angles, dihedrals, _ = _internal(table, 5, torch.float64)
     want = bn.to_cartesian(bonds, angles, dihedrals, table, method="levels")
-    plan = triton_plan(table.topology)
+    plan = device_rows(fused_plan(table.topology), DEVICE)
     got = triton_build(plan, bonds.float(), angles.float(), dihedrals.float(), None)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=0)

@@ -98,5 +98,5 @@ def test_the_rows_a_plan_keeps_are_not_counted() -> None:
     _build(table)
     plan = table.plan("fused")
     assert set(table._state.plans) == {("fused", 1, torch.device("cpu"))}
-    assert table.cache_info()["plan_bytes"] == plan.index.nbytes + plan.starts.nbytes
+    assert table.cache_info()["plan_bytes"] == plan.index.nbytes + plan.starts.nbytes + plan.runs.nbytes
     assert state.nbytes(table.topology) > 0  # what was counted before

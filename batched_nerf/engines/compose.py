@@ -137,6 +137,7 @@ def _composed(parts: Sequence[FusedPlan], topo: Topology, placed: np.ndarray | N
     return FusedPlan(
         index=_composed_index(parts, atom_off, placed),
         starts=starts,
+        runs=np.concatenate([[0], *(off + p.runs[1:] for off, p in zip(atom_off, parts))]).astype(np.int64),
         topology=topo,
         width=width,
         reach=max((p.reach for p in parts), default=0),

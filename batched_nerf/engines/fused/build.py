@@ -16,9 +16,11 @@ in float64 too unless the call asks for float32 (``accumulate_dtype``, see
 falls back to the reference engine with one warning (`gpu_policy`).
 
 Plan (`fused_plan`, vectorised numpy, once per table): a ``(12, N)``
-integer array over the atoms in work order (see ``cpu.samples``' row names:
+integer array over the atoms in work order (fields and codes in `rows`:
 atom, row code, bond/angle/dihedral reference rows, parent row, sibling row,
-flip atom, fixed slot, anchor sign, third-seed flag, pose slot) and the unit boundaries.
+flip atom, fixed slot, anchor sign, third-seed flag, pose slot), the unit
+boundaries (CPU work items) and the component runs (GPU lanes); both backends
+read it.
 
 The CPU kernels read the angles' and dihedrals' ``cos``/``sin`` from `trig`
 (one vectorised float64 loop); the forward's array is kept for the backward
@@ -59,6 +61,7 @@ from ..gpu_policy import guarded
 from ..levels import LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
 from . import pose as fused_pose
+from . import rows as R
 from . import workspace
 from .arrays import numpy_view as _np
 
@@ -80,23 +83,19 @@ UNIT_MIN_ATOMS = 256
 #: ... and a table has at most about this many units (enough to share one sample over the threads).
 UNITS_MAX = 64
 
-# row codes of the kernels (cpu.samples.FIXED ... POSITIONS)
-_FIXED, _ROOT, _SECOND, _ANCHOR, _PARENT, _POSITIONS = range(6)
-
 
 @dataclass(frozen=True)
 class FusedPlan(Movable):
     """Atoms in work order with everything the kernels read.
 
     Attributes:
-        index: ``(12, N)`` ``int64`` (rows named in ``cpu.samples``): atom, row
-            code, bond/angle/dihedral reference row, parent row, sibling row
-            whose ``phi_eff`` is added (``-1``: none), atom whose
-            ``sin(angle) < 0`` adds ``pi`` (``-1``), fixed slot, anchor sign,
-            third-seed flag, pose slot (the seeded component's index in
-            ``topology.seed_root``; ``-1`` in anchored components). Reference
-            rows are positions in this order.
-        starts: ``(U + 1,)`` ``int64`` first row of each work unit.
+        index: ``(12, N)`` ``int64``, one column per atom in work order, its fields and row
+            codes defined in `rows` (atom, row code, bond/angle/dihedral reference row,
+            parent row, sibling row whose ``phi_eff`` is added, atom whose ``sin(angle) < 0``
+            adds ``pi``, fixed slot, anchor sign, third-seed flag, pose slot). Every backend
+            reads this array: numba as it is, Triton as an ``int32`` device copy (`cuda`).
+        starts: ``(U + 1,)`` ``int64`` first row of each work unit (the CPU kernels' work items).
+        runs: ``(C + 1,)`` ``int64`` first row of each component (the Triton kernels' lanes).
         topology: the table's topology (the reference engine's plan is made from it on demand).
         width: atoms of the widest unit (at least 1): the kernels' scratch rows.
         reach: the farthest any row's references lie back (rows; 0 for none): the
@@ -110,6 +109,7 @@ class FusedPlan(Movable):
 
     index: np.ndarray
     starts: np.ndarray
+    runs: np.ndarray
     topology: Topology
     width: int
     reach: int
@@ -176,26 +176,28 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
     kind = np.asarray(topo.kind)
     tree = frame_tree(topo)
     unit = _units(topo)[topo.component] if n else np.zeros(0, dtype=np.int64)
-    atoms = topo.order[np.argsort(unit[topo.order], kind="stable")]
+    # by component (units are runs of consecutive components), in build order inside each
+    component = topo.component[topo.order]
+    atoms = topo.order[np.argsort(component, kind="stable")]
     row = np.empty(n, dtype=np.int64)
     row[atoms] = np.arange(n)
 
     def rows_of(atom_index: np.ndarray) -> np.ndarray:
         return np.where(atom_index >= 0, row[np.maximum(atom_index, 0)], -1)
 
-    code = np.full(n, _ROOT, dtype=np.int64)
-    code[kind == SECOND] = _SECOND
-    code[tree.frame == ANCHOR] = _ANCHOR
-    code[tree.frame == PARENT] = _PARENT
-    code[tree.frame == POSITIONS] = _POSITIONS
-    code[topo.fixed] = _FIXED
+    code = np.full(n, R.ROOT, dtype=np.int64)
+    code[kind == SECOND] = R.SECOND
+    code[tree.frame == ANCHOR] = R.ANCHOR
+    code[tree.frame == PARENT] = R.FROM_PARENT
+    code[tree.frame == POSITIONS] = R.POSITIONS
+    code[topo.fixed] = R.FIXED
     slot = np.full(n, -1, dtype=np.int64)
     slot[topo.fixed] = np.arange(topo.n_fixed)
     # anchor e1 = +e_x when the third seed's bond reference is the second seed atom, else -e_x
     third_of = np.maximum(tree.parent, 0)
     sign = np.where(kind[np.maximum(refs[third_of, 0], 0)] == SECOND, 1, -1)
     sign = np.where(tree.frame == ANCHOR, sign, 0)
-    fields = (
+    fields = (  # in the order of `rows` (ATOM ... POSE)
         np.arange(n),
         code,
         rows_of(refs[:, 0]),
@@ -212,10 +214,12 @@ def fused_plan(topo: Topology, variant: int = 1) -> FusedPlan:
     index = np.ascontiguousarray(np.stack(fields)[:, atoms], dtype=np.int64)
     counts = np.bincount(unit, minlength=int(unit.max(initial=-1)) + 1)
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    rows, refs = np.arange(n), index[2:7]  # the reference rows: bond, angle, dihedral, parent, sibling
+    sizes = np.bincount(topo.component, minlength=topo.n_components)
+    runs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows, refs = np.arange(n), index[R.REF_B : R.PHI_FROM + 1]  # bond, angle, dihedral, parent, sibling
     reach = int((rows - np.where(refs >= 0, refs, rows)).max(initial=0))
     width = int(counts.max(initial=1))
-    return FusedPlan(index=index, starts=starts, topology=topo, width=width, reach=reach)
+    return FusedPlan(index=index, starts=starts, runs=runs, topology=topo, width=width, reach=reach)
 
 
 # ------------------------------------------------------------------ autograd
@@ -293,7 +297,7 @@ def _forward_kernel(
             plan.fallback,
             lambda: _posed(
                 plan,
-                kernels.forward(plan.topology, *_detached(b, a, d, f), accumulate=plan.accumulate),
+                kernels.forward(plan, *_detached(b, a, d, f), accumulate=plan.accumulate),
                 *_detached(rot, tr),
             ),
             lambda: _reference_build(b, a, d, f, rot, tr, plan),
@@ -327,9 +331,7 @@ def _backward_kernel(
             guarded(
                 b.device.type,
                 plan.fallback,
-                lambda: kernels.backward(
-                    plan.topology, *_detached(b, a, d, f), g, accumulate=plan.accumulate
-                ),
+                lambda: kernels.backward(plan, *_detached(b, a, d, f), g, accumulate=plan.accumulate),
                 lambda: _reference_vjp(b, a, d, f, None, None, g, plan),
             )
         )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .samples import (
+from ..rows import (
     ANCHOR,
     ATOM,
     CODE,
@@ -48,11 +48,8 @@ from .samples import (
     SIGN,
     SLOT,
     THIRD,
-    _nerf_adjoint,
-    _nerf_frame,
-    _placement,
-    pose_row,
 )
+from .samples import _nerf_adjoint, _nerf_frame, _placement, pose_row
 
 __all__ = ["LANES", "backward_call", "forward_call", "lanes"]
 

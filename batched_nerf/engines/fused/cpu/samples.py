@@ -1,4 +1,4 @@
-"""Per-sample CPU kernels of the fused engine (numba), and the plan rows every CPU kernel reads.
+"""Per-sample CPU kernels of the fused engine (numba).
 
 A work item is ``(sample, unit)`` -- a unit is a run of whole components in
 build order (`batched_nerf.engines.fused.build.fused_plan`); thread ``t`` of
@@ -15,11 +15,25 @@ import numpy as np
 from numba import njit, prange
 
 from ...._geometry import EPS
-
-# rows of the plan's index array (see fused.FusedPlan.index)
-ATOM, CODE, REF_B, REF_A, REF_D, PARENT, PHI_FROM, FLIP_ON, SLOT, SIGN, THIRD, POSE = range(12)
-# row codes
-FIXED, ROOT, SECOND, ANCHOR, FROM_PARENT, POSITIONS = range(6)
+from ..rows import (  # the plan's fields and row codes (one definition for every backend)
+    ANCHOR,
+    ATOM,
+    CODE,
+    FIXED,
+    FLIP_ON,
+    FROM_PARENT,
+    PARENT,
+    PHI_FROM,
+    POSE,
+    REF_A,
+    REF_B,
+    REF_D,
+    ROOT,
+    SECOND,
+    SIGN,
+    SLOT,
+    THIRD,
+)
 
 
 @njit(cache=True)

@@ -1,9 +1,10 @@
 """Triton kernel of the fused build (GPU backend of ``method="fused"``).
 
 One launch builds every sample: each lane is one ``(component, sample)`` pair and
-walks that component's atoms in build order, keeping each placed atom's position
-and out-frame in a batch-innermost scratch (``(N, 3, B)`` and ``(N, 9, B)``), so
-that consecutive lanes read consecutive memory. Row by row it follows the frame
+walks that component's rows of the fused plan (`batched_nerf.engines.fused.rows`: the
+array the CPU kernels read, as an ``int32`` device copy, `device_rows`), keeping each
+row's position and out-frame in a batch-innermost scratch (``(N, 3, B)`` and
+``(N, 9, B)``, by row), so that consecutive lanes read consecutive memory. Row by row it follows the frame
 convention of ``docs/conventions.md`` (`frame_tree`): a placement frame
 ``M_j`` from the parent's out-frame, a seed's anchor or the reference positions,
 the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
@@ -14,18 +15,14 @@ the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ...._geometry import EPS
-from ....runtime.state import memo
-from ....topology.analysis import FULL, ROOT, SECOND, THIRD, Topology
-from ....topology.frame_tree import ANCHOR, PARENT, frame_tree
-from ...base import Movable
 from ...gpu_policy import launch
+from .. import rows as R
 
 try:  # optional: the CUDA builds of torch ship Triton
     import triton
@@ -34,7 +31,7 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "NUM_WARPS", "TritonPlan", "triton_build", "triton_plan", "triton_vjp"]
+__all__ = ["BLOCK", "NUM_WARPS", "DeviceRows", "device_rows", "triton_build", "triton_vjp"]
 
 #: Warps per program, and lanes per program: one lane per thread. One warp per program spreads
 #: few lanes over the most SMs (4,096 lanes: 128 programs on an H100's 132 SMs); residency is
@@ -44,77 +41,61 @@ BLOCK = 32 * NUM_WARPS
 #: Accumulation dtypes of the scratch (frames, positions): float64 unless asked (``accumulate_dtype``).
 ACCUMULATE = (torch.float64, torch.float32)
 
-# Row modes of the kernel, by how a row is placed.
-M_FIXED, M_ROOT, M_SECOND, M_THIRD, M_ANCHOR, M_PARENT, M_POSITIONS = range(7)
 
+class DeviceRows(NamedTuple):
+    """The fused plan's arrays on a device, as the kernels read them.
 
-@dataclass(frozen=True)
-class TritonPlan(Movable):
-    """Rows in build order, grouped by component; every field ``int32``.
-
-    ``rows`` is ``(10, N)``: atom, mode, bond ref, angle ref, effective dihedral
-    ref, frame parent, sibling whose dihedral is added, atom whose negative
-    sine adds ``pi``, fixed slot, anchor sign (``+1``/``-1``); ``-1`` where unused.
+    ``rows``: ``(12, N)`` ``int32``, the plan's ``index`` (fields of `rows`); ``run_start``,
+    ``run_len``: ``(C,)`` ``int32`` first row and row count of each component (a lane each);
+    ``row_of_atom``, ``atom_of_row``: ``(N,)`` ``int64`` the row that places each atom and
+    its inverse (the scratch is by row, the inputs and outputs by atom).
     """
 
-    rows: Tensor  # (10, N) int32
-    unit_start: Tensor  # (U,) int32 first row of each component
-    unit_len: Tensor  # (U,) int32 rows of each component
-    n_atoms: int
+    rows: Tensor
+    run_start: Tensor
+    run_len: Tensor
+    row_of_atom: Tensor
+    atom_of_row: Tensor
     n_units: int
     max_len: int
 
 
-def triton_plan(topo: Topology) -> TritonPlan:
-    """The kernel's rows for ``topo`` (numpy, vectorised)."""
-    n = topo.n_atoms
-    tree = frame_tree(topo)
-    refs = topo.refs
-    # build order grouped by component (stable: the build order inside each)
-    order = topo.order[np.argsort(topo.component[topo.order], kind="stable")]
-    kind = topo.kind
-    mode = np.full(n, M_POSITIONS, dtype=np.int64)
-    mode[tree.frame == PARENT] = M_PARENT
-    mode[tree.frame == ANCHOR] = M_ANCHOR
-    mode[kind == THIRD] = M_THIRD
-    mode[kind == SECOND] = M_SECOND
-    mode[kind == ROOT] = M_ROOT
-    fixed_slot = np.full(n, -1, dtype=np.int64)
-    fixed_slot[topo.fixed] = np.arange(topo.n_fixed)
-    mode[fixed_slot >= 0] = M_FIXED
-    # anchor sign of a third seed: +1 when its bond reference is the second seed atom
-    third_sign = np.where(kind[np.maximum(refs[:, 0], 0)] == SECOND, 1, -1)
-    anchor_of = np.where(kind == THIRD, np.arange(n), np.where(tree.frame == ANCHOR, tree.parent, 0))
-    sign = np.where((kind == THIRD) | (tree.frame == ANCHOR), third_sign[anchor_of], 1)
-    dref = np.where(kind == FULL, tree.dihedral_ref, -1)
-    rows = np.stack(
-        [
-            np.arange(n),
-            mode,
-            refs[:, 0],
-            refs[:, 1],
-            dref,
-            tree.parent,
-            tree.phi_from,
-            tree.flip_on,
-            fixed_slot,
-            sign,
-        ]
-    )[:, order]
-    comp = topo.component[order]
-    starts = np.flatnonzero(np.r_[True, comp[1:] != comp[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    lens = np.diff(np.r_[starts, n])
-    return TritonPlan(
-        rows=torch.from_numpy(np.ascontiguousarray(rows.astype(np.int32))),
-        unit_start=torch.from_numpy(starts.astype(np.int32)),
-        unit_len=torch.from_numpy(lens.astype(np.int32)),
-        n_atoms=n,
-        n_units=int(starts.size),
-        max_len=int(lens.max()) if lens.size else 0,
-    )
+def device_rows(plan: Any, device: torch.device | str) -> DeviceRows:
+    """`DeviceRows` of a fused plan (`batched_nerf.engines.fused.build.FusedPlan`) on ``device``,
+    made once per plan and device and kept with the plan."""
+    device = torch.device(device)
+    key = ("device_rows", device)
+    made = plan._reference.get(key)
+    if made is None:
+        index = torch.from_numpy(plan.index)
+        runs = torch.from_numpy(plan.runs)
+        made = DeviceRows(
+            rows=index.to(device=device, dtype=torch.int32).contiguous(),
+            run_start=runs[:-1].to(device=device, dtype=torch.int32),
+            run_len=runs.diff().to(device=device, dtype=torch.int32),
+            row_of_atom=torch.argsort(index[R.ATOM]).to(device),
+            atom_of_row=index[R.ATOM].to(device),
+            n_units=int(runs.numel() - 1),
+            max_len=int(runs.diff().max()) if runs.numel() > 1 else 0,
+        )
+        plan._reference[key] = made
+    return made
 
 
 if triton is not None:
+    # the plan's fields and the row code they are measured from (`rows`), as kernel constants
+    _ATOM = tl.constexpr(R.ATOM)
+    _CODE = tl.constexpr(R.CODE)
+    _REF_B = tl.constexpr(R.REF_B)
+    _REF_A = tl.constexpr(R.REF_A)
+    _REF_D = tl.constexpr(R.REF_D)
+    _PARENT = tl.constexpr(R.PARENT)
+    _PHI_FROM = tl.constexpr(R.PHI_FROM)
+    _FLIP_ON = tl.constexpr(R.FLIP_ON)
+    _SLOT = tl.constexpr(R.SLOT)
+    _SIGN = tl.constexpr(R.SIGN)
+    _THIRD = tl.constexpr(R.THIRD)
+    _ANCHOR = tl.constexpr(R.ANCHOR)
 
     @triton.jit
     def _safe_norm(x, y, z):
@@ -132,19 +113,28 @@ if triton is not None:
         return tl.load(ptr + row * width + lane, mask=live, other=0.0)
 
     @triton.jit
-    def _row(rows, n_atoms, k):
-        """Row ``k`` of the plan: atom, mode, references, parent, sibling, flip atom, fixed slot, sign."""
+    def _row(rows, n_rows, k):
+        """Row ``k`` of the plan: atom, mode, bond/angle/dihedral reference rows, parent row,
+        sibling row, flip atom, fixed slot, anchor sign.
+
+        The mode is the row code with the third seed split off ``ANCHOR`` (its dihedral is 0):
+        fixed 0, root 1, second seed 2, third seed 3, anchored 4, from the parent's out-frame 5,
+        from the reference positions 6.
+        """
+        code = tl.load(rows + _CODE * n_rows + k)
+        third = tl.load(rows + _THIRD * n_rows + k)
+        mode = tl.where(third != 0, 3, tl.where(code >= _ANCHOR, code + 1, code))
         return (
-            tl.load(rows + k),
-            tl.load(rows + n_atoms + k),
-            tl.load(rows + 2 * n_atoms + k),
-            tl.load(rows + 3 * n_atoms + k),
-            tl.load(rows + 4 * n_atoms + k),
-            tl.load(rows + 5 * n_atoms + k),
-            tl.load(rows + 6 * n_atoms + k),
-            tl.load(rows + 7 * n_atoms + k),
-            tl.load(rows + 8 * n_atoms + k),
-            tl.load(rows + 9 * n_atoms + k),
+            tl.load(rows + _ATOM * n_rows + k),
+            mode,
+            tl.load(rows + _REF_B * n_rows + k),
+            tl.load(rows + _REF_A * n_rows + k),
+            tl.load(rows + _REF_D * n_rows + k),
+            tl.load(rows + _PARENT * n_rows + k),
+            tl.load(rows + _PHI_FROM * n_rows + k),
+            tl.load(rows + _FLIP_ON * n_rows + k),
+            tl.load(rows + _SLOT * n_rows + k),
+            tl.load(rows + _SIGN * n_rows + k),
         )
 
     @triton.jit
@@ -240,7 +230,7 @@ if triton is not None:
     @triton.jit
     def _build_kernel(
         rows, unit_start, unit_len, bonds, angles, dihedrals, fixed, pos, frames, phis,
-        n_atoms, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
+        n_rows, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
         lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live_lane = lane < n_units * batch
@@ -252,8 +242,9 @@ if triton is not None:
         for step in range(0, max_len):
             live = step < length
             k = tl.where(live, start + step, 0)
-            j, md, b, a, d, par, phi_from, flip_on, slot, sgn = _row(rows, n_atoms, k)
+            j, md, b, a, d, par, phi_from, flip_on, slot, sgn = _row(rows, n_rows, k)
             sgn = sgn.to(bonds.dtype.element_ty)
+            # inputs and outputs by atom (j), scratch by row (k)
             r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
             theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
             phi = tl.load(dihedrals + j * batch + sample, mask=live, other=0.0)
@@ -266,7 +257,7 @@ if triton is not None:
             )
             phi += tl.where((flip_on >= 0) & (tl.sin(t_flip) < 0.0), pi, 0.0)
             phi = tl.where(md == 3, 0.0, phi)
-            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, j, b, a, d, batch, sample, live)
+            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, k, b, a, d, batch, sample, live)
             (e10, e11, e12, e20, e21, e22, e30, e31, e32, _, _, _, _, _, _, _, _, _, _, _) = _nerf(
                 xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2, eps
             )
@@ -289,21 +280,21 @@ if triton is not None:
             x0 = tl.where(md == 0, f0, tl.where(md == 1, 0.0, tl.where(md == 2, r, x0)))
             x1 = tl.where(md == 0, f1, tl.where(md <= 2, 0.0, x1))
             x2 = tl.where(md == 0, f2, tl.where(md <= 2, 0.0, x2))
-            tl.store(pos + (3 * j) * batch + sample, x0, mask=live)
-            tl.store(pos + (3 * j + 1) * batch + sample, x1, mask=live)
-            tl.store(pos + (3 * j + 2) * batch + sample, x2, mask=live)
-            tl.store(phis + j * batch + sample, phi, mask=live)
+            tl.store(pos + (3 * k) * batch + sample, x0, mask=live)
+            tl.store(pos + (3 * k + 1) * batch + sample, x1, mask=live)
+            tl.store(pos + (3 * k + 2) * batch + sample, x2, mask=live)
+            tl.store(phis + k * batch + sample, phi, mask=live)
             # out-frame O = M L (row-major)
             keep = live & (md >= 3)
-            tl.store(frames + (9 * j + 0) * batch + sample, m00 * l00 + m01 * l10 + m02 * l20, mask=keep)
-            tl.store(frames + (9 * j + 1) * batch + sample, m00 * l01 + m01 * l11 + m02 * l21, mask=keep)
-            tl.store(frames + (9 * j + 2) * batch + sample, m00 * l02 + m01 * l12 + m02 * l22, mask=keep)
-            tl.store(frames + (9 * j + 3) * batch + sample, m10 * l00 + m11 * l10 + m12 * l20, mask=keep)
-            tl.store(frames + (9 * j + 4) * batch + sample, m10 * l01 + m11 * l11 + m12 * l21, mask=keep)
-            tl.store(frames + (9 * j + 5) * batch + sample, m10 * l02 + m11 * l12 + m12 * l22, mask=keep)
-            tl.store(frames + (9 * j + 6) * batch + sample, m20 * l00 + m21 * l10 + m22 * l20, mask=keep)
-            tl.store(frames + (9 * j + 7) * batch + sample, m20 * l01 + m21 * l11 + m22 * l21, mask=keep)
-            tl.store(frames + (9 * j + 8) * batch + sample, m20 * l02 + m21 * l12 + m22 * l22, mask=keep)
+            tl.store(frames + (9 * k + 0) * batch + sample, m00 * l00 + m01 * l10 + m02 * l20, mask=keep)
+            tl.store(frames + (9 * k + 1) * batch + sample, m00 * l01 + m01 * l11 + m02 * l21, mask=keep)
+            tl.store(frames + (9 * k + 2) * batch + sample, m00 * l02 + m01 * l12 + m02 * l22, mask=keep)
+            tl.store(frames + (9 * k + 3) * batch + sample, m10 * l00 + m11 * l10 + m12 * l20, mask=keep)
+            tl.store(frames + (9 * k + 4) * batch + sample, m10 * l01 + m11 * l11 + m12 * l21, mask=keep)
+            tl.store(frames + (9 * k + 5) * batch + sample, m10 * l02 + m11 * l12 + m12 * l22, mask=keep)
+            tl.store(frames + (9 * k + 6) * batch + sample, m20 * l00 + m21 * l10 + m22 * l20, mask=keep)
+            tl.store(frames + (9 * k + 7) * batch + sample, m20 * l01 + m21 * l11 + m22 * l21, mask=keep)
+            tl.store(frames + (9 * k + 8) * batch + sample, m20 * l02 + m21 * l12 + m22 * l22, mask=keep)
 
     @triton.jit
     def _unit_vjp(v0, v1, v2, e0, e1, e2, n, g0, g1, g2, eps):
@@ -328,7 +319,7 @@ if triton is not None:
     @triton.jit
     def _vjp_kernel(
         rows, unit_start, unit_len, bonds, angles, pos, frames, phis, gpos, gframes, gphis,
-        g_bonds, g_angles, g_dihedrals, g_fixed, n_atoms, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
+        g_bonds, g_angles, g_dihedrals, g_fixed, n_rows, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
         lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         live_lane = lane < n_units * batch
@@ -340,14 +331,15 @@ if triton is not None:
             back = max_len - 1 - step
             live = back < length
             k = tl.where(live, start + back, 0)
-            j, md, b, a, d, par, phi_from, _, slot, sgn = _row(rows, n_atoms, k)
+            j, md, b, a, d, par, phi_from, _, slot, sgn = _row(rows, n_rows, k)
             sgn = sgn.to(bonds.dtype.element_ty)
+            # inputs and gradients by atom (j), scratch and its adjoints by row (k)
             r = tl.load(bonds + j * batch + sample, mask=live, other=0.0)
             theta = tl.load(angles + j * batch + sample, mask=live, other=0.0)
-            phi = tl.load(phis + j * batch + sample, mask=live, other=0.0)
-            gx0 = _ld(gpos, 3 * j, batch, sample, live)
-            gx1 = _ld(gpos, 3 * j + 1, batch, sample, live)
-            gx2 = _ld(gpos, 3 * j + 2, batch, sample, live)
+            phi = tl.load(phis + k * batch + sample, mask=live, other=0.0)
+            gx0 = _ld(gpos, 3 * k, batch, sample, live)
+            gx1 = _ld(gpos, 3 * k + 1, batch, sample, live)
+            gx2 = _ld(gpos, 3 * k + 2, batch, sample, live)
             placed = live & (md >= 3)
             # fixed atoms and seeds
             fslot = tl.maximum(slot, 0)
@@ -355,10 +347,10 @@ if triton is not None:
             tl.store(g_fixed + (3 * fslot + 1) * batch + sample, gx1, mask=live & (md == 0))
             tl.store(g_fixed + (3 * fslot + 2) * batch + sample, gx2, mask=live & (md == 0))
             # recompute the placement frame
-            bb = tl.where(b >= 0, b, j)
-            aa = tl.where(a >= 0, a, j)
-            dd = tl.where(d >= 0, d, j)
-            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, j, b, a, d, batch, sample, placed)
+            bb = tl.where(b >= 0, b, k)
+            aa = tl.where(a >= 0, a, k)
+            dd = tl.where(d >= 0, d, k)
+            xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2 = _refs(pos, k, b, a, d, batch, sample, placed)
             (e10, e11, e12, e20, e21, e22, e30, e31, e32, v0, v1, v2, nv, w0, w1, w2, c0, c1, c2, nc) = _nerf(
                 xb0, xb1, xb2, xa0, xa1, xa2, xd0, xd1, xd2, eps
             )
@@ -367,15 +359,15 @@ if triton is not None:
             )
             c, s, cp, sp, g, l00, l01, l02, l10, l11, l12, l20, l21, l22 = _local(theta, phi)
             # adjoints of the out-frame O = M L (zero where no row reads it)
-            q00 = _ld(gframes, 9 * j + 0, batch, sample, placed)
-            q01 = _ld(gframes, 9 * j + 1, batch, sample, placed)
-            q02 = _ld(gframes, 9 * j + 2, batch, sample, placed)
-            q10 = _ld(gframes, 9 * j + 3, batch, sample, placed)
-            q11 = _ld(gframes, 9 * j + 4, batch, sample, placed)
-            q12 = _ld(gframes, 9 * j + 5, batch, sample, placed)
-            q20 = _ld(gframes, 9 * j + 6, batch, sample, placed)
-            q21 = _ld(gframes, 9 * j + 7, batch, sample, placed)
-            q22 = _ld(gframes, 9 * j + 8, batch, sample, placed)
+            q00 = _ld(gframes, 9 * k + 0, batch, sample, placed)
+            q01 = _ld(gframes, 9 * k + 1, batch, sample, placed)
+            q02 = _ld(gframes, 9 * k + 2, batch, sample, placed)
+            q10 = _ld(gframes, 9 * k + 3, batch, sample, placed)
+            q11 = _ld(gframes, 9 * k + 4, batch, sample, placed)
+            q12 = _ld(gframes, 9 * k + 5, batch, sample, placed)
+            q20 = _ld(gframes, 9 * k + 6, batch, sample, placed)
+            q21 = _ld(gframes, 9 * k + 7, batch, sample, placed)
+            q22 = _ld(gframes, 9 * k + 8, batch, sample, placed)
             # x = xb + r M u, u = L[:, 0]
             mu0 = m00 * l00 + m01 * l10 + m02 * l20
             mu1 = m10 * l00 + m11 * l10 + m12 * l20
@@ -413,7 +405,7 @@ if triton is not None:
                 -gl10 * s * sp + gl20 * s * cp + gl11 * g * c * sp - gl21 * g * c * cp
                 - gl12 * g * cp - gl22 * g * sp
             )  # fmt: skip
-            g_p += _ld(gphis, j, batch, sample, placed)
+            g_p += _ld(gphis, k, batch, sample, placed)
             g_p = tl.where(md >= 4, g_p, 0.0)
             tl.store(g_bonds + j * batch + sample, g_r, mask=live)
             tl.store(g_angles + j * batch + sample, tl.where(md >= 3, g_t, 0.0), mask=live)
@@ -459,7 +451,7 @@ if triton is not None:
 
 
 def triton_build(
-    plan: TritonPlan,
+    plan: DeviceRows,
     bonds: Tensor,
     angles: Tensor,
     dihedrals: Tensor,
@@ -469,9 +461,9 @@ def triton_build(
 ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """``(B, N, 3)`` positions from ``(B, N)`` internal coordinates (radians), no autograd.
 
-    ``fixed_xyz`` is ``(B, F, 3)`` or None. Frames and positions are computed in
-    ``accumulate`` (float64 by default, or float32: see `ACCUMULATE`); the
-    result has the inputs' dtype.
+    ``plan``: the fused plan's `DeviceRows` on the inputs' device. ``fixed_xyz`` is
+    ``(B, F, 3)`` or None. Frames and positions are computed in ``accumulate`` (float64
+    by default, or float32: see `ACCUMULATE`); the result has the inputs' dtype.
 
     Raises:
         ImportError: triton is not installed.
@@ -491,22 +483,23 @@ def triton_build(
         if fixed_xyz is not None and fixed_xyz.shape[-2]
         else torch.zeros(3, batch, dtype=dtype, device=device)
     )
-    pos = torch.zeros(3 * n, batch, dtype=dtype, device=device)
+    pos = torch.zeros(3 * n, batch, dtype=dtype, device=device)  # by row
     frames = torch.zeros(9 * n, batch, dtype=dtype, device=device)
     phis = torch.zeros(n, batch, dtype=dtype, device=device)
     lanes = plan.n_units * batch
     if lanes and plan.max_len:
         launch(
             "_build_kernel", _build_kernel, (triton.cdiv(lanes, BLOCK),),
-            plan.rows, plan.unit_start, plan.unit_len, *cols, fixed, pos, frames, phis,
+            plan.rows, plan.run_start, plan.run_len, *cols, fixed, pos, frames, phis,
             n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
-    xyz = pos.reshape(n, 3, batch).permute(2, 0, 1).to(bonds.dtype).contiguous()
+    by_row = pos.reshape(n, 3, batch).permute(2, 0, 1)
+    xyz = by_row.index_select(1, plan.row_of_atom).to(bonds.dtype)
     return (xyz, (pos, frames, phis)) if return_saved else xyz
 
 
 def triton_vjp(
-    plan: TritonPlan,
+    plan: DeviceRows,
     saved: tuple[Tensor, Tensor, Tensor],
     bonds: Tensor,
     angles: Tensor,
@@ -526,7 +519,8 @@ def triton_vjp(
     batch, n = bonds.shape
     dtype, device = pos.dtype, pos.device
     cols = [t.detach().to(dtype).t().contiguous() for t in (bonds, angles)]
-    gpos = grad_xyz.detach().to(dtype).permute(1, 2, 0).reshape(3 * n, batch).contiguous()
+    by_row = grad_xyz.detach().to(dtype).index_select(1, plan.atom_of_row)  # the scratch's adjoint: by row
+    gpos = by_row.permute(1, 2, 0).reshape(3 * n, batch).contiguous()
     gframes = torch.zeros_like(frames)
     gphis = torch.zeros_like(phis)
     grads = [torch.zeros(n, batch, dtype=dtype, device=device) for _ in range(3)]
@@ -535,7 +529,7 @@ def triton_vjp(
     if lanes and plan.max_len:
         launch(
             "_vjp_kernel", _vjp_kernel, (triton.cdiv(lanes, BLOCK),),
-            plan.rows, plan.unit_start, plan.unit_len, *cols, pos, frames, phis, gpos, gframes, gphis,
+            plan.rows, plan.run_start, plan.run_len, *cols, pos, frames, phis, gpos, gframes, gphis,
             *grads, g_fixed, n, plan.n_units, batch, plan.max_len, EPS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
     out = bonds.dtype
@@ -549,33 +543,22 @@ def triton_vjp(
 TENSORS = True
 
 
-def plan_on(topo: Topology, device: torch.device) -> TritonPlan:
-    """The kernel rows of ``topo`` on ``device`` (made once per topology and device, kept in its state)."""
-    per_device = memo(topo, "triton_plans", dict)
-    plan = per_device.get(device)
-    if plan is None:
-        cpu = per_device.get(torch.device("cpu"))
-        if cpu is None:
-            cpu = per_device[torch.device("cpu")] = triton_plan(topo)
-        plan = per_device[device] = cpu if device.type == "cpu" else cpu.to(device)
-    return plan
-
-
 def forward(
-    topo: Topology,
+    plan: Any,
     bonds: Tensor,
     angles: Tensor,
     dihedrals: Tensor,
     fixed: Tensor,
     accumulate: torch.dtype = torch.float64,
 ) -> Tensor:
-    """``(B, N, 3)`` from ``(B, N)`` inputs and ``(B, F, 3)`` fixed positions (``F`` may be 0)."""
-    plan = plan_on(topo, bonds.device)
-    return triton_build(plan, bonds, angles, dihedrals, fixed, accumulate=accumulate)  # type: ignore[return-value]
+    """``(B, N, 3)`` from ``(B, N)`` inputs and ``(B, F, 3)`` fixed positions (``F`` may be 0), on the
+    fused plan ``plan`` (`batched_nerf.engines.fused.build.FusedPlan`)."""
+    rows = device_rows(plan, bonds.device)
+    return triton_build(rows, bonds, angles, dihedrals, fixed, accumulate=accumulate)  # type: ignore[return-value]
 
 
 def backward(
-    topo: Topology,
+    plan: Any,
     bonds: Tensor,
     angles: Tensor,
     dihedrals: Tensor,
@@ -587,8 +570,8 @@ def backward(
 
     One forward walk (the scratch it saves) and one reverse walk, both in ``accumulate``.
     """
-    plan = plan_on(topo, bonds.device)
-    _, saved = triton_build(plan, bonds, angles, dihedrals, fixed, return_saved=True, accumulate=accumulate)  # type: ignore[misc]
+    rows = device_rows(plan, bonds.device)
+    _, saved = triton_build(rows, bonds, angles, dihedrals, fixed, return_saved=True, accumulate=accumulate)  # type: ignore[misc]
     n_fixed = fixed.shape[-2]
-    gb, ga, gd, gf = triton_vjp(plan, saved, bonds, angles, grad_xyz, n_fixed)
+    gb, ga, gd, gf = triton_vjp(rows, saved, bonds, angles, grad_xyz, n_fixed)
     return gb, ga, gd, (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)
