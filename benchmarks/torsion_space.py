@@ -221,7 +221,7 @@ def analysis(rotors, pos, tau, batch) -> None:
         bn.RotorTable(pairs, n)
         times.append(time.perf_counter() - t0)
     compose = []
-    from batched_nerf.torsion_space import rotors as _torsion_space
+    from batched_nerf.torsion_space import packed as _torsion_space
 
     for _ in range(20):
         _torsion_space._PACKED_CACHE.clear()
@@ -234,7 +234,7 @@ def analysis(rotors, pos, tau, batch) -> None:
     print(f"\nanalysis of a new {n}-atom molecule (RotorTable, uncached): {fmt(float(np.median(times)))}")
     composed = float(np.median(compose))
     print(
-        f"64 analysed molecules composed (packed table rebuilt) + one update: {fmt(composed)} = "
+        f"64 analysed molecules composed (packed batch made anew) + one update: {fmt(composed)} = "
         f"{composed / warm:.2f}x one update call with the packed table cached ({fmt(warm)})"
     )
 

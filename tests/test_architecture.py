@@ -59,6 +59,8 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     (
         "batched_nerf.core.compile",
+        "batched_nerf.torsion_space.turns",
+        "batched_nerf.torsion_space.packed",
         "batched_nerf.torsion_space.rotors",
         "batched_nerf.torsion_space.ops",
         "batched_nerf.torsion_space.inputs",
@@ -84,6 +86,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.engines.fused.cpu.pose",
         "batched_nerf.engines.fused.cpu.tiers",
         "batched_nerf.engines.fused.cpu.inverse_rows",
+        "batched_nerf.engines.fused.cpu.turns",
     ),
     ("batched_nerf.engines.fused.cpu.blocks",),
     ("batched_nerf.engines.fused.cpu.inverse_blocks",),

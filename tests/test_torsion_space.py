@@ -355,3 +355,49 @@ def test_nan_update_stays_in_its_molecule():
     moved = rotors[1].moving[1] & ~rotors[1].fixed
     assert torch.isnan(second[moved]).all()
     assert torch.isfinite(second[rotors[1].fixed]).all()
+
+
+# ----------------------------------------------------------------- rigid turns: kernel, torch, fallback
+
+
+def test_a_fixed_side_neighbour_collinear_with_the_bond_turns_exactly():
+    """p-u-v collinear (an sp atom on the fixed side): the dihedral p-u-v-m is undefined, the turn is
+    not. The internal-coordinate round trip collapsed atom 0 onto atom 1 here (bond 1 -> 1e-8)."""
+    rotors = bn.RotorTable.from_connectivity([(0, 1), (1, 2), (2, 3)], 4)
+    assert rotors.bonds.tolist() == [[2, 1]]
+    xyz = torch.tensor([[1.0, 1, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0]], dtype=torch.float64)
+    want = torch.tensor([[1.0, 0, 1], [1, 0, 0], [2, 0, 0], [3, 0, 0]], dtype=torch.float64)
+    tau = torch.tensor([math.pi / 2], dtype=torch.float64)
+    for x in (xyz, xyz.clone().requires_grad_()):  # the kernel, and the torch path
+        torch.testing.assert_close(bn.update_torsions(x, rotors, tau), want, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_the_kernel_and_the_torch_turns_agree(dtype):
+    pytest.importorskip("numba", reason='the kernel needs numba: pip install -e ".[fast]"')
+    xyz, rotors, taus, batch = ragged()
+    xyz = torch.stack([xyz, xyz.flip(-1)]).to(dtype)  # two frames of the ragged batch
+    taus = torch.linspace(-2.5, 3.0, taus.shape[-1], dtype=torch.float64)
+    taus = torch.stack([taus, -0.5 * taus]).to(dtype)
+    plain = bn.update_torsions(xyz, rotors, taus, batch=batch)  # nothing to differentiate: the kernel
+    graph = bn.update_torsions(xyz.clone().requires_grad_(), rotors, taus, batch=batch)  # torch
+    assert graph.grad_fn is not None and plain.dtype == dtype
+    torch.testing.assert_close(plain, graph.detach(), rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-5)
+    fixed = torch.cat([r.fixed for r in rotors])
+    assert torch.equal(plain[:, fixed], xyz[:, fixed])  # copied, bit for bit
+    assert torch.equal(graph.detach()[:, fixed], xyz[:, fixed])
+
+
+def test_nested_sides_compose_and_overlapping_sides_take_the_round_trip():
+    from batched_nerf.torsion_space.rotors import _packed
+
+    pairs, n, xyz = molecule("ring", seed=4)
+    smaller = bn.RotorTable.from_connectivity(pairs, n)
+    plan = _packed((smaller,)).turns
+    assert plan is not None and (plan.parent >= 0).any()  # some side lies inside another
+    larger = bn.RotorTable(pairs, n, moving="larger")
+    assert _packed((larger,)).turns is None  # sides overlapping without nesting: the round trip serves
+    taus = torch.linspace(-1.0, 1.5, larger.n_bonds, dtype=torch.float64)
+    new = bn.update_torsions(xyz, larger, taus)
+    ref = diffdock_update(xyz.numpy(), larger.bonds.numpy(), larger.moving.numpy(), taus.numpy())
+    assert np.abs(distances(new.numpy()) - distances(ref)).max() < 1e-8

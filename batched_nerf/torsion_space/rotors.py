@@ -15,8 +15,7 @@ made once per bond graph and cached.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from functools import cached_property
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -25,37 +24,18 @@ from torch import Tensor
 
 from .._geometry import centered, superposing_rotation
 from ..core.convert import to_cartesian, to_internal
-from ..core.pack import pack_tables
 from ..core.table import ConstructionTable
 from ..runtime.torch_compat import values_of
 from ..topology.auto import _bond_pairs, refs_from_connectivity
 from ..topology.link import components
 from ..topology.perceive import _symbols, atomic_number
+from .packed import _Packed, _packed, _Padded, _recent, _stacked  # noqa: F401 (ops and inputs read them here)
+from .turns import turned
 
 __all__ = ["RotorTable", "rotatable_bonds", "update_torsions"]
 
 Moving = Literal["smaller", "larger"]
 Rule = Literal["graph", "chemistry"]
-
-
-def _recent(
-    cache: OrderedDict,
-    size: int,
-    key: Any,
-    make: Callable[[], Any],
-    valid: Callable[[Any], bool] | None = None,
-) -> Any:
-    """``cache[key]`` (made by ``make()`` when missing or not ``valid``), kept among the ``size`` most
-    recently used entries."""
-    hit = cache.get(key)
-    if hit is None or (valid is not None and not valid(hit)):
-        hit = cache[key] = make()
-        cache.move_to_end(key)
-        if len(cache) > size:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return hit
 
 
 def _check_moving(moving: str) -> None:
@@ -519,80 +499,6 @@ _ROTOR_CACHE: OrderedDict[tuple[Any, ...], RotorTable] = OrderedDict()
 _ROTOR_CACHE_SIZE = 1024
 
 
-def _stacked(parts: list[Tensor], offsets: np.ndarray) -> Tensor:
-    """The CPU int64 ``parts`` one after another, part ``m`` plus ``offsets[m]`` (one array pass)."""
-    arrays = [p.numpy() for p in parts]
-    shift = np.repeat(offsets[:-1], [len(a) for a in arrays]).reshape((-1,) + (1,) * (arrays[0].ndim - 1))
-    return torch.from_numpy(np.concatenate(arrays) + shift)
-
-
-class _Packed:
-    """The packed table of a sequence of rotor tables and its global torsion rows."""
-
-    def __init__(self, rotors: tuple[RotorTable, ...]) -> None:
-        self.rotors = rotors  # keeps the ids of the cache key alive
-        self.table = pack_tables([r.table for r in rotors]) if len(rotors) > 1 else rotors[0].table
-        atom_offsets = np.cumsum([0] + [r.n_atoms for r in rotors])
-        bond_offsets = np.cumsum([0] + [r.n_bonds for r in rotors])
-        self.n_atoms = [r.n_atoms for r in rotors]
-        self.n_bonds = [r.n_bonds for r in rotors]
-        self.total_atoms, self.total_bonds = int(atom_offsets[-1]), int(bond_offsets[-1])
-        self.rows = _stacked([r.rows for r in rotors], atom_offsets)
-        self.row_bonds = _stacked([r.row_bonds for r in rotors], bond_offsets)
-        self.torsions = _stacked([r.torsions for r in rotors], atom_offsets)
-
-    @cached_property
-    def padded(self) -> _Padded:
-        """Per-molecule padded views, made on first use (the updates do not need them)."""
-        return _Padded(self.rotors)
-
-
-class _Padded:
-    """Padded per-molecule views of packed rotor tables, ``(M, max N)`` atoms and ``(M, max R)`` bonds."""
-
-    def __init__(self, rotors: tuple[RotorTable, ...]) -> None:
-        n_max, r_max = max(r.n_atoms for r in rotors), max(r.n_bonds for r in rotors)
-        self.atoms = torch.zeros(len(rotors), n_max, dtype=torch.int64)  # global atom index
-        self.atom_mask = torch.zeros(len(rotors), n_max, dtype=torch.bool)
-        self.bond_atoms = torch.zeros(len(rotors), r_max, 2, dtype=torch.int64)  # global (u, v)
-        self.bond_mask = torch.zeros(len(rotors), r_max, dtype=torch.bool)
-        self.moving = torch.zeros(len(rotors), r_max, n_max, dtype=torch.bool)
-        offset = 0
-        for m, r in enumerate(rotors):
-            self.atoms[m, : r.n_atoms] = torch.arange(offset, offset + r.n_atoms)
-            self.atom_mask[m, : r.n_atoms] = True
-            self.bond_atoms[m, : r.n_bonds] = r.bonds + offset
-            self.bond_mask[m, : r.n_bonds] = True
-            self.moving[m, : r.n_bonds, : r.n_atoms] = r.moving
-            offset += r.n_atoms
-        self.real = torch.nonzero(self.atom_mask.flatten()).squeeze(-1)  # (T,): atom t's flat padded slot
-
-    def gather(self, x: Tensor) -> Tensor:
-        """``(..., T, 3)`` -> ``(..., M, n, 3)``, zeros past each molecule's atoms."""
-        mask = self.atom_mask.to(x.device)
-        out = x.index_select(-2, self.atoms.to(x.device).reshape(-1)).unflatten(-2, tuple(mask.shape))
-        return out * mask[..., None].to(x.dtype)
-
-    def scatter(self, x: Tensor) -> Tensor:
-        """``(..., M, n, 3)`` -> ``(..., T, 3)``, the inverse of ``gather`` on the real atoms."""
-        return x.flatten(-3, -2).index_select(-2, self.real.to(x.device))
-
-
-_PACKED_CACHE: OrderedDict[tuple[int, ...], _Packed] = OrderedDict()
-_PACKED_CACHE_SIZE = 64
-
-
-def _packed(rotors: tuple[RotorTable, ...]) -> _Packed:
-    key = tuple(id(r) for r in rotors)
-    return _recent(
-        _PACKED_CACHE,
-        _PACKED_CACHE_SIZE,
-        key,
-        lambda: _Packed(rotors),
-        lambda hit: all(a is b for a, b in zip(hit.rotors, rotors)),  # ids of live tables only
-    )
-
-
 def _molecules(
     rotors: RotorTable | Sequence[RotorTable], batch: Any, xyz: Tensor
 ) -> tuple[tuple[RotorTable, ...], bool]:
@@ -713,10 +619,14 @@ def update_torsions(
     ``rotors.keeps_fixed`` (always for the default sides); otherwise the result
     equals the sequential update up to a rigid motion of each molecule.
 
-    Computed as ``to_internal(xyz, table, return_pose=True)`` on the (packed)
-    tables of the molecules, ``-tau`` added to the dihedrals of each bond's
-    torsion rows, and ``to_cartesian(..., rotation, translation)``: twice
-    differentiable in ``xyz`` and ``updates``, on any device.
+    Computed as rigid turns, each side rotated about its bond's axis in the
+    input (Rodrigues), nested sides composed (`turns`; one numba pass on calls
+    with nothing to differentiate, torch operations otherwise): twice
+    differentiable in ``xyz`` and ``updates``, on any device, and exact where
+    a fixed-side neighbour is collinear with the bond. Sides that overlap
+    without nesting (possible with ``moving="larger"`` or given bonds) take
+    ``to_internal(..., return_pose=True)``, ``-tau`` on the torsion rows and
+    ``to_cartesian``. A bond of zero length turns nothing.
 
     Layouts:
 
@@ -780,6 +690,9 @@ def update_torsions(
     """
     packed, flat = _prepare(xyz, rotors, batch)
     updates = _per_bond(updates, "updates", packed, xyz, flat)
+    if packed.turns is not None:
+        new = turned(xyz, updates.to(xyz.dtype), packed.turns)
+        return _superposed(new, xyz, packed.padded) if align else new
     ic, pose = to_internal(xyz, packed.table, return_pose=True)
     rows = packed.rows.to(xyz.device)
     shift = updates.to(ic.dihedrals.dtype)[..., packed.row_bonds.to(xyz.device)]

@@ -44,12 +44,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import pose, tiers
+from . import pose, tiers, turns
 from .blocks import LANES, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 from .trig import trig
 
-__all__ = ["backward", "forward", "pose", "trig"]
+__all__ = ["backward", "forward", "pose", "trig", "turns"]
 
 #: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
 SERIAL_WORK = 4096

@@ -1,0 +1,193 @@
+"""`update_torsions` as rigid turns: each bond's moving side rotated about the bond, nested sides composed.
+
+For rotor tables whose moving sides are nested or disjoint (always with the default
+``moving="smaller"``), turning bond ``k`` by ``tau_k`` is the rigid motion
+
+```text
+T_k(y) = R_k (y - x_v) + x_v,      R_k = Rodrigues(unit(x_u - x_v), tau_k)   (right-handed)
+```
+
+of the atoms on ``v``'s side, and the updates of all bonds compose as ``C_k = C_parent(k) o T_k``
+(``parent(k)``: the innermost bond whose side holds ``k``'s side), every axis taken from the input.
+This is what the peers' sequential loop over bonds computes, in any bond order. An atom moves
+by the ``C`` of the innermost bond that turns it (a bond's own ``v`` lies on its axis: by its
+parent's); an atom no bond turns is returned as it is.
+
+`turn_plan` derives the bonds' nesting once per packed batch of rotor tables (None where two
+sides overlap without nesting: `update_torsions` then takes the internal-coordinate round trip);
+`turned` runs the numba kernel (`batched_nerf.engines.fused.cpu.turns`) on calls with nothing
+to differentiate, else the torch version below (twice differentiable, ``torch.func``, any device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._geometry import EPS, safe_normalize
+from ..engines.backends import available, require
+from ..runtime import gate
+from ..runtime.torch_compat import values_of
+
+__all__ = ["TurnPlan", "turn_plan", "turned"]
+
+
+@dataclass(frozen=True, eq=False)
+class TurnPlan:
+    """The nesting of a packed batch's bonds (global atom and bond indices, ``R`` bonds, ``T`` atoms).
+
+    Attributes:
+        u, v: ``(R,)`` the bonds' atoms (``v``'s side turns).
+        order: ``(R,)`` the bonds, outer sides first (each after its parent).
+        parent: ``(R,)`` the innermost bond whose side holds each bond's side (``-1``: none).
+        levels: per nesting depth, the bonds at it and their parents (``(k,)`` each).
+        atom_rotor: ``(T,)`` the innermost bond that turns each atom (``-1``: none).
+    """
+
+    u: np.ndarray
+    v: np.ndarray
+    order: np.ndarray
+    parent: np.ndarray
+    levels: tuple[tuple[np.ndarray, np.ndarray], ...]
+    atom_rotor: np.ndarray
+
+    def tensors(self, device: torch.device) -> dict[str, Tensor]:
+        """The index arrays as tensors on ``device`` (made once per device)."""
+        cache = self.__dict__.setdefault("_tensors", {})
+        made = cache.get(device)
+        if made is None:
+            made = cache[device] = {
+                "u": torch.as_tensor(self.u, device=device),
+                "v": torch.as_tensor(self.v, device=device),
+                "atom_rotor": torch.as_tensor(
+                    np.where(self.atom_rotor < 0, self.u.size, self.atom_rotor), device=device
+                ),
+                "turned": torch.as_tensor(self.atom_rotor >= 0, device=device),
+                "levels": [
+                    (torch.as_tensor(k, device=device), torch.as_tensor(p, device=device))
+                    for k, p in self.levels
+                ],
+            }
+        return made
+
+
+def _nesting(moving: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Parents of one molecule's bonds and the innermost bond of each atom, from its ``(R, N)``
+    moving sides; None where two sides overlap without one holding the other."""
+    if moving.shape[0] == 0:  # no rotatable bond: nothing turns
+        return np.zeros(0, dtype=np.int64), np.full(moving.shape[1], -1, dtype=np.int64)
+    m = moving.astype(np.int64)
+    size = m.sum(1)
+    inter = m @ m.T
+    r = size.size
+    off = ~np.eye(r, dtype=bool)
+    nested = (inter == 0) | (inter == size[:, None]) | (inter == size[None, :])
+    if not nested[off].all() or (off & (inter == size[:, None]) & (inter == size[None, :])).any():
+        return None
+    holds = (
+        off & (inter == size[None, :]) & (size[:, None] > size[None, :])
+    )  # holds[j, k]: j's side holds k's
+    big = np.iinfo(np.int64).max
+    parent = np.where(holds.any(0), np.argmin(np.where(holds, size[:, None], big), 0), -1)
+    atom = np.where(moving.any(0), np.argmin(np.where(moving, size[:, None], big), 0), -1)
+    own = atom[v] == np.arange(r)  # a bond's v lies on its own axis: its parent's turn moves it
+    atom[v[own]] = parent[own]
+    return parent, atom
+
+
+def _nesting_of(rotors: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """`_nesting` of one rotor table, made once and kept on it (a batch of analysed molecules is
+    composed from these without a per-molecule analysis)."""
+    kept = rotors.__dict__.get("_nesting")
+    if kept is None:
+        found = _nesting(values_of(rotors.moving, "moving"), values_of(rotors.bonds, "bonds")[:, 1])
+        kept = rotors.__dict__["_nesting"] = (found,)
+    return kept[0]
+
+
+def _shifted(parts: list[np.ndarray], offsets: np.ndarray) -> np.ndarray:
+    """``parts`` one after another, part ``m``'s entries ``>= 0`` plus ``offsets[m]`` (``-1`` kept)."""
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    shift = np.repeat(offsets, [len(x) for x in parts])
+    return np.where(flat >= 0, flat + shift, -1).astype(np.int64)
+
+
+def turn_plan(rotors: Sequence[Any]) -> TurnPlan | None:
+    """The `TurnPlan` of a batch of rotor tables (`batched_nerf.RotorTable`, packed in this order);
+    None where a molecule's sides are not nested."""
+    found = [_nesting_of(r) for r in rotors]
+    if any(f is None for f in found):
+        return None
+    atom_off = np.cumsum([0] + [r.n_atoms for r in rotors])[:-1]
+    bond_off = np.cumsum([0] + [r.n_bonds for r in rotors])[:-1]
+    bonds = [values_of(r.bonds, "bonds") for r in rotors]
+    parent = _shifted([f[0] for f in found], bond_off)  # type: ignore[index]
+    depth = np.zeros(parent.size, dtype=np.int64)
+    for _ in range(parent.size):  # pointer walk: depth = 1 + the parent's
+        new = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
+        if (new == depth).all():
+            break
+        depth = new
+    order = np.argsort(depth, kind="stable")
+    at = [order[depth[order] == d] for d in range(int(depth.max(initial=-1)) + 1)]
+    return TurnPlan(
+        u=_shifted([b[:, 0] for b in bonds], atom_off),
+        v=_shifted([b[:, 1] for b in bonds], atom_off),
+        order=order.astype(np.int64),
+        parent=parent,
+        levels=tuple((keys, parent[keys]) for keys in at),
+        atom_rotor=_shifted([f[1] for f in found], bond_off),  # type: ignore[index]
+    )
+
+
+#: ``[k]_x = (k[..., _CROSS] * _SIGN)``: the cross-product matrix of ``k`` from 9 gathered entries.
+_CROSS = torch.tensor([0, 2, 1, 2, 0, 0, 1, 0, 0])
+_SIGN = torch.tensor([0.0, -1.0, 1.0, 1.0, 0.0, -1.0, -1.0, 1.0, 0.0])
+
+
+def _rodrigues(axis: Tensor, tau: Tensor) -> Tensor:
+    """``(..., 3, 3)`` rotations by ``tau`` ``(...)`` about unit ``axis`` ``(..., 3)``, right-handed:
+    ``cos(tau) I + sin(tau) [k]_x + (1 - cos(tau)) k k^T``."""
+    c, s = torch.cos(tau)[..., None, None], torch.sin(tau)[..., None, None]
+    sign = _SIGN.to(device=axis.device, dtype=axis.dtype)
+    cross = (axis.index_select(-1, _CROSS.to(axis.device)) * sign).unflatten(-1, (3, 3))
+    eye = torch.eye(3, dtype=axis.dtype, device=axis.device)
+    return c * eye + s * cross + (1.0 - c) * (axis.unsqueeze(-1) * axis.unsqueeze(-2))
+
+
+def _turned_torch(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
+    """The torch version of `turned`: ``(..., T, 3)``, ``(..., R)`` -> ``(..., T, 3)``."""
+    t = plan.tensors(xyz.device)
+    xu, xv = xyz.index_select(-2, t["u"]), xyz.index_select(-2, t["v"])
+    rot = _rodrigues(safe_normalize(xu - xv, EPS), tau)  # (..., R, 3, 3)
+    shift = xv - (rot @ xv.unsqueeze(-1)).squeeze(-1)  # (..., R, 3)
+    total_rot, total_shift = rot, shift
+    for keys, parents in t["levels"][1:]:  # compose onto the parents, outer levels first
+        pr, ps = total_rot.index_select(-3, parents), total_shift.index_select(-2, parents)
+        r_k, s_k = rot.index_select(-3, keys), shift.index_select(-2, keys)
+        total_rot = total_rot.index_copy(-3, keys, pr @ r_k)
+        total_shift = total_shift.index_copy(-2, keys, (pr @ s_k.unsqueeze(-1)).squeeze(-1) + ps)
+    eye = torch.eye(3, dtype=xyz.dtype, device=xyz.device).expand(*total_rot.shape[:-3], 1, 3, 3)
+    total_rot = torch.cat([total_rot, eye], -3)  # index R: no turn
+    total_shift = torch.cat([total_shift, total_shift.new_zeros(*total_shift.shape[:-2], 1, 3)], -2)
+    r_at, s_at = total_rot.index_select(-3, t["atom_rotor"]), total_shift.index_select(-2, t["atom_rotor"])
+    moved = (r_at @ xyz.unsqueeze(-1)).squeeze(-1) + s_at
+    return torch.where(t["turned"].unsqueeze(-1), moved, xyz)
+
+
+def turned(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
+    """``(..., T, 3)`` coordinates with every bond's moving side turned by ``tau`` ``(..., R)``
+    (radians, the dtype of ``xyz``; see the module docstring)."""
+    if gate.kernel_inputs(xyz, tau) and gate.plain(xyz, tau) and available("cpu"):
+        lead, n = xyz.shape[:-2], xyz.shape[-2]
+        x = xyz.detach().reshape(-1, n, 3).contiguous().numpy()
+        tt = tau.detach().expand(*lead, tau.shape[-1]).reshape(x.shape[0], -1).contiguous().numpy()
+        p = plan
+        out = require("cpu").turns.turn(x, tt, p.u, p.v, p.order, p.parent, p.atom_rotor, EPS)
+        return torch.from_numpy(out).reshape(xyz.shape)
+    return _turned_torch(xyz, tau, plan)
