@@ -401,3 +401,22 @@ def test_nested_sides_compose_and_overlapping_sides_take_the_round_trip():
     new = bn.update_torsions(xyz, larger, taus)
     ref = diffdock_update(xyz.numpy(), larger.bonds.numpy(), larger.moving.numpy(), taus.numpy())
     assert np.abs(distances(new.numpy()) - distances(ref)).max() < 1e-8
+
+
+def test_the_backward_kernel_is_the_torch_turns_gradient():
+    pytest.importorskip("numba", reason='the kernels need numba: pip install -e ".[fast]"')
+    from batched_nerf.torsion_space.packed import _packed
+    from batched_nerf.torsion_space.turns import _turned_torch
+
+    xyz, rotors, taus, batch = ragged()
+    taus = torch.linspace(-2.5, 3.0, taus.shape[-1], dtype=torch.float64)
+    x, t = xyz.clone().requires_grad_(), taus.clone().requires_grad_()
+    new = bn.update_torsions(x, rotors, t, batch=batch)
+    assert type(new.grad_fn).__name__ == "TurnSidesBackward"  # the kernel, whose backward is a kernel
+    g = torch.randn(new.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    got = torch.autograd.grad(new, (x, t), g)
+    want = torch.autograd.grad(_turned_torch(x, t, _packed(tuple(rotors)).turns), (x, t), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    # second order through the torch version's graph
+    assert torch.autograd.gradgradcheck(lambda a, b: bn.update_torsions(a, rotors, b, batch=batch), (x, t))

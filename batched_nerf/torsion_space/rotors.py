@@ -620,8 +620,8 @@ def update_torsions(
     equals the sequential update up to a rigid motion of each molecule.
 
     Computed as rigid turns, each side rotated about its bond's axis in the
-    input (Rodrigues), nested sides composed (`turns`; one numba pass on calls
-    with nothing to differentiate, torch operations otherwise): twice
+    input (Rodrigues), nested sides composed (`turns`: one numba pass, its
+    backward another; torch operations under transforms and beyond): twice
     differentiable in ``xyz`` and ``updates``, on any device, and exact where
     a fixed-side neighbour is collinear with the bond. Sides that overlap
     without nesting (possible with ``moving="larger"`` or given bonds) take

@@ -15,8 +15,9 @@ parent's); an atom no bond turns is returned as it is.
 
 `turn_plan` derives the bonds' nesting once per packed batch of rotor tables (None where two
 sides overlap without nesting: `update_torsions` then takes the internal-coordinate round trip);
-`turned` runs the numba kernel (`batched_nerf.engines.fused.cpu.turns`) on calls with nothing
-to differentiate, else the torch version below (twice differentiable, ``torch.func``, any device).
+`turned` runs the numba kernels (`batched_nerf.engines.fused.cpu.turns`: `TURN` and its backward
+`TURN_VJP`, declared as `KernelOp`\\ s) on CPU float32/float64 tensors, and the torch version
+below (their reference: twice differentiable, ``torch.func``, any device) elsewhere.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from torch import Tensor
 
 from .._geometry import EPS, safe_normalize
 from ..engines.backends import available, require
+from ..engines.function import KernelOp, lead
 from ..runtime import gate
-from ..runtime.torch_compat import values_of
+from ..runtime.torch_compat import no_functorch, values_of
 
 __all__ = ["TurnPlan", "turn_plan", "turned"]
 
@@ -61,19 +63,23 @@ class TurnPlan:
         cache = self.__dict__.setdefault("_tensors", {})
         made = cache.get(device)
         if made is None:
-            made = cache[device] = {
-                "u": torch.as_tensor(self.u, device=device),
-                "v": torch.as_tensor(self.v, device=device),
-                "atom_rotor": torch.as_tensor(
-                    np.where(self.atom_rotor < 0, self.u.size, self.atom_rotor), device=device
-                ),
-                "turned": torch.as_tensor(self.atom_rotor >= 0, device=device),
-                "levels": [
-                    (torch.as_tensor(k, device=device), torch.as_tensor(p, device=device))
-                    for k, p in self.levels
-                ],
-            }
+            with no_functorch():  # made inside a transform, they would escape it
+                made = self._made(device)
+            cache[device] = made
         return made
+
+    def _made(self, device: torch.device) -> dict[str, Any]:
+        return {
+            "u": torch.as_tensor(self.u, device=device),
+            "v": torch.as_tensor(self.v, device=device),
+            "atom_rotor": torch.as_tensor(
+                np.where(self.atom_rotor < 0, self.u.size, self.atom_rotor), device=device
+            ),
+            "turned": torch.as_tensor(self.atom_rotor >= 0, device=device),
+            "levels": [
+                (torch.as_tensor(k, device=device), torch.as_tensor(p, device=device)) for k, p in self.levels
+            ],
+        }
 
 
 def _nesting(moving: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -180,14 +186,75 @@ def _turned_torch(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
     return torch.where(t["turned"].unsqueeze(-1), moved, xyz)
 
 
+def _lead(first: tuple[int, ...], *shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast leading shape (no broadcast computed where all are equal: every plain call)."""
+    if all(s == first for s in shapes):
+        return tuple(first)
+    return tuple(torch.broadcast_shapes(first, *shapes))
+
+
+def _kernel_args(plan: TurnPlan) -> tuple[np.ndarray, ...]:
+    return plan.u, plan.v, plan.order, plan.parent, plan.atom_rotor
+
+
+def _turn_kernel(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
+    """`turned` by the numba kernel (plain tensors, any leading shape)."""
+    lead, n = _lead(xyz.shape[:-2], tau.shape[:-1]), xyz.shape[-2]
+    x = xyz.detach().expand(*lead, n, 3).reshape(-1, n, 3).contiguous().numpy()
+    t = tau.detach().to(xyz.dtype).expand(*lead, tau.shape[-1]).reshape(x.shape[0], -1).contiguous().numpy()
+    out = require("cpu").turns.turn(x, t, *_kernel_args(plan), EPS)
+    return torch.from_numpy(out).reshape(*lead, n, 3)
+
+
+def _turn_vjp_kernel(xyz: Tensor, tau: Tensor, g: Tensor, plan: TurnPlan) -> tuple[Tensor, Tensor]:
+    """Gradients of ``sum(g * turned(xyz, tau))`` by the numba kernel, summed to the inputs' shapes."""
+    lead, n, r = _lead(xyz.shape[:-2], tau.shape[:-1], g.shape[:-2]), xyz.shape[-2], tau.shape[-1]
+    x = xyz.detach().expand(*lead, n, 3).reshape(-1, n, 3).contiguous().numpy()
+    t = tau.detach().to(xyz.dtype).expand(*lead, r).reshape(x.shape[0], r).contiguous().numpy()
+    gg = g.detach().to(xyz.dtype).expand(*lead, n, 3).reshape(x.shape[0], n, 3).contiguous().numpy()
+    gx, gt = require("cpu").turns.turn_vjp(x, t, gg, *_kernel_args(plan), EPS)
+    gx = torch.from_numpy(gx).to(xyz.dtype).reshape(*lead, n, 3)
+    gt = torch.from_numpy(gt).to(tau.dtype).reshape(*lead, r)
+    return gx.sum_to_size(xyz.shape), gt.sum_to_size(tau.shape)
+
+
+def _turn_vjp_reference(xyz: Tensor, tau: Tensor, g: Tensor, plan: TurnPlan) -> tuple[Tensor, Tensor]:
+    _, pull = torch.func.vjp(lambda x, t: _turned_torch(x, t, plan), xyz, tau)
+    return pull(g)
+
+
+#: ``(xyz, tau, plan)`` -> the turned coordinates by the numba kernel; its backward is `TURN_VJP`.
+TURN = KernelOp(
+    "TurnSides",
+    kernel=_turn_kernel,
+    reference=_turned_torch,
+    vjp=lambda primals, grads, plan: TURN_VJP.apply(*primals, *grads, plan),
+    vmap=lead,
+    module=__name__,
+    doc="The rigid turns of rotatable bonds' sides (`TURN`).",
+)
+#: ``(xyz, tau, g, plan)`` -> the gradients of ``sum(g * turned)`` of ``xyz`` and ``tau`` by the numba
+#: kernel; its own derivatives are the torch version's graph.
+TURN_VJP = KernelOp(
+    "TurnSidesVJP",
+    kernel=_turn_vjp_kernel,
+    reference=_turn_vjp_reference,
+    vmap=lead,
+    module=__name__,
+    doc="The backward of the rigid turns (`TURN_VJP`).",
+)
+
+
 def turned(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
     """``(..., T, 3)`` coordinates with every bond's moving side turned by ``tau`` ``(..., R)``
-    (radians, the dtype of ``xyz``; see the module docstring)."""
-    if gate.kernel_inputs(xyz, tau) and gate.plain(xyz, tau) and available("cpu"):
-        lead, n = xyz.shape[:-2], xyz.shape[-2]
-        x = xyz.detach().reshape(-1, n, 3).contiguous().numpy()
-        tt = tau.detach().expand(*lead, tau.shape[-1]).reshape(x.shape[0], -1).contiguous().numpy()
-        p = plan
-        out = require("cpu").turns.turn(x, tt, p.u, p.v, p.order, p.parent, p.atom_rotor, EPS)
-        return torch.from_numpy(out).reshape(xyz.shape)
+    (radians, the dtype of ``xyz``; see the module docstring): the numba kernels on CPU
+    float32/float64 tensors (`TURN`, whose backward is a kernel too), the torch version under
+    ``torch.func`` transforms, forward mode, ``torch.compile`` and elsewhere."""
+    if not (gate.kernel_inputs(xyz, tau) and available("cpu")):
+        return _turned_torch(xyz, tau, plan)
+    route = gate.route(xyz, tau)
+    if route == gate.PLAIN:
+        return _turn_kernel(xyz, tau, plan)
+    if route == gate.FUNCTION:
+        return TURN.apply(xyz, tau, plan)
     return _turned_torch(xyz, tau, plan)

@@ -18,44 +18,57 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["turn"]
+__all__ = ["turn", "turn_vjp"]
 
 #: Below this many atom-samples a call runs on the calling thread.
 SERIAL_WORK = 4096
 
 
 @njit(inline="always")
-def _sample(x, tau, u, v, order, parent, atom_rotor, eps, c, out):
-    """One sample: the bonds' composed transforms into ``c`` ``(R, 12)``, then the atoms."""
+def _local(x, tau, u, v, k, eps, loc):
+    """Bond ``k``'s own turn into ``loc`` ``(16,)``: ``R`` row-major, ``t = x_v - R x_v``, the unit axis
+    and ``|x_u - x_v|`` (float64)."""
+    xv0, xv1, xv2 = np.float64(x[v[k], 0]), np.float64(x[v[k], 1]), np.float64(x[v[k], 2])
+    a0, a1, a2 = x[u[k], 0] - xv0, x[u[k], 1] - xv1, x[u[k], 2] - xv2
+    n = np.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
+    d = eps if n < eps else n  # a NaN norm stays NaN
+    k0, k1, k2 = a0 / d, a1 / d, a2 / d
+    t = np.float64(tau[k])
+    cs, sn = np.cos(t), np.sin(t)
+    w = 1.0 - cs
+    loc[0], loc[1], loc[2] = cs + w * k0 * k0, w * k0 * k1 - sn * k2, w * k0 * k2 + sn * k1
+    loc[3], loc[4], loc[5] = w * k1 * k0 + sn * k2, cs + w * k1 * k1, w * k1 * k2 - sn * k0
+    loc[6], loc[7], loc[8] = w * k2 * k0 - sn * k1, w * k2 * k1 + sn * k0, cs + w * k2 * k2
+    for i in range(3):
+        loc[9 + i] = (xv0, xv1, xv2)[i] - (loc[3 * i] * xv0 + loc[3 * i + 1] * xv1 + loc[3 * i + 2] * xv2)
+    loc[12], loc[13], loc[14], loc[15] = k0, k1, k2, n
+
+
+@njit(inline="always")
+def _compose(x, tau, u, v, order, parent, eps, c, loc):
+    """Every bond's own turn (``loc[k]``) and its composed transform (``c[k]``: ``R_p R``,
+    ``R_p t + t_p``)."""
     for q in range(order.shape[0]):
         k = order[q]
-        xv0, xv1, xv2 = np.float64(x[v[k], 0]), np.float64(x[v[k], 1]), np.float64(x[v[k], 2])
-        a0, a1, a2 = x[u[k], 0] - xv0, x[u[k], 1] - xv1, x[u[k], 2] - xv2
-        n = np.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
-        d = eps if n < eps else n  # a NaN norm stays NaN
-        k0, k1, k2 = a0 / d, a1 / d, a2 / d
-        t = np.float64(tau[k])
-        cs, sn = np.cos(t), np.sin(t)
-        w = 1.0 - cs
-        r00, r01, r02 = cs + w * k0 * k0, w * k0 * k1 - sn * k2, w * k0 * k2 + sn * k1
-        r10, r11, r12 = w * k1 * k0 + sn * k2, cs + w * k1 * k1, w * k1 * k2 - sn * k0
-        r20, r21, r22 = w * k2 * k0 - sn * k1, w * k2 * k1 + sn * k0, cs + w * k2 * k2
-        t0 = xv0 - (r00 * xv0 + r01 * xv1 + r02 * xv2)
-        t1 = xv1 - (r10 * xv0 + r11 * xv1 + r12 * xv2)
-        t2 = xv2 - (r20 * xv0 + r21 * xv1 + r22 * xv2)
-        ck = c[k]
+        lk, ck = loc[k], c[k]
+        _local(x, tau, u, v, k, eps, lk)
         p = parent[k]
         if p < 0:
-            ck[0], ck[1], ck[2], ck[3], ck[4], ck[5] = r00, r01, r02, r10, r11, r12
-            ck[6], ck[7], ck[8], ck[9], ck[10], ck[11] = r20, r21, r22, t0, t1, t2
-        else:  # parent o this: R_p R, R_p t + t_p
+            for i in range(12):
+                ck[i] = lk[i]
+        else:
             cp = c[p]
             for i in range(3):
                 p0, p1, p2 = cp[3 * i], cp[3 * i + 1], cp[3 * i + 2]
-                ck[3 * i] = p0 * r00 + p1 * r10 + p2 * r20
-                ck[3 * i + 1] = p0 * r01 + p1 * r11 + p2 * r21
-                ck[3 * i + 2] = p0 * r02 + p1 * r12 + p2 * r22
-                ck[9 + i] = p0 * t0 + p1 * t1 + p2 * t2 + cp[9 + i]
+                for j in range(3):
+                    ck[3 * i + j] = p0 * lk[j] + p1 * lk[3 + j] + p2 * lk[6 + j]
+                ck[9 + i] = p0 * lk[9] + p1 * lk[10] + p2 * lk[11] + cp[9 + i]
+
+
+@njit(inline="always")
+def _sample(x, tau, u, v, order, parent, atom_rotor, eps, c, loc, out):
+    """One sample: the bonds' composed transforms, then the atoms."""
+    _compose(x, tau, u, v, order, parent, eps, c, loc)
     for i in range(x.shape[0]):
         r = atom_rotor[i]
         if r < 0:
@@ -68,18 +81,134 @@ def _sample(x, tau, u, v, order, parent, atom_rotor, eps, c, out):
             out[i, 2] = m[6] * y0 + m[7] * y1 + m[8] * y2 + m[11]
 
 
+@njit(inline="always")
+def _sample_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, c, loc, gc, gx, gt):
+    """One sample's gradients of ``sum(g * turned)``: ``gx`` ``(T, 3)`` and ``gt`` ``(R,)``.
+
+    Reverse of `_sample`: the atoms give each composed transform's adjoint (``gc[r] += (g x^T,
+    g)``) and ``gx = A^T g``; the bonds, inner first, pass ``gc`` to the parent (``dA_p += dA R^T +
+    db t^T``, ``db_p += db``) and to their own turn (``dR = A_p^T dA``, ``dt = A_p^T db``); ``t = x_v - R
+    x_v`` and ``R = c I + s [k]_x + (1 - c) k k^T`` give ``tau``'s gradient and the axis's, which
+    flows through ``k = a / max(|a|, eps)``, ``a = x_u - x_v``."""
+    _compose(x, tau, u, v, order, parent, eps, c, loc)
+    for k in range(gc.shape[0]):
+        for i in range(12):
+            gc[k, i] = 0.0
+    for i in range(x.shape[0]):
+        r = atom_rotor[i]
+        g0, g1, g2 = np.float64(g[i, 0]), np.float64(g[i, 1]), np.float64(g[i, 2])
+        if r < 0:
+            gx[i, 0], gx[i, 1], gx[i, 2] = g0, g1, g2
+            continue
+        m, q = c[r], gc[r]
+        y0, y1, y2 = np.float64(x[i, 0]), np.float64(x[i, 1]), np.float64(x[i, 2])
+        gx[i, 0] = m[0] * g0 + m[3] * g1 + m[6] * g2
+        gx[i, 1] = m[1] * g0 + m[4] * g1 + m[7] * g2
+        gx[i, 2] = m[2] * g0 + m[5] * g1 + m[8] * g2
+        q[0] += g0 * y0
+        q[1] += g0 * y1
+        q[2] += g0 * y2
+        q[3] += g1 * y0
+        q[4] += g1 * y1
+        q[5] += g1 * y2
+        q[6] += g2 * y0
+        q[7] += g2 * y1
+        q[8] += g2 * y2
+        q[9] += g0
+        q[10] += g1
+        q[11] += g2
+    dr = np.empty(9)
+    for qq in range(order.shape[0] - 1, -1, -1):  # inner bonds first
+        k = order[qq]
+        lk, dk = loc[k], gc[k]
+        p = parent[k]
+        if p < 0:
+            for i in range(9):
+                dr[i] = dk[i]
+            dt0, dt1, dt2 = dk[9], dk[10], dk[11]
+        else:
+            cp, dp = c[p], gc[p]
+            for i in range(3):
+                for j in range(3):  # dA_p += dA R^T + db t^T
+                    dp[3 * i + j] += (
+                        dk[3 * i] * lk[3 * j] + dk[3 * i + 1] * lk[3 * j + 1] + dk[3 * i + 2] * lk[3 * j + 2]
+                        + dk[9 + i] * lk[9 + j]
+                    )  # fmt: skip
+                dp[9 + i] += dk[9 + i]
+            for i in range(3):
+                for j in range(3):  # dR = A_p^T dA
+                    dr[3 * i + j] = cp[i] * dk[j] + cp[3 + i] * dk[3 + j] + cp[6 + i] * dk[6 + j]
+            dt0 = cp[0] * dk[9] + cp[3] * dk[10] + cp[6] * dk[11]
+            dt1 = cp[1] * dk[9] + cp[4] * dk[10] + cp[7] * dk[11]
+            dt2 = cp[2] * dk[9] + cp[5] * dk[10] + cp[8] * dk[11]
+        xv0, xv1, xv2 = np.float64(x[v[k], 0]), np.float64(x[v[k], 1]), np.float64(x[v[k], 2])
+        # t = x_v - R x_v: dx_v += dt - R^T dt, dR -= dt x_v^T
+        gx[v[k], 0] += dt0 - (lk[0] * dt0 + lk[3] * dt1 + lk[6] * dt2)
+        gx[v[k], 1] += dt1 - (lk[1] * dt0 + lk[4] * dt1 + lk[7] * dt2)
+        gx[v[k], 2] += dt2 - (lk[2] * dt0 + lk[5] * dt1 + lk[8] * dt2)
+        dts = (dt0, dt1, dt2)
+        xvs = (xv0, xv1, xv2)
+        for i in range(3):
+            for j in range(3):
+                dr[3 * i + j] -= dts[i] * xvs[j]
+        # R = c I + s [k]_x + w k k^T
+        k0, k1, k2, n = lk[12], lk[13], lk[14], lk[15]
+        t = np.float64(tau[k])
+        cs, sn = np.cos(t), np.sin(t)
+        w = 1.0 - cs
+        kk = (k0, k1, k2)
+        trace = dr[0] + dr[4] + dr[8]
+        kap0, kap1, kap2 = dr[7] - dr[5], dr[2] - dr[6], dr[3] - dr[1]  # dR . [k]_x = k . kappa
+        kdk = 0.0
+        for i in range(3):
+            for j in range(3):
+                kdk += dr[3 * i + j] * kk[i] * kk[j]
+        gt[k] = -sn * trace + cs * (k0 * kap0 + k1 * kap1 + k2 * kap2) + sn * kdk
+        s0 = (dr[0] + dr[0]) * k0 + (dr[1] + dr[3]) * k1 + (dr[2] + dr[6]) * k2
+        s1 = (dr[3] + dr[1]) * k0 + (dr[4] + dr[4]) * k1 + (dr[5] + dr[7]) * k2
+        s2 = (dr[6] + dr[2]) * k0 + (dr[7] + dr[5]) * k1 + (dr[8] + dr[8]) * k2
+        dk0, dk1, dk2 = sn * kap0 + w * s0, sn * kap1 + w * s1, sn * kap2 + w * s2
+        if n > eps:  # k = a / |a|
+            dot = k0 * dk0 + k1 * dk1 + k2 * dk2
+            da0, da1, da2 = (dk0 - k0 * dot) / n, (dk1 - k1 * dot) / n, (dk2 - k2 * dot) / n
+        else:  # k = a / eps
+            da0, da1, da2 = dk0 / eps, dk1 / eps, dk2 / eps
+        gx[u[k], 0] += da0
+        gx[u[k], 1] += da1
+        gx[u[k], 2] += da2
+        gx[v[k], 0] -= da0
+        gx[v[k], 1] -= da1
+        gx[v[k], 2] -= da2
+
+
 @njit(cache=True, error_model="numpy")
 def _serial(x, tau, u, v, order, parent, atom_rotor, eps, out):
-    c = np.empty((order.shape[0], 12))
+    c, loc = np.empty((order.shape[0], 12)), np.empty((order.shape[0], 16))
     for b in range(x.shape[0]):
-        _sample(x[b], tau[b], u, v, order, parent, atom_rotor, eps, c, out[b])
+        _sample(x[b], tau[b], u, v, order, parent, atom_rotor, eps, c, loc, out[b])
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def _parallel(x, tau, u, v, order, parent, atom_rotor, eps, out):
     for b in prange(x.shape[0]):
-        c = np.empty((order.shape[0], 12))
-        _sample(x[b], tau[b], u, v, order, parent, atom_rotor, eps, c, out[b])
+        c, loc = np.empty((order.shape[0], 12)), np.empty((order.shape[0], 16))
+        _sample(x[b], tau[b], u, v, order, parent, atom_rotor, eps, c, loc, out[b])
+
+
+@njit(cache=True, error_model="numpy")
+def _serial_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, gx, gt):
+    r = order.shape[0]
+    c, loc, gc = np.empty((r, 12)), np.empty((r, 16)), np.empty((r, 12))
+    for b in range(x.shape[0]):
+        _sample_vjp(x[b], tau[b], g[b], u, v, order, parent, atom_rotor, eps, c, loc, gc, gx[b], gt[b])
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _parallel_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, gx, gt):
+    r = order.shape[0]
+    for b in prange(x.shape[0]):
+        c, loc, gc = np.empty((r, 12)), np.empty((r, 16)), np.empty((r, 12))
+        _sample_vjp(x[b], tau[b], g[b], u, v, order, parent, atom_rotor, eps, c, loc, gc, gx[b], gt[b])
 
 
 def turn(
@@ -97,3 +226,21 @@ def turn(
     run = _serial if x.shape[0] * x.shape[1] < SERIAL_WORK else _parallel
     run(x, tau, u, v, order, parent, atom_rotor, eps, out)
     return out
+
+
+def turn_vjp(
+    x: np.ndarray,
+    tau: np.ndarray,
+    g: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+    order: np.ndarray,
+    parent: np.ndarray,
+    atom_rotor: np.ndarray,
+    eps: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of ``sum(g * turn(x, tau, ...))``: float64 ``(B, T, 3)`` of ``x``, ``(B, R)`` of ``tau``."""
+    gx, gt = np.empty(x.shape), np.empty(tau.shape)
+    run = _serial_vjp if x.shape[0] * x.shape[1] < SERIAL_WORK else _parallel_vjp
+    run(x, tau, g, u, v, order, parent, atom_rotor, eps, gx, gt)
+    return gx, gt
