@@ -420,3 +420,24 @@ def test_the_backward_kernel_is_the_torch_turns_gradient():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     # second order through the torch version's graph
     assert torch.autograd.gradgradcheck(lambda a, b: bn.update_torsions(a, rotors, b, batch=batch), (x, t))
+
+
+def test_the_backward_kernel_at_a_zero_length_bond():
+    """Both atoms of the bond at one point: no turn, and the kernel's gradient is the torch turns'
+    (the axis divided by the clamp ``EPS``, as ``safe_normalize`` does), finite."""
+    pytest.importorskip("numba", reason='the kernels need numba: pip install -e ".[fast]"')
+    from batched_nerf.torsion_space.packed import _packed
+    from batched_nerf.torsion_space.turns import _turn_vjp_kernel, _turned_torch
+
+    rotors = bn.RotorTable.from_connectivity([(0, 1), (1, 2), (2, 3)], 4)
+    xyz = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 0, 0], [2, 1, 0]], dtype=torch.float64)
+    tau = torch.tensor([0.3], dtype=torch.float64)
+    assert torch.equal(bn.update_torsions(xyz, rotors, tau), xyz)
+    plan = _packed((rotors,)).turns
+    g = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x, t = xyz.clone().requires_grad_(), tau.clone().requires_grad_()
+    want = torch.autograd.grad(_turned_torch(x, t, plan), (x, t), g)
+    got = _turn_vjp_kernel(xyz, tau, g, plan)
+    for a, b in zip(got, want):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

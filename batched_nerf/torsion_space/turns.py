@@ -4,7 +4,7 @@ For rotor tables whose moving sides are nested or disjoint (always with the defa
 ``moving="smaller"``), turning bond ``k`` by ``tau_k`` is the rigid motion
 
 ```text
-T_k(y) = R_k (y - x_v) + x_v,      R_k = Rodrigues(unit(x_u - x_v), tau_k)   (right-handed)
+T_k(y) = R_k (y - x_v) + x_v,      R_k = Rodrigues(unit(x_u - x_v), tau_k)   (right-handed; I at a zero axis)
 ```
 
 of the atoms on ``v``'s side, and the updates of all bonds compose as ``C_k = C_parent(k) o T_k``
@@ -158,12 +158,14 @@ _SIGN = torch.tensor([0.0, -1.0, 1.0, 1.0, 0.0, -1.0, -1.0, 1.0, 0.0])
 
 def _rodrigues(axis: Tensor, tau: Tensor) -> Tensor:
     """``(..., 3, 3)`` rotations by ``tau`` ``(...)`` about unit ``axis`` ``(..., 3)``, right-handed:
-    ``cos(tau) I + sin(tau) [k]_x + (1 - cos(tau)) k k^T``."""
+    ``I + sin(tau) [k]_x + (1 - cos(tau)) [k]_x^2`` with ``[k]_x^2 = k k^T - |k|^2 I`` (the identity
+    for a zero axis: a bond of zero length turns nothing)."""
     c, s = torch.cos(tau)[..., None, None], torch.sin(tau)[..., None, None]
     sign = _SIGN.to(device=axis.device, dtype=axis.dtype)
     cross = (axis.index_select(-1, _CROSS.to(axis.device)) * sign).unflatten(-1, (3, 3))
     eye = torch.eye(3, dtype=axis.dtype, device=axis.device)
-    return c * eye + s * cross + (1.0 - c) * (axis.unsqueeze(-1) * axis.unsqueeze(-2))
+    square = axis.unsqueeze(-1) * axis.unsqueeze(-2) - (axis * axis).sum(-1)[..., None, None] * eye
+    return eye + s * cross + (1.0 - c) * square
 
 
 def _turned_torch(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:

@@ -1,7 +1,8 @@
 """Rigid turns of rotatable bonds' moving sides (numba): `bn.update_torsions`'s kernel.
 
 Each bond ``k`` turns the atoms of its moving side by ``tau_k`` about the axis ``x_u - x_v``
-through ``x_v`` (right-handed, Rodrigues); nested sides compose, the inner turn first, both about
+through ``x_v`` (right-handed, Rodrigues: ``R = I + sin(tau) [k]_x + (1 - cos(tau)) [k]_x^2``, the
+identity for a zero axis); nested sides compose, the inner turn first, both about
 the input's axes (the same as the peers' sequential loop over bonds). Per sample, the bonds are
 walked outer first (``order``), each one's transform composed onto its parent's
 (``parent``), then every atom moved by the transform of the innermost bond that turns it
@@ -36,9 +37,10 @@ def _local(x, tau, u, v, k, eps, loc):
     t = np.float64(tau[k])
     cs, sn = np.cos(t), np.sin(t)
     w = 1.0 - cs
-    loc[0], loc[1], loc[2] = cs + w * k0 * k0, w * k0 * k1 - sn * k2, w * k0 * k2 + sn * k1
-    loc[3], loc[4], loc[5] = w * k1 * k0 + sn * k2, cs + w * k1 * k1, w * k1 * k2 - sn * k0
-    loc[6], loc[7], loc[8] = w * k2 * k0 - sn * k1, w * k2 * k1 + sn * k0, cs + w * k2 * k2
+    q = k0 * k0 + k1 * k1 + k2 * k2  # 1, or below it for an axis shorter than eps (0: no turn)
+    loc[0], loc[1], loc[2] = 1.0 + w * (k0 * k0 - q), w * k0 * k1 - sn * k2, w * k0 * k2 + sn * k1
+    loc[3], loc[4], loc[5] = w * k1 * k0 + sn * k2, 1.0 + w * (k1 * k1 - q), w * k1 * k2 - sn * k0
+    loc[6], loc[7], loc[8] = w * k2 * k0 - sn * k1, w * k2 * k1 + sn * k0, 1.0 + w * (k2 * k2 - q)
     for i in range(3):
         loc[9 + i] = (xv0, xv1, xv2)[i] - (loc[3 * i] * xv0 + loc[3 * i + 1] * xv1 + loc[3 * i + 2] * xv2)
     loc[12], loc[13], loc[14], loc[15] = k0, k1, k2, n
@@ -151,7 +153,7 @@ def _sample_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, c, loc, gc, gx,
         for i in range(3):
             for j in range(3):
                 dr[3 * i + j] -= dts[i] * xvs[j]
-        # R = c I + s [k]_x + w k k^T
+        # R = I + s [k]_x + w (k k^T - |k|^2 I)
         k0, k1, k2, n = lk[12], lk[13], lk[14], lk[15]
         t = np.float64(tau[k])
         cs, sn = np.cos(t), np.sin(t)
@@ -163,10 +165,12 @@ def _sample_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, c, loc, gc, gx,
         for i in range(3):
             for j in range(3):
                 kdk += dr[3 * i + j] * kk[i] * kk[j]
-        gt[k] = -sn * trace + cs * (k0 * kap0 + k1 * kap1 + k2 * kap2) + sn * kdk
+        q = k0 * k0 + k1 * k1 + k2 * k2
+        gt[k] = -sn * q * trace + cs * (k0 * kap0 + k1 * kap1 + k2 * kap2) + sn * kdk
         s0 = (dr[0] + dr[0]) * k0 + (dr[1] + dr[3]) * k1 + (dr[2] + dr[6]) * k2
         s1 = (dr[3] + dr[1]) * k0 + (dr[4] + dr[4]) * k1 + (dr[5] + dr[7]) * k2
         s2 = (dr[6] + dr[2]) * k0 + (dr[7] + dr[5]) * k1 + (dr[8] + dr[8]) * k2
+        s0, s1, s2 = s0 - 2.0 * k0 * trace, s1 - 2.0 * k1 * trace, s2 - 2.0 * k2 * trace  # the -|k|^2 I
         dk0, dk1, dk2 = sn * kap0 + w * s0, sn * kap1 + w * s1, sn * kap2 + w * s2
         if n > eps:  # k = a / |a|
             dot = k0 * dk0 + k1 * dk1 + k2 * dk2
