@@ -53,14 +53,28 @@ class _Packed:
 
     def __init__(self, rotors: tuple[Rotors, ...]) -> None:
         self.rotors = rotors  # keeps the ids of the cache key alive
-        atom_offsets = np.cumsum([0] + [r.n_atoms for r in rotors])
-        bond_offsets = np.cumsum([0] + [r.n_bonds for r in rotors])
         self.n_atoms = [r.n_atoms for r in rotors]
         self.n_bonds = [r.n_bonds for r in rotors]
+        atom_offsets = np.cumsum([0, *self.n_atoms])
+        bond_offsets = np.cumsum([0, *self.n_bonds])
         self.total_atoms, self.total_bonds = int(atom_offsets[-1]), int(bond_offsets[-1])
-        self.rows = _stacked([r.rows for r in rotors], atom_offsets)
-        self.row_bonds = _stacked([r.row_bonds for r in rotors], bond_offsets)
-        self.torsions = _stacked([r.torsions for r in rotors], atom_offsets)
+        self._offsets = atom_offsets, bond_offsets
+
+    # made on first use: the turns (every update of nested sides) need none of them
+    @cached_property
+    def rows(self) -> Tensor:
+        """``(K,)`` the torsion rows of all bonds, in packed atom indices."""
+        return _stacked([r.rows for r in self.rotors], self._offsets[0])
+
+    @cached_property
+    def row_bonds(self) -> Tensor:
+        """``(K,)`` the bond (packed index) of each torsion row."""
+        return _stacked([r.row_bonds for r in self.rotors], self._offsets[1])
+
+    @cached_property
+    def torsions(self) -> Tensor:
+        """``(R, 4)`` the atoms of each bond's torsion, in packed atom indices."""
+        return _stacked([r.torsions for r in self.rotors], self._offsets[0])
 
     @cached_property
     def table(self) -> ConstructionTable:

@@ -82,11 +82,13 @@ class TurnPlan:
         }
 
 
-def _nesting(moving: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Parents of one molecule's bonds and the innermost bond of each atom, from its ``(R, N)``
-    moving sides; None where two sides overlap without one holding the other."""
+def _nesting(moving: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Parents of one molecule's bonds, the innermost bond of each atom and the bonds' nesting
+    depths, from its ``(R, N)`` moving sides; None where two sides overlap without one holding
+    the other."""
     if moving.shape[0] == 0:  # no rotatable bond: nothing turns
-        return np.zeros(0, dtype=np.int64), np.full(moving.shape[1], -1, dtype=np.int64)
+        none = np.zeros(0, dtype=np.int64)
+        return none, np.full(moving.shape[1], -1, dtype=np.int64), none
     m = moving.astype(np.int64)
     size = m.sum(1)
     inter = m @ m.T
@@ -103,47 +105,57 @@ def _nesting(moving: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     atom = np.where(moving.any(0), np.argmin(np.where(moving, size[:, None], big), 0), -1)
     own = atom[v] == np.arange(r)  # a bond's v lies on its own axis: its parent's turn moves it
     atom[v[own]] = parent[own]
-    return parent, atom
+    return parent, atom, _depth(parent)
 
 
-def _nesting_of(rotors: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """`_nesting` of one rotor table, made once and kept on it (a batch of analysed molecules is
-    composed from these without a per-molecule analysis)."""
+def _nesting_of(rotors: Any) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray] | None, np.ndarray]:
+    """`_nesting` of one rotor table and its ``(R, 2)`` bonds as numpy, made once and kept on it (a
+    batch of analysed molecules is composed from these without a per-molecule analysis)."""
     kept = rotors.__dict__.get("_nesting")
     if kept is None:
-        found = _nesting(values_of(rotors.moving, "moving"), values_of(rotors.bonds, "bonds")[:, 1])
-        kept = rotors.__dict__["_nesting"] = (found,)
-    return kept[0]
+        bonds = values_of(rotors.bonds, "bonds")
+        found = _nesting(values_of(rotors.moving, "moving"), bonds[:, 1])
+        kept = rotors.__dict__["_nesting"] = (found, bonds)
+    return kept
 
 
 def _shifted(parts: list[np.ndarray], offsets: np.ndarray) -> np.ndarray:
-    """``parts`` one after another, part ``m``'s entries ``>= 0`` plus ``offsets[m]`` (``-1`` kept)."""
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    shift = np.repeat(offsets, [len(x) for x in parts])
+    """``parts`` one after another (along the first axis), part ``m``'s entries ``>= 0`` plus
+    ``offsets[m]`` (``-1`` kept)."""
+    flat = np.concatenate(parts)
+    shift = np.repeat(offsets, [len(x) for x in parts]).reshape((-1,) + (1,) * (flat.ndim - 1))
     return np.where(flat >= 0, flat + shift, -1).astype(np.int64)
+
+
+def _depth(parent: np.ndarray) -> np.ndarray:
+    """Nesting depth of each bond: 0 without a parent, else 1 + the parent's (pointer walk)."""
+    depth = np.zeros(parent.size, dtype=np.int64)
+    for _ in range(parent.size):
+        new = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
+        if (new == depth).all():
+            break
+        depth = new
+    return depth
 
 
 def turn_plan(rotors: Sequence[Any]) -> TurnPlan | None:
     """The `TurnPlan` of a batch of rotor tables (`batched_nerf.RotorTable`, packed in this order);
     None where a molecule's sides are not nested."""
-    found = [_nesting_of(r) for r in rotors]
+    kept = [_nesting_of(r) for r in rotors]
+    found = [f for f, _ in kept]
     if any(f is None for f in found):
         return None
+    bonds = [b for _, b in kept]
     atom_off = np.cumsum([0] + [r.n_atoms for r in rotors])[:-1]
-    bond_off = np.cumsum([0] + [r.n_bonds for r in rotors])[:-1]
-    bonds = [values_of(r.bonds, "bonds") for r in rotors]
+    bond_off = np.cumsum([0] + [len(b) for b in bonds])[:-1]
     parent = _shifted([f[0] for f in found], bond_off)  # type: ignore[index]
-    depth = np.zeros(parent.size, dtype=np.int64)
-    for _ in range(parent.size):  # pointer walk: depth = 1 + the parent's
-        new = np.where(parent >= 0, depth[np.maximum(parent, 0)] + 1, 0)
-        if (new == depth).all():
-            break
-        depth = new
+    depth = np.concatenate([f[2] for f in found])  # type: ignore[index]
     order = np.argsort(depth, kind="stable")
     at = [order[depth[order] == d] for d in range(int(depth.max(initial=-1)) + 1)]
+    uv = _shifted(bonds, atom_off)
     return TurnPlan(
-        u=_shifted([b[:, 0] for b in bonds], atom_off),
-        v=_shifted([b[:, 1] for b in bonds], atom_off),
+        u=np.ascontiguousarray(uv[:, 0]),
+        v=np.ascontiguousarray(uv[:, 1]),
         order=order.astype(np.int64),
         parent=parent,
         levels=tuple((keys, parent[keys]) for keys in at),
