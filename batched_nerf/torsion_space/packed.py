@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ..core.pack import pack_tables
 from ..core.table import ConstructionTable
+from ..runtime.torch_compat import no_functorch, values_of
 from .turns import TurnPlan, turn_plan
 
 __all__: list[str] = []
@@ -42,10 +43,12 @@ def _recent(
 
 
 def _stacked(parts: list[Tensor], offsets: np.ndarray) -> Tensor:
-    """The CPU int64 ``parts`` one after another, part ``m`` plus ``offsets[m]`` (one array pass)."""
-    arrays = [p.numpy() for p in parts]
+    """The CPU int64 ``parts`` one after another, part ``m`` plus ``offsets[m]`` (one array pass; also
+    when first asked for inside a ``torch.func`` transform)."""
+    arrays = [values_of(p, "rotor table") for p in parts]
     shift = np.repeat(offsets[:-1], [len(a) for a in arrays]).reshape((-1,) + (1,) * (arrays[0].ndim - 1))
-    return torch.from_numpy(np.concatenate(arrays) + shift)
+    with no_functorch():
+        return torch.from_numpy(np.concatenate(arrays) + shift)
 
 
 class _Packed:
