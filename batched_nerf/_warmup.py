@@ -18,7 +18,7 @@ from .core.table import ConstructionTable
 __all__ = ["PASSES", "warmup"]
 
 #: The passes :func:`warmup` can compile, in the order it runs them.
-PASSES = ("forward", "backward", "inverse", "second", "flow")
+PASSES = ("forward", "backward", "inverse", "second", "flow", "torsions")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _ATOMS = 12  # a chain: small inputs, every row kind of a chain (seeds, NeRF frames)
 
@@ -30,11 +30,13 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     from .engines.fused.cpu import build as fused_numba
     from .engines.fused.cpu import inverse as fused_inverse_numba
     from .engines.fused.cpu import trig as fused_numba_trig
+    from .engines.fused.cpu import turns as fused_turns
 
     names = (
         (fused_numba, "SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
+        (fused_turns, "SERIAL_WORK"),
     )
     saved = [getattr(m, n) for m, n in names]
     try:
@@ -89,6 +91,17 @@ def _flow(table: ConstructionTable, n: int, dtype: torch.dtype) -> None:
     (xyz.sum() + log_det.sum()).backward()
 
 
+def _torsions(n: int, dtype: torch.dtype) -> None:
+    """`update_torsions` with its gradient (its turns' forward and backward kernels)."""
+    from .torsion_space.rotors import RotorTable, update_torsions
+
+    rotors = RotorTable.from_connectivity([(k, k + 1) for k in range(_ATOMS - 1)], _ATOMS)
+    b, a, d = _inputs(1, dtype)
+    x = to_cartesian(b, a, d, ConstructionTable.chain(_ATOMS)).expand(n, _ATOMS, 3).contiguous()
+    tau = torch.full((n, rotors.n_bonds), 0.5, dtype=dtype, requires_grad=True)
+    update_torsions(x, rotors, tau).sum().backward()
+
+
 Step = tuple[str, Callable[[], None]]
 
 
@@ -124,6 +137,10 @@ def _steps(dtypes: Sequence[str], passes: Sequence[str], threads: int) -> list[S
             for label, n, threaded in flow_sizes:
                 what = f"InternalCoordinateTransform forward + inverse + backward{label}, {name}"
                 steps.append((what, _run(_flow, table, n, dt, threaded)))
+        if "torsions" in passes:  # one layout: on this thread and threaded
+            for label, threaded in [("", False)] + ([(", threaded", True)] if threads > 1 else []):
+                what = f"update_torsions forward + backward{label}, {name}"
+                steps.append((what, _run(_torsions, 1, dt, threaded)))
     return steps
 
 
@@ -186,7 +203,8 @@ def warmup(
     ``"second"`` (a ``create_graph=True`` gradient of [`to_internal`][batched_nerf.to_internal] and
     its backward: the inverse's second-order kernels; implies ``"inverse"``),
     ``"flow"`` ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] both ways with
-    gradients and its pose: the builder's and the inverse's kernels it runs).
+    gradients and its pose: the builder's and the inverse's kernels it runs), ``"torsions"``
+    ([`update_torsions`][batched_nerf.update_torsions] with its gradient).
     The values computed are thrown away.
 
     Where the compiled code goes: numba's cache, chosen when the kernels are

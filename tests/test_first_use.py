@@ -127,7 +127,7 @@ def test_warmup_small_and_plain_progress(
         ({"dtypes": ()}, "dtypes must be among"),
         (
             {"passes": ("hessian",)},
-            "passes must be among ('forward', 'backward', 'inverse', 'second', 'flow')",
+            "passes must be among ('forward', 'backward', 'inverse', 'second', 'flow', 'torsions')",
         ),
         ({"passes": ()}, "passes must be among"),
     ],
