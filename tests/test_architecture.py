@@ -55,7 +55,6 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.learning.flow",
         "batched_nerf.core.zmatrix",
         "batched_nerf.losses",
-        "batched_nerf._warmup",
     ),
     (
         "batched_nerf.core.compile",
@@ -65,6 +64,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.torsion_space.ops",
         "batched_nerf.torsion_space.inputs",
     ),
+    ("batched_nerf._warmup",),  # runs every kernel family, the torsion turns' included
     # residue chemistry (templates, tables from MD topologies), then proteins and the file
     # adapters side by side (neither imports the other), shipped data, test helpers, the CLI
     ("batched_nerf.residues.templates",),
@@ -86,9 +86,8 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.engines.fused.cpu.pose",
         "batched_nerf.engines.fused.cpu.tiers",
         "batched_nerf.engines.fused.cpu.inverse_rows",
-        "batched_nerf.engines.fused.cpu.turns",
     ),
-    ("batched_nerf.engines.fused.cpu.blocks",),
+    ("batched_nerf.engines.fused.cpu.blocks", "batched_nerf.engines.fused.cpu.turns"),
     ("batched_nerf.engines.fused.cpu.inverse_blocks",),
     ("batched_nerf.engines.fused.cpu",),
     # shared ground of the engines: plan base, frame tree, GPU policy, autograd helpers, buffers

@@ -348,30 +348,43 @@ def _nerf_backward(p, k, s0, X, GX, ge10, ge11, ge12, ge20, ge21, ge22, ge30, ge
 
 
 @njit(inline="always")
+def affine_adjoint(m, q, g0, g1, g2, y0, y1, y2):
+    """For ``x = A y + t`` (``m``: ``A`` row-major, then ``t``) and the adjoint ``g`` of ``x``: adds
+    ``g y^T`` and ``g`` into ``q`` (the same 12-entry layout) and returns ``A^T g``."""
+    q[0] += g0 * y0
+    q[1] += g0 * y1
+    q[2] += g0 * y2
+    q[3] += g1 * y0
+    q[4] += g1 * y1
+    q[5] += g1 * y2
+    q[6] += g2 * y0
+    q[7] += g2 * y1
+    q[8] += g2 * y2
+    q[9] += g0
+    q[10] += g1
+    q[11] += g2
+    return _transposed(m, g0, g1, g2)
+
+
+@njit(inline="always")
+def _transposed(m, g0, g1, g2):
+    """``A^T g`` of the row-major ``A`` in ``m[:9]``."""
+    return (
+        m[0] * g0 + m[3] * g1 + m[6] * g2,
+        m[1] * g0 + m[4] * g1 + m[7] * g2,
+        m[2] * g0 + m[5] * g1 + m[8] * g2,
+    )
+
+
+@njit(inline="always")
 def _pose_adjoint(P, g0, g1, g2, y, gpose, b, slot):
     """``R^T g`` of pose row ``P`` (0 for an improper rotation, the reference's ``where``), adding
     ``g y^T`` and ``g`` into ``gpose[b, slot]`` where ``gpose`` has rows."""
     if not P[12] > 0.0:
         return 0.0, 0.0, 0.0
     if gpose.shape[0]:
-        q, y0, y1, y2 = gpose[b, slot], y[0], y[1], y[2]
-        q[0] += g0 * y0
-        q[1] += g0 * y1
-        q[2] += g0 * y2
-        q[3] += g1 * y0
-        q[4] += g1 * y1
-        q[5] += g1 * y2
-        q[6] += g2 * y0
-        q[7] += g2 * y1
-        q[8] += g2 * y2
-        q[9] += g0
-        q[10] += g1
-        q[11] += g2
-    return (
-        P[0] * g0 + P[3] * g1 + P[6] * g2,
-        P[1] * g0 + P[4] * g1 + P[7] * g2,
-        P[2] * g0 + P[5] * g1 + P[8] * g2,
-    )
+        return affine_adjoint(P, gpose[b, slot], g0, g1, g2, y[0], y[1], y[2])
+    return _transposed(P, g0, g1, g2)
 
 
 @njit(cache=True)

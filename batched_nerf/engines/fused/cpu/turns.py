@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .samples import affine_adjoint
+
 __all__ = ["turn", "turn_vjp"]
 
 #: Below this many atom-samples a call runs on the calling thread.
@@ -102,23 +104,8 @@ def _sample_vjp(x, tau, g, u, v, order, parent, atom_rotor, eps, c, loc, gc, gx,
         if r < 0:
             gx[i, 0], gx[i, 1], gx[i, 2] = g0, g1, g2
             continue
-        m, q = c[r], gc[r]
         y0, y1, y2 = np.float64(x[i, 0]), np.float64(x[i, 1]), np.float64(x[i, 2])
-        gx[i, 0] = m[0] * g0 + m[3] * g1 + m[6] * g2
-        gx[i, 1] = m[1] * g0 + m[4] * g1 + m[7] * g2
-        gx[i, 2] = m[2] * g0 + m[5] * g1 + m[8] * g2
-        q[0] += g0 * y0
-        q[1] += g0 * y1
-        q[2] += g0 * y2
-        q[3] += g1 * y0
-        q[4] += g1 * y1
-        q[5] += g1 * y2
-        q[6] += g2 * y0
-        q[7] += g2 * y1
-        q[8] += g2 * y2
-        q[9] += g0
-        q[10] += g1
-        q[11] += g2
+        gx[i, 0], gx[i, 1], gx[i, 2] = affine_adjoint(c[r], gc[r], g0, g1, g2, y0, y1, y2)
     dr = np.empty(9)
     for qq in range(order.shape[0] - 1, -1, -1):  # inner bonds first
         k = order[qq]
