@@ -174,7 +174,8 @@ class KernelOp:
       (kernels taking a ``(B, ...)`` batch: the vmapped dimension folded into it) or `lead`
       (kernels taking any leading shape: the vmapped dimension moved first).
 
-    An op without ``reference`` has no ``jvp`` or ``vmap`` (torch says so when asked).
+    An op without ``reference`` or ``jvp`` has no forward mode, and one without ``vmap`` no vmap
+    rule (torch says so when asked).
     """
 
     def __init__(
