@@ -32,7 +32,7 @@ from .core.zmatrix import ZMatrix
 from .engines.backends import backends
 from .learning.flow import FlowCoordinates, InternalCoordinateTransform
 from .learning.logdet import log_det_jacobian, pose_log_det
-from .runtime.state import cache_info
+from .runtime.state import cache_budget, cache_info
 from .topology.analysis import Topology
 from .topology.auto import nonbonded_references, perceive_connectivity
 from .torsion_space.inputs import rotor_tables
@@ -69,6 +69,7 @@ __all__ = [
     "apply_pose",
     "backends",
     "box_vectors",
+    "cache_budget",
     "cache_info",
     "check_box",
     "compile_builder",

@@ -7,7 +7,6 @@ the bound path) and checks which path ran from the graph's node names.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import batched_nerf as bn
 from batched_nerf.engines.backends import available
 from batched_nerf.engines.fused import torsions
 from batched_nerf.engines.fused.torsions import SMALL_VALUES, TorsionBuild
+from batched_nerf.runtime import state
 
 pytestmark = pytest.mark.skipif(not available("cpu"), reason="the bound path needs numba")
 
@@ -148,18 +148,22 @@ def test_nan_in_gives_nan_out():
     assert torch.equal(torch.isnan(xyz), torch.isnan(ref))
 
 
-def test_kept_arrays_are_bounded(monkeypatch):
-    """Many batch sizes keep at most KEPT_BYTES of broadcast arrays, the least recently used dropped
-    first; a call needing more than a quarter of it keeps nothing."""
+def test_kept_arrays_are_bounded():
+    """Many batch sizes keep at most the one byte budget of broadcast arrays, the least recently used
+    dropped first; a call needing more than a quarter of it keeps nothing."""
     n = bn.protein.protein_table(SEQ).n_atoms
     unit = 3 * 4 * n  # float32 bonds, angles and template of one sample
-    monkeypatch.setattr(torsions, "KEPT_BYTES", 160 * unit)
-    monkeypatch.setattr(torsions, "_kept", OrderedDict())
-    for m in (10, 20, 30, 40, 50, 35, 38):
-        bn.protein.build(SEQ, *_torsions((m,), dtype=torch.float32))
-        assert torsions.kept_bytes() <= 160 * unit
-    assert sorted(key[2] for key in torsions._kept) == [30, 35, 38, 40]  # 50: over a quarter
-    assert torsions.kept_bytes() == (30 + 35 + 38 + 40) * unit
+    state.release_pools()
+    old = bn.cache_budget(160 * unit)
+    try:
+        for m in (10, 20, 30, 40, 50, 35, 38):
+            bn.protein.build(SEQ, *_torsions((m,), dtype=torch.float32))
+            assert torsions.kept_bytes() <= 160 * unit
+        kept = sorted(key[3] for key in state._idle if key[0] == torsions.POOL)
+        assert kept == [30, 35, 38, 40]  # 50: over a quarter
+        assert torsions.kept_bytes() == (30 + 35 + 38 + 40) * unit
+    finally:
+        bn.cache_budget(old)
 
 
 def test_bad_sources_raise():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import pickle
 
+import pytest
 import torch
 
 import batched_nerf as bn
@@ -100,3 +101,44 @@ def test_the_rows_a_plan_keeps_are_not_counted() -> None:
     assert set(table._state.plans) == {("fused", 1, torch.device("cpu"))}
     assert table.cache_info()["plan_bytes"] == plan.index.nbytes + plan.starts.nbytes + plan.runs.nbytes
     assert state.nbytes(table.topology) > 0  # what was counted before
+
+
+def test_the_pools_share_one_byte_budget_least_recently_used_first() -> None:
+    """Work buffers and kept torsion arrays are entries of one ledger: past the budget the oldest
+    entry goes, whichever pool it is in; a smaller budget frees the excess at once."""
+    from batched_nerf.engines.fused import torsions, workspace
+
+    state.release_pools()
+    old = bn.cache_budget()
+    n = workspace.MIN_BYTES // 8
+    topo = bn.ConstructionTable.chain(4).topology
+    try:
+        with workspace.borrowed(topo, n):  # a work buffer of 8n bytes, idle after the block
+            pass
+        assert bn.cache_info()["work_buffers_bytes"] == 8 * n
+        phi = torch.zeros(64, 7)
+        bn.protein.build("MKVWYAG", phi, phi + 2.0)  # a bound build: its broadcast arrays kept
+        arrays = torsions.kept_bytes()
+        assert arrays > 0
+        bn.cache_budget(8 * n + arrays - 1)  # one byte short: the oldest entry, the work buffer, goes
+        assert workspace.held_bytes() == 0 and torsions.kept_bytes() == arrays
+        with workspace.borrowed(topo, n):
+            pass  # returned: now the newest, and the torsion arrays the oldest
+        assert workspace.held_bytes() == 8 * n and torsions.kept_bytes() == 0
+        bn.cache_budget(0)  # nothing idle is kept
+        assert workspace.held_bytes() == 0
+        with workspace.borrowed(topo, n):
+            pass
+        assert workspace.held_bytes() == 0
+    finally:
+        bn.cache_budget(old)
+    assert bn.cache_budget() == old
+
+
+def test_cache_budget_checks_its_argument() -> None:
+    with pytest.raises(TypeError, match=r"cache_budget takes a number of bytes \(int\), got float"):
+        bn.cache_budget(1.5)
+    with pytest.raises(TypeError, match="got bool"):
+        bn.cache_budget(True)
+    with pytest.raises(ValueError, match="non-negative number of bytes, got -1"):
+        bn.cache_budget(-1)

@@ -192,7 +192,7 @@ def test_idle_buffers_stay_within_the_per_table_and_total_bounds(monkeypatch) ->
     assert workspace.held_bytes() == 8 * n * (3 + 2)  # KEEP = 2: the smallest is dropped
     with workspace.borrowed(topo, n) as buf:  # the smallest that fits: 2n, 3n stays idle
         assert buf.size == n and workspace.held_bytes() == 8 * n * 3
-    monkeypatch.setattr(workspace, "IDLE_BYTES", 8 * n * 4)
+    old = bn.cache_budget(8 * n * 4)  # the one byte budget of idle arrays: 3n, the oldest, goes now
     others = [bn.ConstructionTable.chain(4).topology for _ in range(3)]
     for other in others:  # each returns one buffer of n: the least recently returned go first
         with workspace.borrowed(other, n):
@@ -200,5 +200,6 @@ def test_idle_buffers_stay_within_the_per_table_and_total_bounds(monkeypatch) ->
     assert workspace.held_bytes() == 8 * n * 3  # 3n, then topo's 2n went: the others' three remain
     with workspace.borrowed(topo, n):  # topo has none left: a new one
         assert workspace.held_bytes() == 8 * n * 3
+    bn.cache_budget(old)
     workspace.release()
     assert workspace.held_bytes() == 0

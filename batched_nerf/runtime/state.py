@@ -13,8 +13,11 @@ a protein table, a packed table):
 Process-wide pools that are not one owner's (the CPU kernels' work buffers, the
 bound torsion build's arrays) register here with their byte count and their
 release (`register_pool`), so that `info` reports all of it and `release_pools`
-frees it. A `State` goes with its owner (it is an attribute of it); a pickled
-owner carries none (plans and memo are rebuilt on first use, in the worker).
+frees it. Their idle arrays share one byte budget (`cache_budget`): each idle
+array is an entry of one ledger (`keep_idle`), least recently used first, and
+past the budget the oldest entry of any pool is dropped. A `State` goes with its
+owner (it is an attribute of it); a pickled owner carries none (plans and memo
+are rebuilt on first use, in the worker).
 
 This module imports nothing else of the package: the layers above register with it.
 """
@@ -26,7 +29,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -35,13 +38,20 @@ __all__ = [
     "LOCK",
     "PLAN_CACHE_SIZE",
     "State",
+    "budget",
+    "cache_budget",
     "cache_info",
+    "idle_bytes",
     "info",
+    "keep_idle",
     "memo",
     "nbytes",
     "register_pool",
+    "release_idle",
     "release_pools",
     "state_of",
+    "take_idle",
+    "touch_idle",
 ]
 
 #: Most plans an owner keeps (engine x variant x device); the least recently used goes first.
@@ -60,6 +70,24 @@ _POOLS: dict[str, tuple[Callable[[], int], Callable[[], None]]] = {}
 #: uses them without it: a race makes a value twice, never a wrong one.
 LOCK = threading.Lock()
 _lock = LOCK
+
+#: The one byte budget: bytes of idle arrays the pools keep over the whole process (`cache_budget`).
+_budget = [1 << 31]
+
+
+class _Idle(NamedTuple):
+    """One idle array (or set of arrays) of a pool: its bytes, its holder (weakly, None: the pool
+    forgets it itself) and how the pool lets go of it (called under `LOCK`)."""
+
+    pool: str
+    n_bytes: int
+    holder: weakref.ref | None
+    drop: Callable[[], None]
+
+
+#: The ledger of idle pooled arrays, least recently used first (changed under `LOCK` only).
+_idle: OrderedDict[Hashable, _Idle] = OrderedDict()
+_idle_total = [0]
 
 
 class State:
@@ -144,16 +172,129 @@ def release_pools() -> None:
         release()
 
 
+def keep_idle(
+    key: Hashable, pool: str, n_bytes: int, drop: Callable[[], None], holder: object = None
+) -> None:
+    """Enter an idle array of ``pool`` as the most recently used (replacing an entry of the same
+    ``key``), then drop the oldest entries past the budget (hold `LOCK`).
+
+    ``drop()`` lets go of the array when the budget needs its bytes (it must not take `LOCK`);
+    with a ``holder``, the entry also goes, without ``drop``, once the holder is freed."""
+    take_idle(key)
+    ref = None if holder is None else weakref.ref(holder)
+    _idle[key] = _Idle(pool, int(n_bytes), ref, drop)
+    _idle_total[0] += int(n_bytes)
+    _trim(_budget[0])
+
+
+def touch_idle(key: Hashable) -> None:
+    """Mark ``key``'s entry as the most recently used, if it is there (hold `LOCK`)."""
+    if key in _idle:
+        _idle.move_to_end(key)
+
+
+def take_idle(key: Hashable) -> None:
+    """Remove ``key``'s entry without dropping its array (back in use, or its holder let it go; hold
+    `LOCK`)."""
+    entry = _idle.pop(key, None)
+    if entry is not None:
+        _idle_total[0] -= entry.n_bytes
+
+
+def _forget_freed() -> None:
+    """Remove the entries whose holders are gone (hold `LOCK`)."""
+    for key in [k for k, e in _idle.items() if e.holder is not None and e.holder() is None]:
+        take_idle(key)
+
+
+def _trim(budget: int, pool: str | None = None) -> None:
+    """Drop the least recently used entries (of ``pool``, or of every pool) until the ledger holds at
+    most ``budget`` bytes (hold `LOCK`)."""
+    if _idle_total[0] <= budget:
+        return
+    _forget_freed()
+    for key in list(_idle):
+        if _idle_total[0] <= budget:
+            break
+        entry = _idle[key]
+        if pool is None or entry.pool == pool:
+            take_idle(key)
+            entry.drop()
+
+
+def idle_bytes(pool: str) -> int:
+    """Bytes of ``pool``'s idle entries whose holders are alive (hold `LOCK`)."""
+    _forget_freed()
+    return sum(e.n_bytes for e in _idle.values() if e.pool == pool)
+
+
+def release_idle(pool: str) -> None:
+    """Drop every idle entry of ``pool`` (hold `LOCK`)."""
+    for key in [k for k, e in _idle.items() if e.pool == pool]:
+        entry = _idle[key]
+        take_idle(key)
+        entry.drop()
+
+
+def budget() -> int:
+    """The byte budget of idle pooled arrays now (`cache_budget` sets it)."""
+    return _budget[0]
+
+
+def cache_budget(n_bytes: int | None = None) -> int:
+    """Read or set the one byte budget of the arrays kept between calls for reuse.
+
+    Beside each table's own plans and memo entries (bounded per table and freed
+    with it), the process keeps idle arrays for reuse: the CPU kernels' work
+    buffers (a ``(4, B, N)`` float64 array of cosines and sines per call) and
+    the bound torsion builds' broadcast arrays. All of them share this budget:
+    past it, the least recently used array of any pool is freed first. The
+    default is 2 GiB; setting a smaller budget frees the excess at once, and
+    ``0`` keeps nothing idle (every call makes its own arrays: slower for
+    large batches, never wrong).
+
+    Args:
+        n_bytes: the new budget in bytes (a non-negative ``int``), or None to
+            only read it.
+
+    Returns:
+        The budget in bytes before the call.
+
+    Raises:
+        TypeError: ``n_bytes`` is not an integer.
+        ValueError: ``n_bytes`` is negative.
+
+    Example:
+        >>> import batched_nerf as bn
+        >>> old = bn.cache_budget(256 << 20)  # at most 256 MiB idle from now on
+        >>> bn.cache_budget() == 256 << 20
+        True
+        >>> _ = bn.cache_budget(old)
+    """
+    previous = _budget[0]
+    if n_bytes is None:
+        return previous
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, np.integer)):
+        raise TypeError(f"cache_budget takes a number of bytes (int), got {type(n_bytes).__name__}")
+    if n_bytes < 0:
+        raise ValueError(f"cache_budget takes a non-negative number of bytes, got {n_bytes}")
+    with _lock:
+        _budget[0] = int(n_bytes)
+        _trim(_budget[0])
+    return previous
+
+
 def cache_info() -> dict[str, int]:
     """What the whole process keeps between calls: counts and bytes.
 
     Every table (and protein table) keeps what it derives from its rows in one
     state: engine plans and memo entries, see
     [`ConstructionTable.cache_info`][batched_nerf.ConstructionTable.cache_info]. Beside
-    them the process keeps two bounded pools: the CPU kernels' reusable work
-    buffers (at most 2 idle per table, 2 GiB in all, freed with their table)
-    and the bound torsion builds' arrays (at most 256 MiB, least recently used
-    dropped first).
+    them the process keeps two pools of idle arrays for reuse: the CPU kernels'
+    work buffers (at most 2 idle per table, freed with their table) and the
+    bound torsion builds' arrays, under one byte budget (2 GiB unless
+    [`cache_budget`][batched_nerf.cache_budget] sets another; least recently
+    used dropped first).
 
     Returns:
         ``{"owners", "plans", "plan_bytes", "memo", "memo_bytes", ...}``: live

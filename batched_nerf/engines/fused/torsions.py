@@ -7,7 +7,7 @@ Through the general path each call checks, broadcasts and gathers its inputs
 in torch and then re-derives the plan (about 150 Python calls around an 8 us
 kernel for a 10-residue chain). A `TorsionBuild` is made once per table
 and layout of the values: it holds the fused plan, the bonds, angles and template
-dihedrals as numpy arrays per batch size (within `KEPT_BYTES` over all of
+dihedrals as numpy arrays per batch size (within the process's one byte budget over all of
 them), and the ``source`` split into the template rows and the rows that read a
 value. A call is one gather of the values (numpy for small calls, torch for large
 ones), the ``cos``/``sin`` loop and the build kernel (`cpu`).
@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -36,54 +35,51 @@ import torch
 from torch import Tensor
 
 from ...runtime import gate
-from ...runtime.state import LOCK, register_pool
+from ...runtime.state import (
+    LOCK,
+    budget,
+    idle_bytes,
+    keep_idle,
+    register_pool,
+    release_idle,
+    touch_idle,
+)
 from ..backends import available, require
 from ..function import KernelOp
 from . import workspace
 from .build import FUSED_VJP, FusedPlan, Turns, _identity_rows
 
-__all__ = ["KEPT_BYTES", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
+__all__ = ["POOL", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
-#: Bytes of broadcast bonds, angles and template arrays kept over all :class:`TorsionBuild` objects (least
-#: recently used dropped first); a call needing more than a quarter of it makes its own.
-KEPT_BYTES = 256 << 20
-
-#: ``(id(build), dtype, m)`` -> ``(weak reference to the build, bytes)``, least recently used first; the
-#: arrays themselves live on their build (``_arrays``), so a build no longer used is freed with them.
-_kept: OrderedDict[tuple[Any, ...], tuple[weakref.ref, int]] = OrderedDict()
-_kept_lock = LOCK  # the one lock of derived state (runtime.state)
+#: The pool's name in the ledger of idle arrays (`runtime.state.keep_idle`) and in
+#: `batched_nerf.cache_info`: the broadcast bonds, angles and template arrays of the `TorsionBuild`
+#: objects, under the process's one byte budget (least recently used dropped first); a call needing
+#: more than a quarter of the budget makes its own.
+POOL = "torsion_arrays"
 #: Up to this many dihedrals per call the values are gathered in numpy, above with torch.
 SMALL_VALUES = 1 << 16
 
 
 def kept_bytes() -> int:
-    """Bytes of the arrays the `TorsionBuild` objects keep now (at most `KEPT_BYTES`)."""
-    with _kept_lock:
-        return sum(size for ref, size in _kept.values() if ref() is not None)
+    """Bytes of the arrays the `TorsionBuild` objects keep now (within the ledger's budget)."""
+    with LOCK:
+        return idle_bytes(POOL)
 
 
 def _release() -> None:
     """Drop every kept array now (made again on next use)."""
-    with _kept_lock:
-        _evict(budget=-1)
+    with LOCK:
+        release_idle(POOL)
 
 
-register_pool("torsion_arrays", kept_bytes, _release)
+register_pool(POOL, kept_bytes, _release)
 
 
-def _evict(budget: int | None = None) -> None:
-    """Drop the entries of freed builds, then the least recently used until within ``budget`` bytes
-    (default `KEPT_BYTES`, read now; ``-1``: every one; hold ``_kept_lock``)."""
-    budget = KEPT_BYTES if budget is None else budget
-    for key in [key for key, (ref, _) in _kept.items() if ref() is None]:
-        del _kept[key]
-    total = sum(size for _, size in _kept.values())
-    while _kept and total > budget:
-        (_, dtype, m), (ref, size) = _kept.popitem(last=False)
-        build = ref()
-        if build is not None:
-            build.__dict__.get("_arrays", {}).pop((dtype, m), None)
-        total -= size
+def _drop_arrays(ref: weakref.ref, key: tuple[Any, ...]) -> None:
+    """Let the build behind ``ref`` go of its arrays of ``key`` (called by the ledger, under its lock)."""
+    build = ref()
+    if build is not None:
+        build.__dict__.get("_arrays", {}).pop(key, None)
 
 
 def serves(values: Tensor) -> bool:
@@ -220,25 +216,24 @@ class TorsionBuild:
 
     def arrays(self, dtype: np.dtype, m: int) -> tuple[np.ndarray, ...]:
         """``(bonds, angles)`` ``(m, n_out)`` of ``dtype``, ``fixed`` ``(m, 0, 3)`` and the template
-        dihedrals ``(m, n_out)`` (read, never written), kept within `KEPT_BYTES` over every
+        dihedrals ``(m, n_out)`` (read, never written), kept within the one byte budget over every
         table (a training loop over thousands of sequences keeps only the recent ones)."""
         mine = self.__dict__.setdefault("_arrays", {})
         kept = mine.get((dtype, m))
         if kept is not None:
-            with _kept_lock:
-                if (id(self), dtype, m) in _kept:
-                    _kept.move_to_end((id(self), dtype, m))
+            with LOCK:
+                touch_idle((POOL, id(self), dtype, m))
             return kept
         bonds, angles, template = (
             np.tile(self._values[k].astype(dtype), (m, 1))  # writeable: numba compiles read-only arrays anew
             for k in ("bonds", "angles", "template")
         )
         kept = (bonds, angles, np.empty((m, 0, 3), dtype=dtype), template)
-        if 3 * bonds.nbytes <= KEPT_BYTES // 4:
-            with _kept_lock:
+        if 3 * bonds.nbytes <= budget() // 4:
+            drop = functools.partial(_drop_arrays, weakref.ref(self), (dtype, m))
+            with LOCK:
                 mine[(dtype, m)] = kept
-                _kept[(id(self), dtype, m)] = (weakref.ref(self), 3 * bonds.nbytes)
-                _evict()
+                keep_idle((POOL, id(self), dtype, m), POOL, 3 * bonds.nbytes, drop, holder=self)
         return kept
 
     def dihedrals(self, parts: tuple[Tensor, ...], m: int, out: np.ndarray | None = None) -> np.ndarray:

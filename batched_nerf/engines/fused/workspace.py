@@ -21,22 +21,23 @@ Bounds: only arrays of at least `MIN_BYTES` (smaller ones come from the
 allocator's heap cheaply) and at most `MAX_BYTES`; each table keeps at
 most `KEEP` idle buffers, the largest ones (a buffer in use is not kept
 twice: a concurrent call, or a second graph alive at once, takes another or a
-new one), and all tables together at most `IDLE_BYTES` of idle buffers,
-the most recently returned. `release` drops every idle buffer now.
+new one), and the idle buffers of all tables are entries of the process's
+one ledger of idle arrays (`runtime.state.keep_idle`), under its one byte
+budget (`batched_nerf.cache_budget`): past it the least recently returned go
+first. `release` drops every idle buffer now.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
-from collections import OrderedDict
 from contextlib import AbstractContextManager
 
 import numpy as np
 
-from ...runtime.state import LOCK, register_pool
+from ...runtime.state import LOCK, idle_bytes, keep_idle, register_pool, release_idle, take_idle
 
 __all__ = [
-    "IDLE_BYTES",
     "KEEP",
     "MAX_BYTES",
     "MIN_BYTES",
@@ -54,9 +55,8 @@ MAX_BYTES = 1 << 30
 #: Idle buffers kept per table: a training step's graph holds one trig array while its backward borrows
 #: scratch, and a loop that keeps the last loss while it builds the next has two graphs alive.
 KEEP = 2
-#: Bytes of idle buffers kept over all tables (a loop over thousands of cached sequences keeps the most
-#: recently used): past it the least recently returned go first.
-IDLE_BYTES = 1 << 31
+#: The pool's name in the ledger and in `batched_nerf.cache_info`.
+POOL = "work_buffers"
 
 
 class _Slot:
@@ -77,24 +77,25 @@ _lock = LOCK  # the one lock of derived state (runtime.state)
 #: ``id(owner)`` -> its slot (by identity: an owner may be any object that takes a weak reference, a
 #: tensor too, whose ``==`` a weak-key dictionary would call).
 _slots: dict[int, _Slot] = {}
-#: ``id(buffer)`` -> ``(slot, buffer)`` of every idle buffer, least recently returned first.
-_recent: OrderedDict[int, tuple[_Slot, np.ndarray]] = OrderedDict()
-_idle = [0]  # bytes of the idle buffers
 _returned: list[tuple[_Slot, np.ndarray]] = []  # inbox: buffers given back
 _freed: list[int] = []  # inbox: ids of owners freed
 
 
-def _forget(slot: _Slot, buffer: np.ndarray) -> None:
-    """Drop ``buffer`` from the idle ones (hold ``_lock``)."""
+def _drop(slot: _Slot, buffer: np.ndarray) -> None:
+    """Let go of idle ``buffer`` (the ledger's entry is gone or goes now; hold ``_lock``)."""
     k = next(k for k, b in enumerate(slot.idle) if b is buffer)  # by identity: ``==`` is elementwise
     del slot.idle[k]
-    del _recent[id(buffer)]
-    _idle[0] -= buffer.nbytes
+
+
+def _forget(slot: _Slot, buffer: np.ndarray) -> None:
+    """Drop ``buffer`` from the idle ones and from the ledger (hold ``_lock``)."""
+    _drop(slot, buffer)
+    take_idle((POOL, id(buffer)))
 
 
 def _settle() -> None:
-    """Take in the inboxes, then keep within `KEEP` per table and `IDLE_BYTES` in all
-    (hold ``_lock``)."""
+    """Take in the inboxes, then keep within `KEEP` per table (the ledger keeps the byte budget;
+    hold ``_lock``)."""
     while _freed:
         slot = _slots.pop(_freed.pop(), None)
         if slot is not None:
@@ -106,12 +107,14 @@ def _settle() -> None:
         if slot.dead:
             continue
         slot.idle.append(buffer)
-        _recent[id(buffer)] = (slot, buffer)
-        _idle[0] += buffer.nbytes
         if len(slot.idle) > KEEP:  # the smallest goes
-            _forget(slot, min(slot.idle, key=lambda b: b.nbytes))
-    while _idle[0] > IDLE_BYTES:
-        _forget(*next(iter(_recent.values())))
+            smallest = min(slot.idle, key=lambda b: b.nbytes)
+            if smallest is not buffer:
+                take_idle((POOL, id(smallest)))
+            _drop(slot, smallest)
+            if smallest is buffer:
+                continue
+        keep_idle((POOL, id(buffer)), POOL, buffer.nbytes, functools.partial(_drop, slot, buffer))
 
 
 def _in_bounds(n_bytes: int) -> bool:
@@ -242,18 +245,17 @@ def lease(owner: object, n_values: int) -> Lease | None:
 
 
 def held_bytes() -> int:
-    """Bytes of the idle buffers kept for the tables alive now (at most `IDLE_BYTES`)."""
+    """Bytes of the idle buffers kept for the tables alive now (within the ledger's budget)."""
     with _lock:
         _settle()
-        return _idle[0]
+        return idle_bytes(POOL)
 
 
 def release() -> None:
     """Drop every idle buffer (buffers in use come back to their tables when their calls end)."""
     with _lock:
         _settle()
-        for slot, buffer in list(_recent.values()):
-            _forget(slot, buffer)
+        release_idle(POOL)
 
 
-register_pool("work_buffers", held_bytes, release)
+register_pool(POOL, held_bytes, release)
