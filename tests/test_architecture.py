@@ -85,6 +85,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.engines.fused.cpu.samples",
         "batched_nerf.engines.fused.cpu.pose",
         "batched_nerf.engines.fused.cpu.tiers",
+        "batched_nerf.engines.fused.cpu.threads",
         "batched_nerf.engines.fused.cpu.inverse_rows",
     ),
     ("batched_nerf.engines.fused.cpu.blocks", "batched_nerf.engines.fused.cpu.turns"),

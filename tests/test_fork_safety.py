@@ -19,10 +19,10 @@ _SCRIPT = textwrap.dedent(
     import numba, torch
     from torch.utils.data import DataLoader, Dataset
     import batched_nerf as bn
-    from batched_nerf.engines.fused.cpu import build
+    from batched_nerf.engines.fused.cpu import build, threads
 
-    ATOMS, SAMPLES = 64, 128  # 8,192 atom-samples: above build.SERIAL_WORK, so threaded
-    assert SAMPLES * ATOMS >= build.SERIAL_WORK and numba.get_num_threads() > 1
+    ATOMS, SAMPLES = 64, 640  # 40,960 atom-samples: above the serial bound of every layer, so threaded
+    assert SAMPLES * ATOMS >= build.SERIAL_WORK * threads.serial_factor() and numba.get_num_threads() > 1
     table = bn.ConstructionTable.chain(ATOMS)
 
     def convert(n):
@@ -49,10 +49,23 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork with GNU OpenMP: Linux")
-def test_dataloader_fork_workers_after_threaded_kernels() -> None:
+def _env(layer: str | None) -> dict[str, str]:
+    """The environment without a user's threading layer, or with ``layer`` chosen."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
     env.update(PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2")
+    if layer is not None:
+        env["NUMBA_THREADING_LAYER"] = layer
+    return env
+
+
+#: The package's own choice (TBB where the ``tbb`` wheel is installed, else workqueue) and workqueue.
+LAYERS = [None, "workqueue"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork with GNU OpenMP: Linux")
+@pytest.mark.parametrize("layer", LAYERS)
+def test_dataloader_fork_workers_after_threaded_kernels(layer: str | None) -> None:
+    env = _env(layer)
     run = subprocess.run(
         [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
@@ -80,9 +93,9 @@ _THREADS = textwrap.dedent(
     from batched_nerf.engines.fused.cpu import cache
 
     table = bn.ConstructionTable.chain(64)
-    b, a = torch.full((256, 64), 1.5, dtype=torch.float64), torch.full((256, 64), 1.9, dtype=torch.float64)
-    d = torch.linspace(-3.0, 3.0, 256 * 64, dtype=torch.float64).reshape(256, 64)
-    want = bn.to_cartesian(b, a, d, table, method="fused")  # threaded: 16,384 atom-samples
+    b, a = torch.full((640, 64), 1.5, dtype=torch.float64), torch.full((640, 64), 1.9, dtype=torch.float64)
+    d = torch.linspace(-3.0, 3.0, 640 * 64, dtype=torch.float64).reshape(640, 64)
+    want = bn.to_cartesian(b, a, d, table, method="fused")  # 40,960 atom-samples: threaded on every layer
     print("LAYER", numba.threading_layer(), cache.thread_safe_layer())
     errors = []
 
@@ -105,13 +118,56 @@ _THREADS = textwrap.dedent(
 )
 
 
-def test_python_threads_launching_threaded_kernels_together() -> None:
+@pytest.mark.parametrize("layer", LAYERS)
+def test_python_threads_launching_threaded_kernels_together(layer: str | None) -> None:
     """The fork-safe layer without TBB (workqueue) aborts the process when two Python threads launch
     parallel kernels at once; the package serialises its parallel launches there."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_THREADING_LAYER")}
-    env.update(PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS="2")
+    env = _env(layer)
     run = subprocess.run(
         [sys.executable, "-c", _THREADS], env=env, capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "OK" in run.stdout
+
+
+_LAYER = textwrap.dedent(
+    """
+    import numba, torch
+    import batched_nerf as bn
+    from batched_nerf.engines.fused.cpu import build, threads
+
+    print(threads.threading_layer(), threads.serial_factor(), build._threads(64, 1, 138))  # before any launch
+    table = bn.ConstructionTable.chain(64)
+    bn.to_cartesian(torch.full((640, 64), 1.5), torch.full((640, 64), 1.9), torch.zeros(640, 64), table)
+    print(numba.threading_layer(), threads.threading_layer())
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tbb wheel's loader path: Linux")
+def test_the_tbb_wheel_is_found_and_workqueue_runs_small_calls_on_one_thread() -> None:
+    """pip puts the tbb wheel's libtbb.so.12 where the loader does not look: the package loads it, so
+    its parallel kernels run on TBB (a launch of about 2 us); on workqueue (70-80 us a launch) a call of
+    64 x 138 atom-samples runs on the calling thread."""
+    if not _has_tbb_wheel():
+        pytest.skip("no tbb wheel here (pip install tbb; the extra 'fast' brings it on Linux x86-64)")
+    run = subprocess.run(
+        [sys.executable, "-c", _LAYER], env=_env(None), capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["tbb", "1", "2", "tbb", "tbb"]
+    run = subprocess.run(
+        [sys.executable, "-c", _LAYER], env=_env("workqueue"), capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["workqueue", "8", "1", "workqueue", "workqueue"]
+
+
+def _has_tbb_wheel() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution("tbb")
+    except metadata.PackageNotFoundError:
+        return False
+    return True

@@ -44,14 +44,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import pose, tiers, turns
+from . import pose, threads, tiers, turns
 from .blocks import LANES, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 from .trig import trig
 
 __all__ = ["backward", "forward", "pose", "trig", "turns"]
 
-#: Below this many atom-samples per call a kernel runs on one thread (no pool start-up).
+#: Below this many atom-samples per call a kernel runs on one thread (no pool start-up); times
+#: `threads.serial_factor()` where numba's threads are ``workqueue`` (a launch costs 70-80 us).
 SERIAL_WORK = 4096
 #: Both kernels take samples in blocks of LANES (SIMD across samples) from this many samples
 #: on, when there are enough blocks for the threads, for units of at most FORWARD_MAX_WIDTH /
@@ -74,7 +75,7 @@ def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
     """Threads for one call: 1 for small work, else at most one per work item."""
-    if n_samples * n_atoms < SERIAL_WORK:
+    if n_samples * n_atoms < SERIAL_WORK * threads.serial_factor():
         return 1
     return max(1, min(numba.get_num_threads(), n_samples * n_units))
 

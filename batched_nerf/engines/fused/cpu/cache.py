@@ -28,10 +28,16 @@ from a process already using GNU OpenMP") at the child's first threaded kernel: 
 ``torch.utils.data.DataLoader`` with ``num_workers > 0`` (fork is Linux's default start
 method) whose dataset calls the fused engine. So before the kernels load, `prepare`
 asks numba for its ``forksafe`` layer (``numba.config.THREADING_LAYER``): TBB where
-installed (``pip install tbb``: fork- and thread-safe), else numba's own ``workqueue``
-(fork-safe, present everywhere; not thread-safe: two Python threads launching parallel
-kernels together abort the process, so `watch` then wraps the package's parallel kernels
-in `_Serialized`, whose launches take one lock). It leaves numba alone where the user chose:
+installed (``pip install tbb``, part of the extra ``fast`` on Linux x86-64: fork- and
+thread-safe, a launch costs about 2 us), else numba's own ``workqueue`` (fork-safe,
+present everywhere, but a launch costs 70-80 us on a 2-core Linux machine, so the CPU
+kernels then run calls of up to `threads.SERIAL_FACTOR` times more work on the calling
+thread, `threads.serial_factor`; not thread-safe: two Python threads launching parallel
+kernels together abort the process, so `watch` then wraps the package's parallel
+kernels in `_Serialized`, whose launches take one lock). pip puts the TBB wheel's
+``libtbb.so.12`` in the environment's ``lib`` folder, which the loader does not search,
+so numba alone would not find it: `threads.load_tbb` loads it from the wheel's own file
+list first. It leaves numba alone where the user chose:
 ``NUMBA_THREADING_LAYER`` (or ``NUMBA_THREADING_LAYER_PRIORITY``) in the environment or
 numba's config file, ``numba.config.THREADING_LAYER`` set in code, or numba's threads
 already started by other code. ``NUMBA_THREADING_LAYER=omp`` (or ``default``) restores
@@ -55,7 +61,16 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["COMPILES", "cache_dir", "describe", "lock_cache_writes", "prepare", "watch"]
+from . import threads
+
+__all__ = [
+    "COMPILES",
+    "cache_dir",
+    "describe",
+    "lock_cache_writes",
+    "prepare",
+    "watch",
+]
 
 LOGGER = logging.getLogger("batched_nerf")
 #: Compiles seen in this process (top-level kernels of this package): (what, seconds); tests read it.
@@ -93,6 +108,7 @@ def _choose_threading_layer() -> str | None:
     chosen = any(k in os.environ for k in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"))
     if chosen or str(config.THREADING_LAYER).lower() != "default" or parallel._is_initialized:
         return None
+    threads.load_tbb()
     config.THREADING_LAYER = THREADING_LAYER
     return THREADING_LAYER
 
@@ -486,17 +502,8 @@ def thread_safe_layer() -> bool:
     try:  # "forksafe" or "default": TBB first where its pool loads
         importlib.import_module("numba.np.ufunc.tbbpool")
     except Exception:  # ImportError, or libtbb missing
-        return layer == "default" and not _gnu_omp_missing()
+        return layer == "default" and not threads.gnu_omp_missing()
     return True
-
-
-def _gnu_omp_missing() -> bool:
-    """Numba's default order is TBB, OpenMP, workqueue: True where its OpenMP pool does not load."""
-    try:
-        importlib.import_module("numba.np.ufunc.omppool")
-    except Exception:
-        return True
-    return False
 
 
 class _Serialized:

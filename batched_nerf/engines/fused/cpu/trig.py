@@ -34,13 +34,15 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .threads import serial_factor
+
 __all__ = ["angles", "trig"]
 
 #: ``pi/2 = h1 + h2 + h3``: 33-bit ``h1``, ``h2``, then the rest (exact binary values).
 PIO2 = tuple(float.fromhex(h) for h in ("0x1.921fb544p+0", "0x1.0b4611a6p-34", "0x1.3198a2e037073p-69"))
 #: Beyond this ``|x|`` the reduction leaves its exact range: libm takes over.
 LIMIT = 1.0e5
-#: Below this many values a call runs on the calling thread.
+#: Below this many values a call runs on the calling thread (times `threads.serial_factor()`).
 SERIAL_VALUES = 32768
 
 _H1, _H2, _H3 = PIO2
@@ -113,7 +115,7 @@ def trig(angles: np.ndarray, dihedrals: np.ndarray, out: np.ndarray | None = Non
 def _run(items, parallel, *args):  # type: ignore[no-untyped-def]
     """``items`` on this thread for small calls (no thread-pool round trip), else ``parallel``;
     ``args[0]``: the flat values of one of the two inputs."""
-    nt = 1 if 2 * args[0].size < SERIAL_VALUES else numba.get_num_threads()
+    nt = 1 if 2 * args[0].size < SERIAL_VALUES * serial_factor() else numba.get_num_threads()
     if nt > 1:
         parallel(*args, nt)
     else:

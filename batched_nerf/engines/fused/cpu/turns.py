@@ -20,10 +20,11 @@ import numpy as np
 from numba import njit, prange
 
 from .samples import affine_adjoint
+from .threads import serial_factor
 
 __all__ = ["turn", "turn_vjp"]
 
-#: Below this many atom-samples a call runs on the calling thread.
+#: Below this many atom-samples a call runs on the calling thread (times `threads.serial_factor()`).
 SERIAL_WORK = 4096
 
 
@@ -214,7 +215,7 @@ def turn(
 ) -> np.ndarray:
     """``(B, T, 3)`` coordinates with every bond's moving side turned (see the module docstring)."""
     out = np.empty_like(x)
-    run = _serial if x.shape[0] * x.shape[1] < SERIAL_WORK else _parallel
+    run = _serial if x.shape[0] * x.shape[1] < SERIAL_WORK * serial_factor() else _parallel
     run(x, tau, u, v, order, parent, atom_rotor, eps, out)
     return out
 
@@ -232,6 +233,6 @@ def turn_vjp(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradients of ``sum(g * turn(x, tau, ...))``: float64 ``(B, T, 3)`` of ``x``, ``(B, R)`` of ``tau``."""
     gx, gt = np.empty(x.shape), np.empty(tau.shape)
-    run = _serial_vjp if x.shape[0] * x.shape[1] < SERIAL_WORK else _parallel_vjp
+    run = _serial_vjp if x.shape[0] * x.shape[1] < SERIAL_WORK * serial_factor() else _parallel_vjp
     run(x, tau, g, u, v, order, parent, atom_rotor, eps, gx, gt)
     return gx, gt
