@@ -174,18 +174,20 @@ def place(
 
 
 def batch_shape(*shapes: Sequence[int]) -> torch.Size:
-    """``torch.broadcast_shapes(*shapes)``, without its Python cost (~20 us) where every shape is the same.
+    """``torch.broadcast_shapes(*shapes)``, without its Python cost (~20 us) where every non-empty shape
+    is the same.
 
     Raises:
         RuntimeError: the shapes do not broadcast (as ``torch.broadcast_shapes``).
 
     Example:
         >>> from batched_nerf._geometry import batch_shape
-        >>> batch_shape((4, 1), (4, 1)), batch_shape((4, 1), (3,))
-        (torch.Size([4, 1]), torch.Size([4, 3]))
+        >>> batch_shape((4, 1), (4, 1)), batch_shape((4, 1), (3,)), batch_shape((), (2,))
+        (torch.Size([4, 1]), torch.Size([4, 3]), torch.Size([2]))
     """
-    first = tuple(shapes[0]) if shapes else ()
-    if all(tuple(s) == first for s in shapes[1:]):
+    given = [tuple(s) for s in shapes if len(s)]  # an empty shape broadcasts with every other
+    first = given[0] if given else ()
+    if all(s == first for s in given[1:]):
         return torch.Size(first)
     return torch.broadcast_shapes(*shapes)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._geometry import batch_shape
 from .table import ConstructionTable
 
 __all__ = [
@@ -265,7 +266,7 @@ def broadcast_fixed(fixed_xyz: Any, table: ConstructionTable, like: Tensor) -> T
     if fixed.ndim < 2 or tuple(fixed.shape[-2:]) != (f, 3):
         raise ValueError(f"fixed_xyz must have shape (..., {f}, 3), got {tuple(fixed.shape)}")
     try:
-        torch.broadcast_shapes(like.shape[:-1], fixed.shape[:-2])
+        batch_shape(like.shape[:-1], fixed.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"fixed_xyz of shape {tuple(fixed.shape)} does not broadcast with internal "

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._geometry import batch_shape
 from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable
@@ -105,9 +106,17 @@ def _lengths(lengths: Any, batch: torch.Size, n_residues: int, device: torch.dev
 
 
 def _defaults(layout: str, like: Tensor) -> tuple[Tensor, Tensor]:
-    angles = torch.tensor(_DEFAULT_ANGLES[layout], dtype=like.dtype, device=like.device).deg2rad()
-    bonds = torch.tensor(_DEFAULT_BONDS[layout], dtype=like.dtype, device=like.device)
-    return angles, bonds
+    """The layout's default ``(3,)`` bond angles (radians) and bonds in the dtype and device of ``like``."""
+    return _constants(layout, like.dtype, like.device)[:2]
+
+
+@functools.lru_cache(maxsize=32)
+def _constants(layout: str, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(default angles, default bonds, FoldingDiff's first residue)`` made once per dtype and device
+    (read, never written)."""
+    angles = torch.tensor(_DEFAULT_ANGLES[layout], dtype=dtype, device=device).deg2rad()
+    bonds = torch.tensor(_DEFAULT_BONDS[layout], dtype=dtype, device=device)
+    return angles, bonds, torch.tensor(FOLDINGDIFF_FIRST, dtype=dtype, device=device)
 
 
 def build_backbone(
@@ -205,19 +214,19 @@ def build_backbone(
     b = default_bonds.expand(n_res, 3) if b is None else b.to(dtype)
     if degrees:
         d, a = d.deg2rad(), (a if angles is None else a.deg2rad())
-    if layout == "foldingdiff" and first is None:
-        first = FOLDINGDIFF_FIRST
     fixed = None
-    if first is not None:
+    if layout == "foldingdiff" and first is None:
+        fixed = _constants(layout, dtype, d.device)[2]
+    elif first is not None:
         fixed = _float(first, "first", d).to(dtype=dtype, device=d.device)
         if fixed.ndim < 2 or fixed.shape[-2:] != (3, 3):
             raise ValueError(
                 f"first must be (..., 3, 3) (N, CA, C of the first residue), got shape {tuple(fixed.shape)}"
             )
     try:
-        batch = torch.broadcast_shapes(d.shape[:-2], a.shape[:-2], b.shape[:-2])
-        if fixed is not None:
-            batch = torch.broadcast_shapes(batch, fixed.shape[:-2])
+        batch = batch_shape(
+            d.shape[:-2], a.shape[:-2], b.shape[:-2], *(() if fixed is None else (fixed.shape[:-2],))
+        )
     except RuntimeError:
         shapes = {"dihedrals": d.shape, "angles": a.shape, "bonds": b.shape}
         if fixed is not None:
