@@ -306,3 +306,66 @@ def test_foldingdiff_nerf_build_batch(dtype, tol):
             columns = (*d.detach().unbind(-1), *a.detach().unbind(-1), *bonds.unbind(-1))
             t = nerf.nerf_build_batch(*(x[k : k + 1, :n] for x in columns))
             assert (mixed[k, :n].flatten(0, 1) - t[0]).abs().max() <= tol
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("numba") is None, reason="the bound build runs the numba kernels"
+)
+@pytest.mark.parametrize("layout", ["foldingdiff", "residue"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_bound_build_equals_the_general_path_bit_for_bit(layout, dtype):
+    """The common call (no lengths, no first) takes the bound build (one gather, the compiled passes):
+    the same positions and gradients, bit for bit, as the general path (to_cartesian on the chain table,
+    reached here through a ``torch.func`` transform, which the bound build leaves to it)."""
+    torch.manual_seed(3)
+    d = ((torch.rand(5, 9, 3) * 2 - 1) * math.pi).to(dtype).requires_grad_()
+    a = (1.9 + 0.1 * torch.randn(5, 9, 3)).to(dtype).requires_grad_()
+    b = (1.4 + 0.1 * torch.rand(5, 9, 3)).to(dtype).requires_grad_()
+    w = torch.randn(5, 9, 3, 3, dtype=dtype)
+    xyz = build_backbone(d, a, b, layout=layout)
+    assert type(xyz.grad_fn).__name__ == "BackboneFnBackward"  # the bound build ran
+    grads = torch.autograd.grad((xyz * w).sum(), (d, a, b))
+
+    def general(d, a, b):
+        return build_backbone(d, a, b, layout=layout)
+
+    ref = torch.func.vjp(general, d.detach(), a.detach(), b.detach())  # under a transform: the general path
+    assert torch.equal(xyz.detach(), ref[0])
+    for g, r in zip(grads, ref[1](w)):
+        assert torch.equal(g, r)
+    default = build_backbone(d, a, layout=layout)  # default bonds: given to the kernels as constants
+    assert torch.equal(
+        default.detach(), torch.func.vjp(lambda x, y: build_backbone(x, y, layout=layout), d, a)[0]
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="the bound build needs numba")
+def test_the_bound_build_of_mixed_lengths_equals_the_general_path():
+    """Mixed lengths (NaN padding past each chain's end) through the bound build: positions and
+    gradients equal the general path's, zeros past each length, no NaN anywhere."""
+    d, a, b, _ = random_backbone(4, 7, seed=5)
+    lengths = torch.tensor([7, 3, 1, 5])
+    pad = torch.arange(7)[None, :, None] >= lengths[:, None, None]
+    d, a = (
+        d.masked_fill(pad, float("nan")).requires_grad_(),
+        a.masked_fill(pad, float("nan")).requires_grad_(),
+    )
+    w = torch.randn(4, 7, 3, 3, dtype=torch.float64)
+    xyz = build_backbone(d, a, layout="foldingdiff", lengths=lengths)
+    assert type(xyz.grad_fn).__name__ == "BackboneFnBackward"
+    grads = torch.autograd.grad((xyz * w).sum(), (d, a))
+    out, pull = torch.func.vjp(lambda x, y: build_backbone(x, y, layout="foldingdiff", lengths=lengths), d, a)
+    assert torch.equal(xyz.detach(), out) and not xyz.isnan().any()
+    assert bool((xyz[pad[..., 0]] == 0).all())
+    for g, r in zip(grads, pull(w)):
+        assert torch.equal(g, r) and not g.isnan().any()
+
+
+def test_the_bound_build_is_twice_differentiable():
+    """gradcheck through the backward kernel; gradgradcheck (``create_graph=True``) through the general
+    path's graph, the bound build's reference."""
+    d, a, _, _ = random_backbone(2, 5)
+    d, a = d.requires_grad_(), a.requires_grad_()
+    assert type(build_backbone(d, a, layout="foldingdiff").grad_fn).__name__ == "BackboneFnBackward"
+    assert torch.autograd.gradcheck(lambda x, y: build_backbone(x, y, layout="foldingdiff"), (d, a))
+    assert torch.autograd.gradgradcheck(lambda x, y: build_backbone(x, y, layout="foldingdiff"), (d, a))

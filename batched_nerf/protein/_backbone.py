@@ -25,6 +25,7 @@ from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable
 from ..residues.templates import BACKBONE
+from . import _bound_backbone as bound
 from ._build import _float
 
 Layout = Literal["residue", "foldingdiff"]
@@ -111,12 +112,13 @@ def _defaults(layout: str, like: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @functools.lru_cache(maxsize=32)
-def _constants(layout: str, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """``(default angles, default bonds, FoldingDiff's first residue)`` made once per dtype and device
-    (read, never written)."""
+def _constants(layout: str, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+    """``(default angles, default bonds, FoldingDiff's first residue, the gather's 7 constants)`` made
+    once per dtype and device (read, never written)."""
     angles = torch.tensor(_DEFAULT_ANGLES[layout], dtype=dtype, device=device).deg2rad()
     bonds = torch.tensor(_DEFAULT_BONDS[layout], dtype=dtype, device=device)
-    return angles, bonds, torch.tensor(FOLDINGDIFF_FIRST, dtype=dtype, device=device)
+    consts = torch.cat([angles.new_zeros(1), angles, bonds])  # the gather's last 7 entries
+    return angles, bonds, torch.tensor(FOLDINGDIFF_FIRST, dtype=dtype, device=device), consts
 
 
 def build_backbone(
@@ -236,17 +238,45 @@ def build_backbone(
         ) from None
     if fixed is not None:
         fixed = fixed.expand(*batch, 3, 3)
+    consts = _constants(layout, dtype, d.device)[3]
+    count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)
+    if first is None and method in ("auto", "fused"):
+        values = tuple(t.expand(*batch, n_res, 3) for t in (d, a, b))
+        if bound.serves(*values):  # the common call: one gather and the compiled passes
+
+            def general(*v: Tensor) -> Tensor:
+                return _gather_build(*v, batch, layout, fixed, count, consts, method)
+
+            source, fallback = _atom_source(n_res, layout, fixed is not None)
+            table = backbone_table(n_res, fixed is not None)
+            return bound.bound_build(values, source, consts, fixed, table, general, count, fallback)
+    return _gather_build(d, a, b, batch, layout, fixed, count, consts, method)
+
+
+def _gather_build(
+    d: Tensor,
+    a: Tensor,
+    b: Tensor,
+    batch: torch.Size,
+    layout: str,
+    fixed: Tensor | None,
+    count: Tensor | None,
+    consts: Tensor,
+    method: str,
+) -> Tensor:
+    """``(*batch, L, 3, 3)`` positions from per-residue ``(..., L, 3)`` dihedrals, angles and bonds
+    (radians, Angstrom): the atom rows' values in one torch gather, then `to_cartesian`; residues at
+    or past ``count`` ``(*batch)`` are built from constants and written as zeros."""
+    n_res = d.shape[-2]
     # the atom rows' (bonds, angles, dihedrals) in one gather: entries the build does not read are
     # never gathered (constants instead), so NaN there reaches no value and no gradient
     source, fallback = (t.to(d.device) for t in _atom_source(n_res, layout, fixed is not None))
-    consts = torch.cat([d.new_zeros(1), default_angles, default_bonds])
     flat = torch.cat(
         [t.expand(*batch, n_res, 3).flatten(-2) for t in (d, a, b)] + [consts.expand(*batch, 7)], dim=-1
     )
     values = flat.index_select(-1, source.flatten()).unflatten(-1, (3, 3 * n_res))
-    count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)[..., None, None]
     if count is not None:  # residues at or beyond lengths: constants
-        exists = torch.arange(3 * n_res, device=d.device) // 3 < count
+        exists = torch.arange(3 * n_res, device=d.device) // 3 < count[..., None, None]
         values = torch.where(exists, values, consts[fallback])
     atom_b, atom_a, atom_d = values.unbind(-2)
     table = backbone_table(n_res, fixed is not None)
@@ -259,7 +289,9 @@ def build_backbone(
         method=method,  # type: ignore[arg-type]
     ).unflatten(-2, (n_res, 3))
     if count is not None:
-        xyz = torch.where((torch.arange(n_res, device=d.device)[:, None] < count)[..., None], xyz, 0.0)
+        xyz = torch.where(
+            (torch.arange(n_res, device=d.device)[:, None] < count[..., None, None])[..., None], xyz, 0.0
+        )
     return xyz
 
 

@@ -1,0 +1,176 @@
+"""The bound backbone build: `build_backbone`'s common call as one gather and two compiled passes.
+
+`build_backbone` checks and broadcasts its inputs, gathers each atom row's bond, angle and
+dihedral from the per-residue values (``_atom_source``) and calls `to_cartesian` on the chain
+table: about 60 torch operations around a kernel of tens of microseconds for 64 chains of 46
+residues, and Python-heavy code runs 2-3x slower when a model's own work ran just before it
+(cold caches). Where the call is plain (CPU float32/float64 tensors of one batch shape, no
+``first``, numba installed, no ``torch.func`` transform, forward-mode level or
+``torch.compile`` trace: `serves`), the gather is one numpy indexing, and the build is the
+fused engine's trig loop and forward kernel on the table's own fused plan; the backward is its
+backward kernel and one numpy indexing back to the per-residue values (each value feeds one atom
+row at most). With ``lengths``, the rows past a chain's end read constants and their atoms
+are written as zeros, as on the general path. Under ``create_graph=True`` the backward is the
+general path's (the torch gather and `to_cartesian`, differentiable to any order): `BACKBONE`
+is a `KernelOp` with that path as its reference. Results equal the general path's bit for
+bit (the same kernels on the same values).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.table import ConstructionTable
+from ..engines.backends import available, require
+from ..engines.function import KernelOp
+from ..engines.fused.build import _identity_rows
+from ..runtime import gate
+
+__all__ = ["BACKBONE", "Bound", "serves"]
+
+_NP = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def serves(*values: Tensor) -> bool:
+    """Whether the bound build takes ``values``: non-empty CPU tensors of one float dtype and one
+    shape, numba installed, no transform, forward-mode level or trace active."""
+    first = values[0]
+    return (
+        first.numel() > 0
+        and all(v.dtype == first.dtype and v.shape == first.shape for v in values[1:])
+        and gate.kernel_inputs(*values)
+        and not gate.transformed()
+        and not gate.forward_ad_active()
+        and available("cpu")
+    )
+
+
+class Bound:
+    """One call's arrays: the atom rows' bonds and trig array, the fixed atoms, and how to read the
+    per-residue gradients back (numpy; kept for the backward)."""
+
+    __slots__ = ("bonds", "exists", "fixed", "plan", "shape", "source", "trig", "widths")
+
+    def __init__(
+        self,
+        table: ConstructionTable,
+        source: np.ndarray,
+        values: list[np.ndarray],
+        consts: np.ndarray,
+        fixed: np.ndarray | None,
+        shape: tuple[int, ...],
+        exists: np.ndarray | None = None,
+        fallback: np.ndarray | None = None,
+    ) -> None:
+        m, n = values[0].shape[0], source.shape[1]
+        flat = np.concatenate([*values, np.broadcast_to(consts, (m, consts.size))], axis=1)
+        rows = flat[:, source.reshape(-1)].reshape(m, 3, n)  # (bonds, angles, dihedrals) per atom row
+        if exists is not None and fallback is not None:  # atoms past a chain's length: constants
+            rows = np.where(exists[:, None, :], rows, consts[fallback][None])
+        self.exists = exists
+        self.plan = table.plan("fused")
+        self.bonds = np.ascontiguousarray(rows[:, 0])
+        self.trig = require("cpu").trig(np.ascontiguousarray(rows[:, 1]), np.ascontiguousarray(rows[:, 2]))
+        dtype = self.bonds.dtype
+        self.fixed = np.zeros((m, 0, 3), dtype) if fixed is None else np.ascontiguousarray(fixed)
+        self.source, self.shape = source, shape
+        self.widths = [v.shape[1] for v in values]
+
+    def forward(self) -> np.ndarray:
+        """``(m, N, 3)`` positions (the forward kernel)."""
+        p = self.plan
+        pose = _identity_rows(p.topology.seed_root.size)
+        kernels = require("cpu")
+        out = kernels.forward(p.index, p.starts, self.bonds, self.trig, self.fixed, pose, p.width, p.reach)
+        if self.exists is not None:  # atoms past a chain's length: zeros
+            out[~self.exists] = 0.0
+        return out
+
+    def backward(self, g: np.ndarray) -> list[np.ndarray]:
+        """Gradients of ``sum(g * xyz)`` with respect to each per-residue value array, ``(m, K)`` each."""
+        p = self.plan
+        pose = _identity_rows(p.topology.seed_root.size)
+        if self.exists is not None:
+            g = np.ascontiguousarray(np.where(self.exists[..., None], g, 0.0).astype(g.dtype))
+        gb, ga, gd, _, _ = require("cpu").backward(
+            p.index, p.starts, self.bonds, self.trig, self.fixed, pose, g, p.width
+        )
+        m = g.shape[0]
+        grads = np.stack([gb, ga, gd], axis=1)
+        if self.exists is not None:  # rows past a chain's length read constants
+            grads = np.where(self.exists[:, None, :], grads, 0.0).astype(gb.dtype)
+        flat = np.zeros((m, sum(self.widths) + 7), dtype=gb.dtype)
+        # each value feeds one atom row at most; the constants (the last 7) take every other row
+        flat[:, self.source.reshape(-1)] = grads.reshape(m, -1)
+        out, at = [], 0
+        for k in self.widths:
+            out.append(flat[:, at : at + k])
+            at += k
+        return out
+
+
+def _kernel(*args: Any) -> Tensor:
+    """``(*values, bound, reference)`` -> ``(*shape, L, 3, 3)`` positions."""
+    bound = args[-2]
+    return torch.from_numpy(bound.forward()).view(bound.shape)
+
+
+def _vjp(
+    values: tuple[Tensor, ...], grads: tuple[Tensor], bound: Bound, reference: Callable[..., Tensor]
+) -> Any:
+    """Gradients of the per-residue values: the backward kernel, or (``create_graph=True``) the
+    general path's differentiable graph."""
+    (g,) = grads
+    if torch.is_grad_enabled():
+        _, pull = torch.func.vjp(reference, *values)
+        return pull(g)
+    m = math.prod(bound.shape[:-3])
+    gn = g.detach().to(values[0].dtype).reshape(m, -1, 3).contiguous().numpy()
+    return tuple(
+        torch.from_numpy(np.ascontiguousarray(x)).view(v.shape) for x, v in zip(bound.backward(gn), values)
+    )
+
+
+#: ``(*values, bound, reference)`` -> positions: the bound backbone build (module docstring).
+BACKBONE = KernelOp(
+    "BackboneFn",
+    kernel=_kernel,
+    consts=2,
+    vjp=_vjp,
+    module=__name__,
+    doc="The bound backbone build (`BACKBONE`).",
+)
+
+
+def bound_build(
+    values: tuple[Tensor, ...],
+    source: Tensor,
+    consts: Tensor,
+    fixed: Tensor | None,
+    table: ConstructionTable,
+    reference: Callable[..., Tensor],
+    count: Tensor | None = None,
+    fallback: Tensor | None = None,
+) -> Tensor:
+    """``(*batch, L, 3, 3)`` positions from the per-residue value tensors ``values`` (each
+    ``(*batch, L, 3)``, flattened into the gather's ``cat`` in order), through `BACKBONE`;
+    ``count`` ``(*batch)`` residues per chain (the atoms past it built from ``consts[fallback]`` and
+    written as zeros, as the general path does)."""
+    batch = values[0].shape[:-2]
+    n_res = values[0].shape[-2]
+    m = math.prod(batch)
+    arrays = [v.detach().reshape(m, -1).numpy() for v in values]
+    f = None if fixed is None else fixed.detach().expand(*batch, 3, 3).reshape(m, 3, 3).numpy()
+    exists = None
+    if count is not None and fallback is not None:
+        exists = np.arange(3 * n_res)[None, :] // 3 < count.reshape(m, 1).numpy()
+        fallback = fallback.numpy()
+    shape = (*batch, n_res, 3, 3)
+    bound = Bound(table, source.numpy(), arrays, consts.detach().numpy(), f, shape, exists, fallback)
+    return BACKBONE.apply(*values, bound, reference)
