@@ -34,8 +34,6 @@ from ..runtime import gate
 
 __all__ = ["BACKBONE", "Bound", "serves"]
 
-_NP = {torch.float32: np.float32, torch.float64: np.float64}
-
 
 def serves(*values: Tensor) -> bool:
     """Whether the bound build takes ``values``: non-empty CPU tensors of one float dtype and one

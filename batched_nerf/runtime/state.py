@@ -207,9 +207,9 @@ def _forget_freed() -> None:
         take_idle(key)
 
 
-def _trim(budget: int, pool: str | None = None) -> None:
-    """Drop the least recently used entries (of ``pool``, or of every pool) until the ledger holds at
-    most ``budget`` bytes (hold `LOCK`)."""
+def _trim(budget: int) -> None:
+    """Drop the least recently used entries of any pool until the ledger holds at most ``budget``
+    bytes (hold `LOCK`)."""
     if _idle_total[0] <= budget:
         return
     _forget_freed()
@@ -217,9 +217,8 @@ def _trim(budget: int, pool: str | None = None) -> None:
         if _idle_total[0] <= budget:
             break
         entry = _idle[key]
-        if pool is None or entry.pool == pool:
-            take_idle(key)
-            entry.drop()
+        take_idle(key)
+        entry.drop()
 
 
 def idle_bytes(pool: str) -> int:
