@@ -70,3 +70,19 @@ def test_a_compile_trace_takes_the_reference() -> None:
 
     f(torch.ones(3))
     assert seen == [(gate.REFERENCE, False)]
+
+
+def test_bound_inputs_refuses_transforms_forward_mode_and_other_devices() -> None:
+    """The bound builds (torsions, backbones) take plain CPU float tensors only: a ``torch.func``
+    transform or a forward-mode level sends the call to the general path."""
+    import torch.autograd.forward_ad as fwAD
+
+    x = torch.zeros(3)
+    assert gate.bound_inputs(x, x.double().float())
+    assert not gate.bound_inputs(x.long())
+    assert not gate.bound_inputs(x, x.double())  # two dtypes
+    seen = []
+    torch.func.vmap(lambda t: seen.append(gate.bound_inputs(x)) or t)(torch.zeros(2, 1))
+    assert seen == [False]
+    with fwAD.dual_level():
+        assert not gate.bound_inputs(x)

@@ -42,9 +42,7 @@ def serves(*values: Tensor) -> bool:
     return (
         first.numel() > 0
         and all(v.dtype == first.dtype and v.shape == first.shape for v in values[1:])
-        and gate.kernel_inputs(*values)
-        and not gate.transformed()
-        and not gate.forward_ad_active()
+        and gate.bound_inputs(*values)
         and available("cpu")
     )
 

@@ -32,6 +32,7 @@ __all__ = [
     "FUNCTION",
     "PLAIN",
     "REFERENCE",
+    "bound_inputs",
     "forward_ad_active",
     "kernel_inputs",
     "plain",
@@ -56,6 +57,13 @@ def kernel_inputs(*tensors: Tensor, device_type: str = "cpu") -> bool:
         if t.dtype != dtype or t.device.type != device_type:
             return False
     return True
+
+
+def bound_inputs(*tensors: Tensor) -> bool:
+    """Whether a bound build (numpy arrays into the CPU kernels, a `KernelOp` without forward mode)
+    may take ``tensors``: `kernel_inputs` on the CPU, and no ``torch.func`` transform or forward-mode
+    level active (those take the general path, which serves them)."""
+    return kernel_inputs(*tensors) and not transformed() and not forward_ad_active()
 
 
 def wrapped(*tensors: Tensor) -> bool:

@@ -86,13 +86,7 @@ def serves(values: Tensor) -> bool:
     """Whether a `TorsionBuild` can take ``values``: a non-empty CPU float32/float64 tensor, numba
     installed, no ``torch.func`` transform, forward-mode level or ``torch.compile`` trace active (an
     empty batch goes the general way, which serves it)."""
-    return (
-        values.numel() > 0
-        and gate.kernel_inputs(values)
-        and not gate.transformed()
-        and not gate.forward_ad_active()
-        and available("cpu")
-    )
+    return values.numel() > 0 and gate.bound_inputs(values) and available("cpu")
 
 
 class TorsionBuild:
