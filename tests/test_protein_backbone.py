@@ -369,3 +369,19 @@ def test_the_bound_build_is_twice_differentiable():
     assert type(build_backbone(d, a, layout="foldingdiff").grad_fn).__name__ == "BackboneFnBackward"
     assert torch.autograd.gradcheck(lambda x, y: build_backbone(x, y, layout="foldingdiff"), (d, a))
     assert torch.autograd.gradgradcheck(lambda x, y: build_backbone(x, y, layout="foldingdiff"), (d, a))
+
+
+def test_constants_made_under_inference_mode_serve_later_gradients():
+    """The layout's cached constants (FoldingDiff's first residue, default angles and bonds) are made
+    outside inference mode: a first call inside ``torch.inference_mode()`` (a validation pass) must not
+    break a later backward, on the bound build, under a transform, or to second order."""
+    from batched_nerf.protein._backbone import _constants
+
+    _constants.cache_clear()
+    d, a, _, _ = random_backbone(2, 5)
+    with torch.inference_mode():
+        build_backbone(d, a, layout="foldingdiff")
+    x = d.clone().requires_grad_()
+    grad = torch.autograd.grad(build_backbone(x, a, layout="foldingdiff").sum(), x, create_graph=True)[0]
+    grad.sum().backward()
+    torch.func.vjp(lambda t: build_backbone(t, a, layout="foldingdiff"), d)[1](torch.ones(2, 5, 3, 3))

@@ -23,7 +23,7 @@ from torch import Tensor
 from .._geometry import batch_shape
 from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
-from ..core.table import ConstructionTable
+from ..core.table import ConstructionTable, outside_inference_mode
 from ..residues.templates import BACKBONE
 from . import _bound_backbone as bound
 from ._build import _float
@@ -112,6 +112,7 @@ def _defaults(layout: str, like: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @functools.lru_cache(maxsize=32)
+@outside_inference_mode
 def _constants(layout: str, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
     """``(default angles, default bonds, FoldingDiff's first residue, the gather's 7 constants)`` made
     once per dtype and device (read, never written)."""
