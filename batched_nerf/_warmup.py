@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .core.convert import to_cartesian, to_internal
@@ -18,7 +19,7 @@ from .core.table import ConstructionTable
 __all__ = ["PASSES", "warmup"]
 
 #: The passes :func:`warmup` can compile, in the order it runs them.
-PASSES = ("forward", "backward", "inverse", "second", "flow", "torsions")
+PASSES = ("forward", "backward", "inverse", "second", "flow", "torsions", "backbone")
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _ATOMS = 12  # a chain: small inputs, every row kind of a chain (seeds, NeRF frames)
 
@@ -34,9 +35,12 @@ def _thresholds(threaded: bool) -> Iterator[None]:
 
     names = (
         (fused_numba, "SERIAL_WORK"),
+        (fused_numba, "WORKQUEUE_SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
+        (fused_numba_trig, "WORKQUEUE_SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
         (fused_turns, "SERIAL_WORK"),
+        (fused_turns, "WORKQUEUE_SERIAL_WORK"),
     )
     saved = [getattr(m, n) for m, n in names]
     try:
@@ -102,6 +106,17 @@ def _torsions(n: int, dtype: torch.dtype) -> None:
     update_torsions(x, rotors, tau).sum().backward()
 
 
+def _backbone(n: int, dtype: torch.dtype) -> None:
+    """The pass `protein.build_backbone` adds to the builder's kernels: the gather of its atom rows
+    with their cosines and sines (`cpu.trig.gathered_trig`), on ``n`` chains."""
+    from .engines.backends import require
+
+    values = tuple(torch.zeros(n, 6, dtype=dtype).numpy() for _ in range(3))
+    index = np.zeros((3, 4), dtype=np.int64)
+    count = np.full(n, 4, dtype=np.int64)
+    require("cpu").gathered_trig(values, np.zeros(7, values[0].dtype), index, index, count, index, n)
+
+
 Step = tuple[str, Callable[[], None]]
 
 
@@ -141,6 +156,12 @@ def _steps(dtypes: Sequence[str], passes: Sequence[str], threads: int) -> list[S
             for label, threaded in [("", False)] + ([(", threaded", True)] if threads > 1 else []):
                 what = f"update_torsions forward + backward{label}, {name}"
                 steps.append((what, _run(_torsions, 1, dt, threaded)))
+        if "backbone" in passes:  # one layout: on this thread and (a chain per thread) threaded
+            for label, n, threaded in [("", 1, False)] + (
+                [(", threaded", threads, True)] if threads > 1 else []
+            ):
+                what = f"protein.build_backbone gather{label}, {name}"
+                steps.append((what, _run(_backbone, n, dt, threaded)))
     return steps
 
 
@@ -204,7 +225,9 @@ def warmup(
     its backward: the inverse's second-order kernels; implies ``"inverse"``),
     ``"flow"`` ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateTransform] both ways with
     gradients and its pose: the builder's and the inverse's kernels it runs), ``"torsions"``
-    ([`update_torsions`][batched_nerf.update_torsions] with its gradient).
+    ([`update_torsions`][batched_nerf.update_torsions] with its gradient), ``"backbone"``
+    (what [`protein.build_backbone`][batched_nerf.protein.build_backbone] runs besides the
+    builder's kernels).
     The values computed are thrown away.
 
     Where the compiled code goes: numba's cache, chosen when the kernels are

@@ -127,7 +127,8 @@ def test_warmup_small_and_plain_progress(
         ({"dtypes": ()}, "dtypes must be among"),
         (
             {"passes": ("hessian",)},
-            "passes must be among ('forward', 'backward', 'inverse', 'second', 'flow', 'torsions')",
+            "passes must be among "
+            "('forward', 'backward', 'inverse', 'second', 'flow', 'torsions', 'backbone')",
         ),
         ({"passes": ()}, "passes must be among"),
     ],

@@ -22,7 +22,8 @@ _SCRIPT = textwrap.dedent(
     from batched_nerf.engines.fused.cpu import build, threads
 
     ATOMS, SAMPLES = 64, 640  # 40,960 atom-samples: above the serial bound of every layer, so threaded
-    assert SAMPLES * ATOMS >= build.SERIAL_WORK * threads.serial_factor() and numba.get_num_threads() > 1
+    assert SAMPLES * ATOMS >= threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK)
+    assert numba.get_num_threads() > 1
     table = bn.ConstructionTable.chain(ATOMS)
 
     def convert(n):
@@ -136,7 +137,8 @@ _LAYER = textwrap.dedent(
     import batched_nerf as bn
     from batched_nerf.engines.fused.cpu import build, threads
 
-    print(threads.threading_layer(), threads.serial_factor(), build._threads(64, 1, 138))  # before any launch
+    bound = threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK)
+    print(threads.threading_layer(), bound, build._threads(64, 1, 384))  # before any launch
     table = bn.ConstructionTable.chain(64)
     bn.to_cartesian(torch.full((640, 64), 1.5), torch.full((640, 64), 1.9), torch.zeros(640, 64), table)
     print(numba.threading_layer(), threads.threading_layer())
@@ -147,20 +149,20 @@ _LAYER = textwrap.dedent(
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tbb wheel's loader path: Linux")
 def test_the_tbb_wheel_is_found_and_workqueue_runs_small_calls_on_one_thread() -> None:
     """pip puts the tbb wheel's libtbb.so.12 where the loader does not look: the package loads it, so
-    its parallel kernels run on TBB (a launch of about 2 us); on workqueue (70-80 us a launch) a call of
-    64 x 138 atom-samples runs on the calling thread."""
+    its parallel kernels run on TBB (a launch of about 2 us) and a call of 64 x 384 atom-samples on two
+    threads; on workqueue (70-80 us a launch) that call runs on the calling thread."""
     if not _has_tbb_wheel():
         pytest.skip("no tbb wheel here (pip install tbb; the extra 'fast' brings it on Linux x86-64)")
     run = subprocess.run(
         [sys.executable, "-c", _LAYER], env=_env(None), capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["tbb", "1", "2", "tbb", "tbb"]
+    assert run.stdout.split() == ["tbb", "16384", "2", "tbb", "tbb"]
     run = subprocess.run(
         [sys.executable, "-c", _LAYER], env=_env("workqueue"), capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["workqueue", "8", "1", "workqueue", "workqueue"]
+    assert run.stdout.split() == ["workqueue", "32768", "1", "workqueue", "workqueue"]
 
 
 def _has_tbb_wheel() -> bool:

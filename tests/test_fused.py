@@ -138,7 +138,7 @@ WIDE = {
     "protein36": bn.protein.protein_table("GAWKYC" * 6).table,
     "chain700": bn.ConstructionTable.chain(700),
 }
-BLOCKED_CALLS = {"protein36": 4, "chain700": 2}
+BLOCKED_CALLS = {"chain700": 3}
 
 
 @pytest.mark.parametrize("name", [*TABLES, *WIDE])
@@ -171,8 +171,8 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
             b[-1], a[-1], d[-1], table, method="fused", fixed_xyz=None if fx is None else fx[-1]
         )
         torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
-    # the blocked kernels ran: forward and backward of each batch (16 samples of a wide table are
-    # one block on two threads: the per-sample kernels)
+    # the blocked kernels ran: forward and backward of each batch (the 16 and 21 samples run on the
+    # calling thread: below SERIAL_WORK; chain700's backward per sample: wider than the blocked one)
     assert calls.count(True) == BLOCKED_CALLS.get(name, 6)
 
 
@@ -212,6 +212,43 @@ def test_trig_special_values() -> None:
     np.testing.assert_array_equal(np.isnan(sin), [[False] * 5 + [True] * 3])
     np.testing.assert_allclose(cos[0, :5], np.cos(x[0, :5]), rtol=0, atol=4.5e-16)
     np.testing.assert_allclose(sin[0, :5], np.sin(x[0, :5]), rtol=0, atol=4.5e-16)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gathered_trig_equals_gathering_then_trig(
+    threaded: bool, dtype: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass gathering rows from three value arrays (one of them a single row every sample reads)
+    and the constants, constants past each sample's count, with the rows' cos and sin: the bonds and
+    the trig array equal numpy's gather followed by `trig`, bit for bit, on this thread and threaded."""
+    from batched_nerf.engines.fused.cpu import trig as cpu_trig
+
+    if threaded:
+        monkeypatch.setattr(cpu_trig, "SERIAL_VALUES", 0)
+        monkeypatch.setattr(cpu_trig, "WORKQUEUE_SERIAL_VALUES", 0)
+    rng = np.random.default_rng(5)
+    m, k, n = 7, 12, 30
+    values = (rng.normal(size=(m, k)), rng.normal(size=(1, k)) * 4.0, rng.normal(size=(m, k)) * 1e6)
+    values = tuple(v.astype(dtype) for v in values)
+    values[0][2, 3] = np.nan  # NaN read where it is gathered
+    consts = rng.normal(size=5).astype(dtype)
+    which = rng.integers(0, 4, size=(3, n))
+    column = np.where(which == 3, rng.integers(0, 5, size=(3, n)), rng.integers(0, k, size=(3, n)))
+    fallback = rng.integers(0, 5, size=(3, n))
+    count = np.array([n, 0, 1, 17, n, 29, 5], dtype=np.int64)
+    bonds, got = cpu_trig.gathered_trig(values, consts, which, column, count, fallback, m)
+    wide = [np.broadcast_to(v, (m, k)) for v in values] + [np.broadcast_to(consts, (m, 5))]
+    flat = np.concatenate(wide, axis=1)
+    offsets = np.array([0, k, 2 * k, 3 * k])
+    rows = flat[:, offsets[which] + column]  # (m, 3, n)
+    past = np.arange(n)[None, None, :] >= count[:, None, None]
+    rows = np.where(past, consts[fallback][None], rows)
+    assert bonds.dtype == dtype and got.dtype == np.float64
+    np.testing.assert_array_equal(bonds, rows[:, 0])
+    np.testing.assert_array_equal(
+        got, cpu_trig.trig(np.ascontiguousarray(rows[:, 1]), np.ascontiguousarray(rows[:, 2]))
+    )
 
 
 @pytest.mark.parametrize("scale", [1e-300, 1e-5, 1.0, 1e5, 1e300])

@@ -340,6 +340,37 @@ def test_the_bound_build_equals_the_general_path_bit_for_bit(layout, dtype):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="the bound build needs numba")
+@pytest.mark.parametrize("case", ["angles broadcast", "angles default", "bonds broadcast", "one chain"])
+def test_the_bound_build_of_defaults_and_broadcasts_equals_the_general_path(case):
+    """Defaults and broadcast values reach the kernels as one row every chain reads (not copied):
+    positions and gradients (summed over the broadcast) equal the general path's, bit for bit."""
+    torch.manual_seed(4)
+    d = ((torch.rand(6, 8, 3) * 2 - 1) * math.pi).requires_grad_()
+    a = (1.9 + 0.1 * torch.randn(8, 3)).requires_grad_()  # one chain's angles for every chain
+    b = (1.4 + 0.1 * torch.rand(6, 8, 3)).requires_grad_()
+    args = {
+        "angles broadcast": (d, a, b),
+        "angles default": (d, None, b),
+        "bonds broadcast": (d, None, b.detach()[0].requires_grad_()),
+        "one chain": (d.detach()[0].requires_grad_(), a, b.detach()[0].requires_grad_()),
+    }[case]
+    leaves = [t for t in args if t is not None]
+    xyz = build_backbone(*args, layout="foldingdiff")
+    assert type(xyz.grad_fn).__name__ == "BackboneFnBackward"  # the bound build ran
+    w = torch.randn(xyz.shape)
+    grads = torch.autograd.grad((xyz * w).sum(), leaves)
+
+    def general(*values):
+        it = iter(values)
+        return build_backbone(*(None if t is None else next(it) for t in args), layout="foldingdiff")
+
+    out, pull = torch.func.vjp(general, *(t.detach() for t in leaves))  # the general path
+    assert torch.equal(xyz.detach(), out)
+    for g, r in zip(grads, pull(w)):
+        assert torch.equal(g, r)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="the bound build needs numba")
 def test_the_bound_build_of_mixed_lengths_equals_the_general_path():
     """Mixed lengths (NaN padding past each chain's end) through the bound build: positions and
     gradients equal the general path's, zeros past each length, no NaN anywhere."""

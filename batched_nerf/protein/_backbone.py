@@ -29,6 +29,7 @@ from . import _bound_backbone as bound
 from ._build import _float
 
 Layout = Literal["residue", "foldingdiff"]
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 LAYOUTS: tuple[str, ...] = ("residue", "foldingdiff")
 
 _GENERIC = BACKBONE["ALA"]
@@ -202,6 +203,10 @@ def build_backbone(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if first is None and not degrees and method in ("auto", "fused"):
+        out = _plain(dihedrals, angles, bonds, lengths, layout, method)
+        if out is not None:
+            return out
     d = _per_residue(dihedrals, "dihedrals", None, None)
     n_res = d.shape[-2]
     if n_res == 0:
@@ -241,17 +246,34 @@ def build_backbone(
         fixed = fixed.expand(*batch, 3, 3)
     consts = _constants(layout, dtype, d.device)[3]
     count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)
-    if first is None and method in ("auto", "fused"):
-        values = tuple(t.expand(*batch, n_res, 3) for t in (d, a, b))
-        if bound.serves(*values):  # the common call: one gather and the compiled passes
-
-            def general(*v: Tensor) -> Tensor:
-                return _gather_build(*v, batch, layout, fixed, count, consts, method)
-
-            source, fallback = _atom_source(n_res, layout, fixed is not None)
-            table = backbone_table(n_res, fixed is not None)
-            return bound.bound_build(values, source, consts, fixed, table, general, count, fallback)
+    if first is None and method in ("auto", "fused"):  # broadcast inputs: the bound build, expanded
+        out = _plain(*(t.expand(*batch, n_res, 3) for t in (d, a, b)), count, layout, method)
+        if out is not None:
+            return out
     return _gather_build(d, a, b, batch, layout, fixed, count, consts, method)
+
+
+def _plain(d: Any, a: Any, b: Any, lengths: Any, layout: str, method: str) -> Tensor | None:
+    """`build_backbone`'s common call (no ``first``, radians; CPU float tensors of one shape and dtype,
+    None for a default: `bound.serves`) through the bound build, with only the checks it needs (a
+    call that runs right after a model's own work pays for every torch call on the way, cold); None
+    where it does not serve (the general path then checks and builds)."""
+    given = [t for t in (d, a, b) if t is not None]
+    if any(type(t) is not Tensor for t in given):
+        return None
+    shape, dtype = d.shape, d.dtype
+    if dtype not in _KERNEL_DTYPES or len(shape) < 2 or shape[-1] != 3 or not bound.serves(*given):
+        return None
+    n_res = shape[-2]
+    count = None if lengths is None else _lengths(lengths, shape[:-2], n_res, d.device)
+
+    def general(*values: Tensor) -> Tensor:  # the reference: the general path
+        it = iter(values)
+        v = [next(it) if t is not None else None for t in (d, a, b)]
+        return build_backbone(*v, lengths=count, layout=layout, method=method)  # type: ignore[arg-type]
+
+    constants = _bound_constants(n_res, layout, dtype)
+    return bound.bound_build((d, a, b), constants, general, count)
 
 
 def _gather_build(
@@ -334,6 +356,23 @@ def _atom_source(n_residues: int, layout: str, fixed_first: bool) -> tuple[Tenso
         source[:, :3] = [[const_b + 2, const_b, const_b + 1], [const_a + 1, const_a + 2, const_a], [zero] * 3]
     fallback = np.tile(np.array([[6, 4, 5], [2, 3, 1], [0, 0, 0]]), (1, n))
     return torch.from_numpy(source), torch.from_numpy(fallback)
+
+
+@functools.lru_cache(maxsize=64)
+def _bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.Constants:
+    """What the bound build of ``n_residues`` residues in ``layout`` and ``dtype`` reads besides its
+    inputs (`bound.Constants`): made once, numpy, read only."""
+    fixed_first = layout == "foldingdiff"
+    source, fallback = (t.numpy() for t in _atom_source(n_residues, layout, fixed_first))
+    which = np.minimum(source // (3 * n_residues), 3)
+    angles, bonds, first, consts = (t.numpy() for t in _constants(layout, dtype, torch.device("cpu")))
+    return bound.Constants(
+        table=backbone_table(n_residues, fixed_first),
+        source=(source, which, source - 3 * n_residues * which, fallback),
+        consts=consts,
+        defaults=(np.tile(angles, n_residues)[None], np.tile(bonds, n_residues)[None]),
+        first=first if fixed_first else None,
+    )
 
 
 def backbone_internal(

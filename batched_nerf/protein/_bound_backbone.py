@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,11 +28,11 @@ from torch import Tensor
 
 from ..core.table import ConstructionTable
 from ..engines.backends import available, require
-from ..engines.function import KernelOp
+from ..engines.function import KernelOp, with_none
 from ..engines.fused.build import _identity_rows
 from ..runtime import gate
 
-__all__ = ["BACKBONE", "Bound", "serves"]
+__all__ = ["BACKBONE", "Bound", "Constants", "bound_build", "serves"]
 
 
 def serves(*values: Tensor) -> bool:
@@ -56,26 +56,26 @@ class Bound:
     def __init__(
         self,
         table: ConstructionTable,
-        source: np.ndarray,
+        source: tuple[np.ndarray, ...],
         values: list[np.ndarray],
         consts: np.ndarray,
         fixed: np.ndarray | None,
         shape: tuple[int, ...],
-        exists: np.ndarray | None = None,
-        fallback: np.ndarray | None = None,
+        count: np.ndarray | None = None,
     ) -> None:
-        m, n = values[0].shape[0], source.shape[1]
-        flat = np.concatenate([*values, np.broadcast_to(consts, (m, consts.size))], axis=1)
-        rows = flat[:, source.reshape(-1)].reshape(m, 3, n)  # (bonds, angles, dihedrals) per atom row
-        if exists is not None and fallback is not None:  # atoms past a chain's length: constants
-            rows = np.where(exists[:, None, :], rows, consts[fallback][None])
-        self.exists = exists
+        flat, which, column, fallback = source
+        m, n = math.prod(shape[:-3]), flat.shape[1]
+        self.exists = None
+        rows = np.full(m, n, dtype=np.int64)
+        if count is not None:  # atoms past a chain's length: constants in, zeros out
+            rows = 3 * count
+            self.exists = np.arange(n)[None, :] < rows[:, None]
         self.plan = table.plan("fused")
-        self.bonds = np.ascontiguousarray(rows[:, 0])
-        self.trig = require("cpu").trig(np.ascontiguousarray(rows[:, 1]), np.ascontiguousarray(rows[:, 2]))
+        gathered = require("cpu").gathered_trig(tuple(values), consts, which, column, rows, fallback, m)
+        self.bonds, self.trig = gathered
         dtype = self.bonds.dtype
         self.fixed = np.zeros((m, 0, 3), dtype) if fixed is None else np.ascontiguousarray(fixed)
-        self.source, self.shape = source, shape
+        self.source, self.shape = flat, shape
         self.widths = [v.shape[1] for v in values]
 
     def forward(self) -> np.ndarray:
@@ -118,18 +118,24 @@ def _kernel(*args: Any) -> Tensor:
 
 
 def _vjp(
-    values: tuple[Tensor, ...], grads: tuple[Tensor], bound: Bound, reference: Callable[..., Tensor]
+    values: tuple[Tensor | None, ...],
+    grads: tuple[Tensor],
+    bound: Bound,
+    reference: Callable[..., Tensor],
 ) -> Any:
-    """Gradients of the per-residue values: the backward kernel, or (``create_graph=True``) the
-    general path's differentiable graph."""
+    """Gradients of the given per-residue values (None for a value not given): the backward kernel,
+    or (``create_graph=True``) the general path's differentiable graph."""
     (g,) = grads
+    given = [v for v in values if v is not None]
     if torch.is_grad_enabled():
-        _, pull = torch.func.vjp(reference, *values)
-        return pull(g)
+        _, pull = torch.func.vjp(reference, *given)
+        return with_none(pull(g), values)
     m = math.prod(bound.shape[:-3])
-    gn = g.detach().to(values[0].dtype).reshape(m, -1, 3).contiguous().numpy()
+    gn = g.detach().to(given[0].dtype).reshape(m, -1, 3).contiguous().numpy()
+    out = bound.backward(gn)
     return tuple(
-        torch.from_numpy(np.ascontiguousarray(x)).view(v.shape) for x, v in zip(bound.backward(gn), values)
+        None if v is None else torch.from_numpy(np.ascontiguousarray(x)).view(v.shape)
+        for x, v in zip(out, values)
     )
 
 
@@ -144,29 +150,50 @@ BACKBONE = KernelOp(
 )
 
 
+class Constants(NamedTuple):
+    """What a bound build of one chain length, layout and dtype reads besides its inputs (numpy, read
+    only): the chain table, the gather's positions (flat, block, column, fallback: ``(3, 3 L)``
+    int64 each), its 7 constants, the default ``(1, 3 L)`` rows of angles and bonds, and the fixed
+    first residue ``(3, 3)`` (None: seeds)."""
+
+    table: ConstructionTable
+    source: tuple[np.ndarray, ...]
+    consts: np.ndarray
+    defaults: tuple[np.ndarray, np.ndarray]
+    first: np.ndarray | None
+
+
 def bound_build(
-    values: tuple[Tensor, ...],
-    source: Tensor,
-    consts: Tensor,
-    fixed: Tensor | None,
-    table: ConstructionTable,
+    values: tuple[Tensor | None, Tensor | None, Tensor | None],
+    constants: Constants,
     reference: Callable[..., Tensor],
     count: Tensor | None = None,
-    fallback: Tensor | None = None,
 ) -> Tensor:
-    """``(*batch, L, 3, 3)`` positions from the per-residue value tensors ``values`` (each
-    ``(*batch, L, 3)``, flattened into the gather's ``cat`` in order), through `BACKBONE`;
-    ``count`` ``(*batch)`` residues per chain (the atoms past it built from ``consts[fallback]`` and
-    written as zeros, as the general path does)."""
-    batch = values[0].shape[:-2]
-    n_res = values[0].shape[-2]
+    """``(*batch, L, 3, 3)`` positions from the per-residue ``(*batch, L, 3)`` dihedrals, angles and
+    bonds ``values`` (None: the defaults in ``constants``; the given ones of one shape and dtype),
+    through `BACKBONE`; ``count`` ``(*batch)`` residues per chain (the atoms past it built from the
+    constants and written as zeros, as the general path does); ``reference(*given values)``: the
+    general path, for derivatives the kernels do not serve."""
+    like = values[0]
+    batch, n_res = like.shape[:-2], like.shape[-2]
     m = math.prod(batch)
-    arrays = [v.detach().reshape(m, -1).numpy() for v in values]
-    f = None if fixed is None else fixed.detach().expand(*batch, 3, 3).reshape(m, 3, 3).numpy()
-    exists = None
-    if count is not None and fallback is not None:
-        exists = np.arange(3 * n_res)[None, :] // 3 < count.reshape(m, 1).numpy()
-        fallback = fallback.numpy()
+    arrays = [constants.defaults[k - 1] if v is None else _rows(v.detach(), m) for k, v in enumerate(values)]
+    fixed = None
+    if constants.first is not None:
+        fixed = np.empty((m, 3, 3), dtype=constants.first.dtype)
+        fixed[:] = constants.first
+    rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
-    bound = Bound(table, source.numpy(), arrays, consts.detach().numpy(), f, shape, exists, fallback)
+    bound = Bound(constants.table, constants.source, arrays, constants.consts, fixed, shape, rows)
     return BACKBONE.apply(*values, bound, reference)
+
+
+def _rows(value: Tensor, m: int) -> np.ndarray:
+    """``(m, K)`` C-contiguous rows of ``value`` ``(*batch, L, 3)``, or ``(1, K)`` where every sample
+    reads the same values (a broadcast: no copy)."""
+    lead = value.ndim - 2
+    if lead and not any(value.stride()[:lead]):
+        value = value[(0,) * lead]
+        m = 1
+    t = value.reshape(m, -1)
+    return (t if t.is_contiguous() else t.contiguous()).numpy()

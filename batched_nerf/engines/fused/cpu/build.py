@@ -47,13 +47,24 @@ import numpy as np
 from . import pose, threads, tiers, turns
 from .blocks import LANES, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
-from .trig import trig
+from .trig import gathered_trig, trig
 
-__all__ = ["backward", "forward", "pose", "trig", "turns"]
+__all__ = ["backward", "forward", "gathered_trig", "pose", "trig", "turns"]
 
-#: Below this many atom-samples per call a kernel runs on one thread (no pool start-up); times
-#: `threads.serial_factor()` where numba's threads are ``workqueue`` (a launch costs 70-80 us).
-SERIAL_WORK = 4096
+#: Below this many atom-samples per call a kernel runs on the calling thread (no pool round trip;
+#: `WORKQUEUE_SERIAL_WORK` on numba's ``workqueue``, `threads.serial_bound`). On TBB a launch costs
+#: about 2 us, but a worker that slept (any call after a few ms of other work, the common case in a
+#: training step) takes longer to wake than a small call takes alone. Measured on 2 cores, float32,
+#: 64 chains (``build_backbone``), one thread / two, medians of 40 alternating calls, forward
+#: right after other work: 189 / 240 us at 4,416 atom-samples, 254 / 325 at 8,832, 301 / 354 at
+#: 12,288, 473 / 429 at 17,664 (back to back: 209 / 233 at 8,832, 342 / 312 at 17,664; the
+#: backward alike).
+SERIAL_WORK = 16384
+#: `SERIAL_WORK` on ``workqueue`` (a launch costs 70-80 us). Measured as above, back to back, chains
+#: of 64-1,024 atoms, forward / backward, one thread against two: 94 / 209 us against 222 / 330 us
+#: at 8,832 atom-samples, 344 / 825 against 259 / 927 at 35,328, 645 / 3,033 against 425 / 1,581
+#: at 65,536.
+WORKQUEUE_SERIAL_WORK = 32768
 #: Both kernels take samples in blocks of LANES (SIMD across samples) from this many samples
 #: on, when there are enough blocks for the threads, for units of at most FORWARD_MAX_WIDTH /
 #: BACKWARD_MAX_WIDTH atoms. Measured, float32, 2 cores, vs the per-sample kernels: forward
@@ -75,7 +86,7 @@ def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
     """Threads for one call: 1 for small work, else at most one per work item."""
-    if n_samples * n_atoms < SERIAL_WORK * threads.serial_factor():
+    if n_samples * n_atoms < threads.serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK):
         return 1
     return max(1, min(numba.get_num_threads(), n_samples * n_units))
 

@@ -31,10 +31,10 @@ asks numba for its ``forksafe`` layer (``numba.config.THREADING_LAYER``): TBB wh
 installed (``pip install tbb``, part of the extra ``fast`` on Linux x86-64: fork- and
 thread-safe, a launch costs about 2 us), else numba's own ``workqueue`` (fork-safe,
 present everywhere, but a launch costs 70-80 us on a 2-core Linux machine, so the CPU
-kernels then run calls of up to `threads.SERIAL_FACTOR` times more work on the calling
-thread, `threads.serial_factor`; not thread-safe: two Python threads launching parallel
-kernels together abort the process, so `watch` then wraps the package's parallel
-kernels in `_Serialized`, whose launches take one lock). pip puts the TBB wheel's
+kernels then run larger calls on the calling thread, `threads.serial_bound`; not
+thread-safe: two Python threads launching parallel kernels together abort the process, so
+`watch` then wraps the package's parallel kernels in `_Serialized`, whose launches take
+one lock). pip puts the TBB wheel's
 ``libtbb.so.12`` in the environment's ``lib`` folder, which the loader does not search,
 so numba alone would not find it: `threads.load_tbb` loads it from the wheel's own file
 list first. It leaves numba alone where the user chose:

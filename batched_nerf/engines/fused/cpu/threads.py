@@ -2,8 +2,8 @@
 needs before threads pay (plain Python: numba is imported inside the functions).
 
 A launch of a parallel kernel costs about 2 us on TBB and 70-80 us on numba's own
-``workqueue`` (2-core Linux machine), so where the layer is ``workqueue`` the kernels run
-`SERIAL_FACTOR` times more work on the calling thread (`serial_factor`). Which layer
+``workqueue`` (2-core Linux machine), so each kernel keeps two serial bounds (the work below
+which a call runs on the calling thread), and `serial_bound` picks the layer's. Which layer
 `cache.prepare` asks for, and why, is said in `cache`.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["SERIAL_FACTOR", "gnu_omp_missing", "load_tbb", "serial_factor", "threading_layer"]
+__all__ = ["gnu_omp_missing", "load_tbb", "serial_bound", "threading_layer"]
 
 
 def load_tbb() -> bool:
@@ -41,20 +41,16 @@ def load_tbb() -> bool:
     return False
 
 
-#: How much more work the CPU kernels run on the calling thread where the layer is ``workqueue``
-#: (its launch costs 70-80 us): measured on 2 cores, float32, chains of 64-1,024 atoms, one thread
-#: against two, forward / backward: 94 / 209 us against 222 / 330 us at 8,832 atom-samples, 344 / 825
-#: against 259 / 927 at 35,328, 645 / 3,033 against 425 / 1,581 at 65,536 (TBB: two threads win
-#: from 2,208 on).
-SERIAL_FACTOR = 8
-_factor: list[int] = []
+_workqueue: list[bool] = []
 
 
-def serial_factor() -> int:
-    """`SERIAL_FACTOR` where the kernels run on ``workqueue``, else 1 (read once per process)."""
-    if not _factor:
-        _factor.append(SERIAL_FACTOR if threading_layer() == "workqueue" else 1)
-    return _factor[0]
+def serial_bound(bound: int, workqueue: int) -> int:
+    """A kernel's serial bound (below it, a call runs on the calling thread): ``bound`` where a launch
+    is cheap (TBB, OpenMP: about 2 us), ``workqueue`` on numba's ``workqueue`` (70-80 us a launch);
+    the layer is read once per process."""
+    if not _workqueue:
+        _workqueue.append(threading_layer() == "workqueue")
+    return workqueue if _workqueue[0] else bound
 
 
 def threading_layer() -> str:

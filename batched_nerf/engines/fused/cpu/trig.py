@@ -34,16 +34,18 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .threads import serial_factor
+from .threads import serial_bound
 
-__all__ = ["angles", "trig"]
+__all__ = ["angles", "gathered_trig", "trig"]
 
 #: ``pi/2 = h1 + h2 + h3``: 33-bit ``h1``, ``h2``, then the rest (exact binary values).
 PIO2 = tuple(float.fromhex(h) for h in ("0x1.921fb544p+0", "0x1.0b4611a6p-34", "0x1.3198a2e037073p-69"))
 #: Beyond this ``|x|`` the reduction leaves its exact range: libm takes over.
 LIMIT = 1.0e5
-#: Below this many values a call runs on the calling thread (times `threads.serial_factor()`).
+#: Below this many values a call runs on the calling thread (`WORKQUEUE_SERIAL_VALUES` on numba's
+#: ``workqueue``, `threads.serial_bound`).
 SERIAL_VALUES = 32768
+WORKQUEUE_SERIAL_VALUES = 8 * SERIAL_VALUES
 
 _H1, _H2, _H3 = PIO2
 _TWO_OVER_PI = 2.0 / math.pi
@@ -115,11 +117,81 @@ def trig(angles: np.ndarray, dihedrals: np.ndarray, out: np.ndarray | None = Non
 def _run(items, parallel, *args):  # type: ignore[no-untyped-def]
     """``items`` on this thread for small calls (no thread-pool round trip), else ``parallel``;
     ``args[0]``: the flat values of one of the two inputs."""
-    nt = 1 if 2 * args[0].size < SERIAL_VALUES * serial_factor() else numba.get_num_threads()
+    serial = 2 * args[0].size < serial_bound(SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
+    nt = 1 if serial else numba.get_num_threads()
     if nt > 1:
         parallel(*args, nt)
     else:
         items(0, 1, *args)
+
+
+@njit(cache=True)
+def _gathered_items(t, nt, values, consts, which, column, count, fallback, bonds, out):
+    """Samples ``[m t / nt, m (t + 1) / nt)`` of `gathered_trig`."""
+    m, n = bonds.shape
+    lo, hi = m * t // nt, m * (t + 1) // nt
+    x = np.empty((2, n))  # this sample's angles and dihedrals, before their cos and sin
+    for i in range(lo, hi):
+        for j in range(n):
+            past = j >= count[i]
+            for k in range(3):
+                w, c = which[k, j], column[k, j]
+                if past:
+                    v = consts[fallback[k, j]]
+                elif w == 0:
+                    v = values[0][i if values[0].shape[0] > 1 else 0, c]
+                elif w == 1:
+                    v = values[1][i if values[1].shape[0] > 1 else 0, c]
+                elif w == 2:
+                    v = values[2][i if values[2].shape[0] > 1 else 0, c]
+                else:
+                    v = consts[c]
+                if k == 0:
+                    bonds[i, j] = v
+                else:
+                    x[k - 1, j] = v
+        _sincos(x[0], out[0, i], out[2, i])
+        _sincos(x[1], out[1, i], out[3, i])
+
+
+@njit(cache=True, parallel=True)
+def _gathered_parallel(values, consts, which, column, count, fallback, bonds, out, nt):
+    for t in prange(nt):
+        _gathered_items(t, nt, values, consts, which, column, count, fallback, bonds, out)
+
+
+def gathered_trig(
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    consts: np.ndarray,
+    which: np.ndarray,
+    column: np.ndarray,
+    count: np.ndarray,
+    fallback: np.ndarray,
+    n_samples: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' bonds ``(m, n)`` and trig ``(4, m, n)`` (as `trig` makes it) gathered from three value
+    arrays in one pass.
+
+    Row ``j`` of sample ``i`` takes its bond (``k = 0``), angle (1) and dihedral (2) from
+    ``values[which[k, j]][i, column[k, j]]`` (``which`` 0-2; 3 reads ``consts[column[k, j]]``), or
+    from ``consts[fallback[k, j]]`` where ``j >= count[i]``. ``values``: three C-contiguous
+    ``(m or 1, K_w)`` arrays of one float dtype (a single row is read by every sample), ``m`` being
+    ``n_samples``;
+    ``consts`` ``(C,)`` of that dtype; ``which``, ``column``, ``fallback`` ``(3, n)`` and ``count``
+    ``(m,)`` int64. The bonds keep the values' dtype. Equal bit for bit to gathering the rows and
+    calling `trig` on them.
+    """
+    m, n = n_samples, which.shape[1]
+    bonds = np.empty((m, n), dtype=values[0].dtype)
+    out = np.empty((4, m, n))
+    args = (values, consts, which, column, count, fallback, bonds, out)
+    serial = 2 * m * n < serial_bound(SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
+    nt = 1 if serial else min(numba.get_num_threads(), m)
+    if nt > 1:
+        _gathered_parallel(*args, nt)
+    else:
+        _gathered_items(0, 1, *args)
+    return bonds, out
 
 
 @njit(cache=True, error_model="numpy")

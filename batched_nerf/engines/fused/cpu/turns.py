@@ -20,12 +20,14 @@ import numpy as np
 from numba import njit, prange
 
 from .samples import affine_adjoint
-from .threads import serial_factor
+from .threads import serial_bound
 
 __all__ = ["turn", "turn_vjp"]
 
-#: Below this many atom-samples a call runs on the calling thread (times `threads.serial_factor()`).
+#: Below this many atom-samples a call runs on the calling thread (`WORKQUEUE_SERIAL_WORK` on numba's
+#: ``workqueue``, `threads.serial_bound`).
 SERIAL_WORK = 4096
+WORKQUEUE_SERIAL_WORK = 8 * SERIAL_WORK
 
 
 @njit(inline="always")
@@ -215,7 +217,8 @@ def turn(
 ) -> np.ndarray:
     """``(B, T, 3)`` coordinates with every bond's moving side turned (see the module docstring)."""
     out = np.empty_like(x)
-    run = _serial if x.shape[0] * x.shape[1] < SERIAL_WORK * serial_factor() else _parallel
+    serial = x.shape[0] * x.shape[1] < serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK)
+    run = _serial if serial else _parallel
     run(x, tau, u, v, order, parent, atom_rotor, eps, out)
     return out
 
@@ -233,6 +236,7 @@ def turn_vjp(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Gradients of ``sum(g * turn(x, tau, ...))``: float64 ``(B, T, 3)`` of ``x``, ``(B, R)`` of ``tau``."""
     gx, gt = np.empty(x.shape), np.empty(tau.shape)
-    run = _serial_vjp if x.shape[0] * x.shape[1] < SERIAL_WORK * serial_factor() else _parallel_vjp
+    serial = x.shape[0] * x.shape[1] < serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK)
+    run = _serial_vjp if serial else _parallel_vjp
     run(x, tau, g, u, v, order, parent, atom_rotor, eps, gx, gt)
     return gx, gt
