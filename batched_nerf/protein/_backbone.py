@@ -24,6 +24,7 @@ from .._geometry import batch_shape
 from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable, outside_inference_mode
+from ..engines.fused.build import _identity_rows
 from ..residues.templates import BACKBONE
 from . import _bound_backbone as bound
 from ._build import _float
@@ -366,12 +367,14 @@ def _bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.
     source, fallback = (t.numpy() for t in _atom_source(n_residues, layout, fixed_first))
     which = np.minimum(source // (3 * n_residues), 3)
     angles, bonds, first, consts = (t.numpy() for t in _constants(layout, dtype, torch.device("cpu")))
+    table = backbone_table(n_residues, fixed_first)
     return bound.Constants(
-        table=backbone_table(n_residues, fixed_first),
+        table=table,
         source=(source, which, source - 3 * n_residues * which, fallback),
         consts=consts,
         defaults=(np.tile(angles, n_residues)[None], np.tile(bonds, n_residues)[None]),
         first=first if fixed_first else None,
+        pose=_identity_rows(table.plan("fused").topology.seed_root.size),
     )
 
 

@@ -29,7 +29,6 @@ from torch import Tensor
 from ..core.table import ConstructionTable
 from ..engines.backends import available, require
 from ..engines.function import KernelOp, with_none
-from ..engines.fused.build import _identity_rows
 from ..runtime import gate
 
 __all__ = ["BACKBONE", "Bound", "Constants", "bound_build", "serves"]
@@ -47,43 +46,57 @@ def serves(*values: Tensor) -> bool:
     )
 
 
+class Constants(NamedTuple):
+    """What a bound build of one chain length, layout and dtype reads besides its inputs (numpy, read
+    only): the chain table, the gather's positions (flat, block, column, fallback: ``(3, 3 L)``
+    int64 each), its 7 constants, the default ``(1, 3 L)`` rows of angles and bonds, the fixed
+    first residue ``(3, 3)`` (None: seeds) and the kernels' pose rows (no pose)."""
+
+    table: ConstructionTable
+    source: tuple[np.ndarray, ...]
+    consts: np.ndarray
+    defaults: tuple[np.ndarray, np.ndarray]
+    first: np.ndarray | None
+    pose: np.ndarray
+
+
 class Bound:
     """One call's arrays: the atom rows' bonds and trig array, the fixed atoms, and how to read the
     per-residue gradients back (numpy; kept for the backward)."""
 
-    __slots__ = ("bonds", "exists", "fixed", "plan", "shape", "source", "trig", "widths")
+    __slots__ = ("bonds", "exists", "fixed", "plan", "pose", "shape", "source", "trig", "widths")
 
     def __init__(
         self,
-        table: ConstructionTable,
-        source: tuple[np.ndarray, ...],
+        constants: Constants,
         values: list[np.ndarray],
-        consts: np.ndarray,
         fixed: np.ndarray | None,
         shape: tuple[int, ...],
         count: np.ndarray | None = None,
     ) -> None:
-        flat, which, column, fallback = source
+        flat, which, column, fallback = constants.source
         m, n = math.prod(shape[:-3]), flat.shape[1]
         self.exists = None
         rows = np.full(m, n, dtype=np.int64)
         if count is not None:  # atoms past a chain's length: constants in, zeros out
             rows = 3 * count
             self.exists = np.arange(n)[None, :] < rows[:, None]
-        self.plan = table.plan("fused")
-        gathered = require("cpu").gathered_trig(tuple(values), consts, which, column, rows, fallback, m)
+        self.plan, self.pose = constants.table.plan("fused"), constants.pose
+        gathered = require("cpu").gathered_trig(
+            tuple(values), constants.consts, which, column, rows, fallback, m
+        )
         self.bonds, self.trig = gathered
         dtype = self.bonds.dtype
-        self.fixed = np.zeros((m, 0, 3), dtype) if fixed is None else np.ascontiguousarray(fixed)
+        self.fixed = np.zeros((m, 0, 3), dtype) if fixed is None else fixed
         self.source, self.shape = flat, shape
         self.widths = [v.shape[1] for v in values]
 
     def forward(self) -> np.ndarray:
         """``(m, N, 3)`` positions (the forward kernel)."""
         p = self.plan
-        pose = _identity_rows(p.topology.seed_root.size)
-        kernels = require("cpu")
-        out = kernels.forward(p.index, p.starts, self.bonds, self.trig, self.fixed, pose, p.width, p.reach)
+        out = require("cpu").forward(
+            p.index, p.starts, self.bonds, self.trig, self.fixed, self.pose, p.width, p.reach
+        )
         if self.exists is not None:  # atoms past a chain's length: zeros
             out[~self.exists] = 0.0
         return out
@@ -91,11 +104,10 @@ class Bound:
     def backward(self, g: np.ndarray) -> list[np.ndarray]:
         """Gradients of ``sum(g * xyz)`` with respect to each per-residue value array, ``(m, K)`` each."""
         p = self.plan
-        pose = _identity_rows(p.topology.seed_root.size)
         if self.exists is not None:
             g = np.ascontiguousarray(np.where(self.exists[..., None], g, 0.0).astype(g.dtype))
         gb, ga, gd, _, _ = require("cpu").backward(
-            p.index, p.starts, self.bonds, self.trig, self.fixed, pose, g, p.width
+            p.index, p.starts, self.bonds, self.trig, self.fixed, self.pose, g, p.width
         )
         m = g.shape[0]
         grads = np.stack([gb, ga, gd], axis=1)
@@ -150,19 +162,6 @@ BACKBONE = KernelOp(
 )
 
 
-class Constants(NamedTuple):
-    """What a bound build of one chain length, layout and dtype reads besides its inputs (numpy, read
-    only): the chain table, the gather's positions (flat, block, column, fallback: ``(3, 3 L)``
-    int64 each), its 7 constants, the default ``(1, 3 L)`` rows of angles and bonds, and the fixed
-    first residue ``(3, 3)`` (None: seeds)."""
-
-    table: ConstructionTable
-    source: tuple[np.ndarray, ...]
-    consts: np.ndarray
-    defaults: tuple[np.ndarray, np.ndarray]
-    first: np.ndarray | None
-
-
 def bound_build(
     values: tuple[Tensor | None, Tensor | None, Tensor | None],
     constants: Constants,
@@ -184,8 +183,10 @@ def bound_build(
         fixed[:] = constants.first
     rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
-    bound = Bound(constants.table, constants.source, arrays, constants.consts, fixed, shape, rows)
-    return BACKBONE.apply(*values, bound, reference)
+    bound = Bound(constants, arrays, fixed, shape, rows)
+    if torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in values):
+        return BACKBONE.apply(*values, bound, reference)
+    return _kernel(bound, reference)  # nothing to differentiate: no autograd node
 
 
 def _rows(value: Tensor, m: int) -> np.ndarray:
