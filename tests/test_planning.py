@@ -15,7 +15,6 @@ import batched_nerf as bn
 from batched_nerf import data
 from batched_nerf.engines.dispatch import auto_method, single_path
 from batched_nerf.engines.levels import _pool_plans
-from batched_nerf.runtime.state import PLAN_CACHE_SIZE
 from batched_nerf.topology.analysis import (
     Topology,
     _hooked,
@@ -306,14 +305,33 @@ def test_single_path_agrees_with_the_scan_plan() -> None:
         assert table.single_path == single_path(table.topology)
 
 
-def test_plan_cache_is_bounded() -> None:
-    table = bn.ConstructionTable.chain(20)
-    first = table.plan("scan")
-    for variant in range(2, 2 + PLAN_CACHE_SIZE):
-        table.plan("scan", variant=variant)
-    assert len(table._state.plans) == PLAN_CACHE_SIZE
-    again = table.plan("scan")  # dropped as the least recently used, made again
-    assert again is not first and torch.equal(again.inverse, first.inverse)
+def test_plans_are_entries_of_the_one_byte_budget() -> None:
+    """Every table's plans share the process's byte budget with the pooled arrays: past it the least
+    recently used plan of any table goes (a use marks a plan recent) and is made again, equal, on
+    its table's next use; release() takes a table's plans out of the budget."""
+    key = ("scan", 1, torch.device("cpu"))
+    old = bn.cache_budget()
+    try:
+        a, b = bn.ConstructionTable.chain(300), bn.ConstructionTable.chain(301)
+        first = a.plan("scan")
+        b.plan("scan")
+        assert a.plan("scan") is first  # a used last: b's plan is now the oldest entry
+        size = b.cache_info()["plan_bytes"]
+        assert size > 0
+        bn.cache_budget(int(1.5 * size))  # room for one of the two plans
+        assert key in a._state.plans and key not in b._state.plans
+        b.plan("scan")  # made again: a's plan, now the oldest, goes
+        assert key not in a._state.plans and key in b._state.plans
+        again = a.plan("scan")
+        assert again is not first and torch.equal(again.inverse, first.inverse)
+        b.release()  # out of the budget: a's plan and one more fit
+        bn.cache_budget(int(1.5 * size) + 1)
+        assert key in a._state.plans
+        bn.cache_budget(0)  # nothing kept between calls: every use makes its plan, never wrong
+        assert not a._state.plans
+        assert torch.equal(a.plan("scan").inverse, first.inverse) and not a._state.plans
+    finally:
+        bn.cache_budget(old)
 
 
 def test_plan_first_built_in_inference_mode_serves_backward() -> None:

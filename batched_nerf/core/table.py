@@ -7,8 +7,8 @@ names the offending row; see `batched_nerf.topology.analysis`), and caches what 
 from them:
 
 * the engines' build plans, made on first use, one engine and variant at a
-  time, per device ([`ConstructionTable.plan`][batched_nerf.ConstructionTable.plan]; at most
-  `runtime.state.PLAN_CACHE_SIZE` per table, least recently used dropped first;
+  time, per device ([`ConstructionTable.plan`][batched_nerf.ConstructionTable.plan]; within the
+  process's one byte budget, `batched_nerf.cache_budget`, least recently used dropped first;
   [`ConstructionTable.prepare`][batched_nerf.ConstructionTable.prepare] builds them ahead of
   ``torch.compile``);
 * other static data ([`ConstructionTable.cached`][batched_nerf.ConstructionTable.cached]: one entry per
@@ -405,8 +405,9 @@ class ConstructionTable:
         old name, still accepted). Plans are static: they are built outside
         inference mode and outside ``torch.func`` transforms, so a plan first
         made under ``torch.inference_mode()`` or inside ``jacrev`` serves every
-        later call and backward pass. The table keeps at most `PLAN_CACHE_SIZE` plans, least
-        recently used dropped first.
+        later call and backward pass. Plans of every table share the process's byte
+        budget ([`cache_budget`][batched_nerf.cache_budget]), least recently used dropped
+        first (made again on next use).
 
         Under ``torch.compile`` a missing plan is made eagerly (a graph break on the
         table's first use; [`prepare`][batched_nerf.ConstructionTable.prepare] ahead avoids it).
@@ -420,11 +421,10 @@ class ConstructionTable:
         if block is not None:
             variant = block
         key = (kind, variant, device)
-        plans = self._state.plans
-        cached = plans.get(key)
+        cached = self._state.plans.get(key)
         if cached is not None:
             if not torch.compiler.is_compiling():
-                plans.move_to_end(key)
+                self._state.touch_plan(key)
             return cached
         if kind not in engines.ENGINES:
             raise ValueError(f"unknown plan kind {kind!r}; expected one of {tuple(engines.ENGINES)}")
@@ -527,8 +527,8 @@ class ConstructionTable:
 
         Returns:
             ``{"plans", "plan_bytes", "memo", "memo_bytes"}``: the engines' plans
-            kept (at most ``PLAN_CACHE_SIZE`` = 16, least recently used dropped
-            first) and the [`cached`][batched_nerf.ConstructionTable.cached]
+            kept (within [`cache_budget`][batched_nerf.cache_budget], least recently
+            used dropped first) and the [`cached`][batched_nerf.ConstructionTable.cached]
             entries, with the bytes of every array and tensor they hold (each
             storage counted once; plans on a GPU count their device memory). The
             rows themselves are not counted. See

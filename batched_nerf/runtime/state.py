@@ -4,18 +4,19 @@ Everything the package derives from a table's rows and keeps between calls lives
 in the `State` of its owner (a [`ConstructionTable`][batched_nerf.ConstructionTable],
 a protein table, a packed table):
 
-* ``plans``: the engines' build plans, one per (engine, variant, device), at most
-  `PLAN_CACHE_SIZE`, least recently used dropped first (the table decides what a
-  plan is; `State` only keeps them);
+* ``plans``: the engines' build plans, one per (engine, variant, device) (the
+  table decides what a plan is; `State` only keeps them);
 * ``memo``: every other value derived once per owner (pose layouts, log-det masks,
   clash pair lists, protein layouts, casts, masks), made by `memo`.
 
 Process-wide pools that are not one owner's (the CPU kernels' work buffers, the
 bound torsion build's arrays) register here with their byte count and their
 release (`register_pool`), so that `info` reports all of it and `release_pools`
-frees it. Their idle arrays share one byte budget (`cache_budget`): each idle
-array is an entry of one ledger (`keep_idle`), least recently used first, and
-past the budget the oldest entry of any pool is dropped. A `State` goes with its
+frees it. Their idle arrays and every owner's plans share one byte budget
+(`cache_budget`): each is an entry of one ledger (`keep_idle`; a plan's from
+`State.keep_plan`, used again with `State.touch_plan`), least recently used
+first, and past the budget the oldest entry of any kind is dropped (a plan is
+made again on its next use). A `State` goes with its
 owner (it is an attribute of it); a pickled owner carries none (plans and memo
 are rebuilt on first use, in the worker).
 
@@ -36,7 +37,6 @@ import torch
 
 __all__ = [
     "LOCK",
-    "PLAN_CACHE_SIZE",
     "State",
     "budget",
     "cache_budget",
@@ -54,10 +54,6 @@ __all__ = [
     "touch_idle",
 ]
 
-#: Most plans an owner keeps (engine x variant x device); the least recently used goes first.
-#: Every variant of every engine on two devices fits (5 plans per device today).
-PLAN_CACHE_SIZE = 16
-
 _T = TypeVar("_T")
 
 #: Every live `State`, for the process-wide report (weakly: a state goes with its owner).
@@ -71,13 +67,15 @@ _POOLS: dict[str, tuple[Callable[[], int], Callable[[], None]]] = {}
 LOCK = threading.Lock()
 _lock = LOCK
 
-#: The one byte budget: bytes of idle arrays the pools keep over the whole process (`cache_budget`).
+#: The one byte budget: bytes of the pools' idle arrays and the owners' plans over the whole process
+#: (`cache_budget`).
 _budget = [1 << 31]
 
 
 class _Idle(NamedTuple):
-    """One idle array (or set of arrays) of a pool: its bytes, its holder (weakly, None: the pool
-    forgets it itself) and how the pool lets go of it (called under `LOCK`)."""
+    """One entry of the budget, an idle array (or set of arrays) of a pool or an owner's plan: its
+    bytes, its holder (weakly, None: the pool forgets it itself) and how to let go of it (called
+    under `LOCK`)."""
 
     pool: str
     n_bytes: int
@@ -85,18 +83,18 @@ class _Idle(NamedTuple):
     drop: Callable[[], None]
 
 
-#: The ledger of idle pooled arrays, least recently used first (changed under `LOCK` only).
+#: The ledger of idle pooled arrays and plans, least recently used first (changed under `LOCK` only).
 _idle: OrderedDict[Hashable, _Idle] = OrderedDict()
 _idle_total = [0]
 
 
 class State:
-    """Derived state of one owner: ``plans`` (bounded, least recently used first out) and ``memo``."""
+    """Derived state of one owner: ``plans`` (entries of the byte budget) and ``memo``."""
 
     __slots__ = ("__weakref__", "_owner", "memo", "plans")
 
     def __init__(self, owner: Any = None) -> None:
-        self.plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.plans: dict[Hashable, Any] = {}
         self.memo: dict[Hashable, Any] = {}
         # weakly: the owner's own arrays (a table's rows) are not derived state, `info` skips them
         self._owner = None if owner is None else weakref.ref(owner)
@@ -107,15 +105,36 @@ class State:
         return (State, ())
 
     def keep_plan(self, key: Hashable, plan: Any) -> None:
-        """Keep ``plan`` under ``key`` as the most recent; drop the oldest past `PLAN_CACHE_SIZE`."""
+        """Keep ``plan`` under ``key``: an entry of the byte budget, the most recently used (its
+        bytes those of its arrays and tensors, the owner's own not counted), dropped from ``plans``
+        when the budget needs its bytes or once this state is gone."""
+        n_bytes = nbytes(plan, self._owners_arrays())
+        ref = weakref.ref(self)
+
+        def drop() -> None:  # under LOCK; a call that holds the plan keeps it
+            state = ref()
+            if state is not None:
+                state.plans.pop(key, None)
+
         self.plans[key] = plan
-        self.plans.move_to_end(key)
-        while len(self.plans) > PLAN_CACHE_SIZE:
-            self.plans.popitem(last=False)
+        with _lock:
+            keep_idle(("plan", id(self), key), "plans", n_bytes, drop, holder=self)
+
+    def touch_plan(self, key: Hashable) -> None:
+        """Mark the plan under ``key`` as the most recently used entry of the budget (on every plan
+        lookup, so without `LOCK`: one ``move_to_end``, atomic, which every reader of the ledger
+        allows for by iterating snapshots; an entry dropped meanwhile is left dropped)."""
+        try:
+            _idle.move_to_end(("plan", id(self), key))
+        except KeyError:
+            pass
 
     def clear(self) -> None:
         """Drop every plan and memo entry (made again on next use)."""
-        self.plans.clear()
+        with _lock:
+            for key in list(self.plans):
+                take_idle(("plan", id(self), key))
+            self.plans.clear()
         self.memo.clear()
 
     def info(self) -> dict[str, int]:
@@ -203,34 +222,33 @@ def take_idle(key: Hashable) -> None:
 
 def _forget_freed() -> None:
     """Remove the entries whose holders are gone (hold `LOCK`)."""
-    for key in [k for k, e in _idle.items() if e.holder is not None and e.holder() is None]:
-        take_idle(key)
+    for key, entry in list(_idle.items()):  # a snapshot: touch_plan moves entries without the lock
+        if entry.holder is not None and entry.holder() is None:
+            take_idle(key)
 
 
 def _trim(budget: int) -> None:
-    """Drop the least recently used entries of any pool until the ledger holds at most ``budget``
-    bytes (hold `LOCK`)."""
-    if _idle_total[0] <= budget:
-        return
-    _forget_freed()
-    for key in list(_idle):
-        if _idle_total[0] <= budget:
-            break
-        entry = _idle[key]
+    """Drop the least recently used entries of any kind until the ledger holds at most ``budget``
+    bytes, forgetting those whose holders are gone on the way (hold `LOCK`; amortised O(1) an
+    entry: the ledger may hold an entry per plan of every table of a data set)."""
+    while _idle_total[0] > budget and _idle:
+        key, entry = next(iter(_idle.items()))
         take_idle(key)
-        entry.drop()
+        if entry.holder is None or entry.holder() is not None:
+            entry.drop()
 
 
 def idle_bytes(pool: str) -> int:
     """Bytes of ``pool``'s idle entries whose holders are alive (hold `LOCK`)."""
     _forget_freed()
-    return sum(e.n_bytes for e in _idle.values() if e.pool == pool)
+    return sum(e.n_bytes for e in list(_idle.values()) if e.pool == pool)
 
 
 def release_idle(pool: str) -> None:
     """Drop every idle entry of ``pool`` (hold `LOCK`)."""
-    for key in [k for k, e in _idle.items() if e.pool == pool]:
-        entry = _idle[key]
+    for key, entry in list(_idle.items()):
+        if entry.pool != pool:
+            continue
         take_idle(key)
         entry.drop()
 
@@ -243,14 +261,16 @@ def budget() -> int:
 def cache_budget(n_bytes: int | None = None) -> int:
     """Read or set the one byte budget of the arrays kept between calls for reuse.
 
-    Beside each table's own plans and memo entries (bounded per table and freed
-    with it), the process keeps idle arrays for reuse: the CPU kernels' work
-    buffers (a ``(4, B, N)`` float64 array of cosines and sines per call) and
-    the bound torsion builds' broadcast arrays. All of them share this budget:
-    past it, the least recently used array of any pool is freed first. The
-    default is 2 GiB; setting a smaller budget frees the excess at once, and
-    ``0`` keeps nothing idle (every call makes its own arrays: slower for
-    large batches, never wrong).
+    The process keeps, between calls, every table's engine plans (made on a
+    table's first use of an engine) and idle arrays for reuse: the CPU
+    kernels' work buffers (a ``(4, B, N)`` float64 array of cosines and sines
+    per call) and the bound torsion builds' broadcast arrays. All of them
+    share this budget: past it, the least recently used plan or array is
+    freed first (a plan is made again on its table's next use). The default
+    is 2 GiB; setting a smaller budget frees the excess at once, and ``0``
+    keeps nothing between calls (every call makes its own plan and arrays:
+    slower, never wrong). Each table's other cached entries (``memo``) go
+    with the table or its [`release`][batched_nerf.ConstructionTable.release].
 
     Args:
         n_bytes: the new budget in bytes (a non-negative ``int``), or None to
@@ -291,9 +311,9 @@ def cache_info() -> dict[str, int]:
     [`ConstructionTable.cache_info`][batched_nerf.ConstructionTable.cache_info]. Beside
     them the process keeps two pools of idle arrays for reuse: the CPU kernels'
     work buffers (at most 2 idle per table, freed with their table) and the
-    bound torsion builds' arrays, under one byte budget (2 GiB unless
-    [`cache_budget`][batched_nerf.cache_budget] sets another; least recently
-    used dropped first).
+    bound torsion builds' arrays. The plans and the pools share one byte
+    budget (2 GiB unless [`cache_budget`][batched_nerf.cache_budget] sets
+    another; least recently used dropped first).
 
     Returns:
         ``{"owners", "plans", "plan_bytes", "memo", "memo_bytes", ...}``: live
