@@ -107,14 +107,25 @@ def _torsions(n: int, dtype: torch.dtype) -> None:
 
 
 def _backbone(n: int, dtype: torch.dtype) -> None:
-    """The pass `protein.build_backbone` adds to the builder's kernels: the gather of its atom rows
-    with their cosines and sines (`cpu.trig.gathered_trig`), on ``n`` chains."""
+    """What `protein.build_backbone` runs besides the builder's kernels, on ``n`` chains: the gather of
+    its atom rows with their cosines and sines (`cpu.trig.gathered_trig`), alone and in one call
+    with the blocked forward (`cpu.build.gathered_forward`)."""
     from .engines.backends import require
+    from .engines.fused.build import _identity_rows
 
-    values = tuple(torch.zeros(n, 6, dtype=dtype).numpy() for _ in range(3))
-    index = np.zeros((3, 4), dtype=np.int64)
-    count = np.full(n, 4, dtype=np.int64)
-    require("cpu").gathered_trig(values, np.zeros(7, values[0].dtype), index, index, count, index, n)
+    plan = ConstructionTable.chain(_ATOMS).plan("fused")
+    values = tuple(torch.zeros(n, _ATOMS, dtype=dtype).numpy() for _ in range(3))
+    consts = np.zeros(7, values[0].dtype)
+    index = np.zeros((3, _ATOMS), dtype=np.int64)
+    count = np.full(n, _ATOMS, dtype=np.int64)
+    fixed = np.zeros((n, 0, 3), values[0].dtype)
+    pose = _identity_rows(plan.topology.seed_root.size)
+    kernels = require("cpu")
+    kernels.gathered_trig(values, consts, index, index, count, index, n)
+    source = (index, index, index)
+    kernels.gathered_forward(
+        values, consts, source, count, plan.index, plan.starts, fixed, pose, plan.width, plan.reach
+    )
 
 
 Step = tuple[str, Callable[[], None]]
@@ -156,9 +167,9 @@ def _steps(dtypes: Sequence[str], passes: Sequence[str], threads: int) -> list[S
             for label, threaded in [("", False)] + ([(", threaded", True)] if threads > 1 else []):
                 what = f"update_torsions forward + backward{label}, {name}"
                 steps.append((what, _run(_torsions, 1, dt, threaded)))
-        if "backbone" in passes:  # one layout: on this thread and (a chain per thread) threaded
-            for label, n, threaded in [("", 1, False)] + (
-                [(", threaded", threads, True)] if threads > 1 else []
+        if "backbone" in passes:  # blocked: on this thread (one call) and threaded (two passes)
+            for label, n, threaded in [("", 32, False)] + (
+                [(", threaded", 32 * threads, True)] if threads > 1 else []
             ):
                 what = f"protein.build_backbone gather{label}, {name}"
                 steps.append((what, _run(_backbone, n, dt, threaded)))

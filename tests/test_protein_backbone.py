@@ -340,6 +340,34 @@ def test_the_bound_build_equals_the_general_path_bit_for_bit(layout, dtype):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="the bound build needs numba")
+@pytest.mark.parametrize(("batch", "n_res"), [(3, 9), (16, 9), (40, 30), (64, 128), (128, 128)])
+@pytest.mark.parametrize("lengths", [False, True])
+def test_the_forward_alone_equals_the_differentiable_build(batch, n_res, lengths, monkeypatch):
+    """Nothing to differentiate: the forward alone (one compiled call for the gather and the blocked
+    build where a call runs on this thread, else the two passes), the same bits as the build that
+    keeps a graph, mixed lengths included."""
+    from batched_nerf.engines.fused.cpu import build as cpu_build
+    from batched_nerf.protein._backbone import backbone_table
+
+    n_units = backbone_table(n_res, True).plan("fused").starts.size - 1
+    serial = cpu_build._threads(batch, n_units, 3 * n_res) == 1  # below the serial bound, or 1 thread
+    one_call = serial and batch >= cpu_build.BLOCK_MIN  # else per sample, or threaded: two passes
+    calls = []
+    one = cpu_build._gathered_blocks
+    monkeypatch.setattr(cpu_build, "_gathered_blocks", lambda *args: calls.append(1) or one(*args))
+    g = torch.Generator().manual_seed(batch)
+    d = (torch.rand(batch, n_res, 3, generator=g) * 2 - 1) * math.pi
+    a = 1.9 + 0.1 * torch.rand(batch, n_res, 3, generator=g)
+    count = torch.randint(1, n_res + 1, (batch,), generator=g) if lengths else None
+    with torch.no_grad():
+        alone = build_backbone(d, a, layout="foldingdiff", lengths=count)
+    kept = build_backbone(d, a.requires_grad_(), layout="foldingdiff", lengths=count)
+    assert type(kept.grad_fn).__name__ == "BackboneFnBackward"
+    assert torch.equal(alone, kept.detach())
+    assert len(calls) == (1 if one_call else 0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="the bound build needs numba")
 @pytest.mark.parametrize("case", ["angles broadcast", "angles default", "bonds broadcast", "one chain"])
 def test_the_bound_build_of_defaults_and_broadcasts_equals_the_general_path(case):
     """Defaults and broadcast values reach the kernels as one row every chain reads (not copied):

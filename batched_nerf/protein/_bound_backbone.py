@@ -75,12 +75,8 @@ class Bound:
         count: np.ndarray | None = None,
     ) -> None:
         flat, which, column, fallback = constants.source
-        m, n = math.prod(shape[:-3]), flat.shape[1]
-        self.exists = None
-        rows = np.full(m, n, dtype=np.int64)
-        if count is not None:  # atoms past a chain's length: constants in, zeros out
-            rows = 3 * count
-            self.exists = np.arange(n)[None, :] < rows[:, None]
+        m = math.prod(shape[:-3])
+        rows, self.exists = _atom_counts(constants, m, count)
         self.plan, self.pose = constants.table.plan("fused"), constants.pose
         gathered = require("cpu").gathered_trig(
             tuple(values), constants.consts, which, column, rows, fallback, m
@@ -183,10 +179,29 @@ def bound_build(
         fixed[:] = constants.first
     rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
-    bound = Bound(constants, arrays, fixed, shape, rows)
     if torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in values):
-        return BACKBONE.apply(*values, bound, reference)
-    return _kernel(bound, reference)  # nothing to differentiate: no autograd node
+        return BACKBONE.apply(*values, Bound(constants, arrays, fixed, shape, rows), reference)
+    # nothing to differentiate: the forward alone (one compiled call where it can), no autograd node
+    n_rows, exists = _atom_counts(constants, m, rows)
+    p = constants.table.plan("fused")
+    f = np.zeros((m, 0, 3), arrays[0].dtype) if fixed is None else fixed
+    out = require("cpu").gathered_forward(
+        tuple(arrays), constants.consts, constants.source[1:], n_rows, p.index, p.starts, f,
+        constants.pose, p.width, p.reach,
+    )  # fmt: skip
+    if exists is not None:  # atoms past a chain's length: zeros
+        out[~exists] = 0.0
+    return torch.from_numpy(out).view(shape)
+
+
+def _atom_counts(constants: Constants, m: int, count: np.ndarray | None) -> tuple[np.ndarray, Any]:
+    """``(m,)`` atom rows each chain builds from its values (``3 count``; all without ``count``), and
+    ``(m, 3 L)`` whether each row does (None without ``count``)."""
+    n = constants.source[0].shape[1]
+    if count is None:
+        return np.full(m, n, dtype=np.int64), None
+    rows = 3 * count
+    return rows, np.arange(n)[None, :] < rows[:, None]
 
 
 def _rows(value: Tensor, m: int) -> np.ndarray:

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import njit
 
 from . import pose, threads, tiers, turns
-from .blocks import LANES, backward_call, forward_call
+from .blocks import LANES, _blocks_items, _ring, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
-from .trig import gathered_trig, trig
+from .trig import _gathered_items, gathered_trig, trig
 
-__all__ = ["backward", "forward", "gathered_trig", "pose", "trig", "turns"]
+__all__ = ["backward", "forward", "gathered_forward", "gathered_trig", "pose", "trig", "turns"]
 
 #: Below this many atom-samples per call a kernel runs on the calling thread (no pool round trip;
 #: `WORKQUEUE_SERIAL_WORK` on numba's ``workqueue``, `threads.serial_bound`). On TBB a launch costs
@@ -137,6 +138,53 @@ def forward(
     else:
         per_sample()
     return out
+
+
+@njit(cache=True)
+def _gathered_blocks(values, consts, which, column, count, fallback, bonds, trig, p, starts, fixed, pose, out, rows, mask):  # noqa: E501  # fmt: skip
+    """`gathered_trig` then the blocked forward, on the calling thread: one call (no Python between
+    the two passes)."""
+    _gathered_items(0, 1, values, consts, which, column, count, fallback, bonds, trig)
+    _blocks_items(0, 1, p, starts, bonds, trig, fixed, pose, out, rows, mask)
+
+
+def gathered_forward(
+    values: tuple[np.ndarray, np.ndarray, np.ndarray],
+    consts: np.ndarray,
+    source: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: np.ndarray,
+    index: np.ndarray,
+    starts: np.ndarray,
+    fixed: np.ndarray,
+    pose: np.ndarray,
+    width: int,
+    reach: int,
+) -> np.ndarray:
+    """Positions ``(m, N, 3)`` of atom rows gathered from per-sample values: `gathered_trig` (its
+    ``values``, ``consts``, ``count``; ``source`` its ``which``, ``column``, ``fallback``) then
+    `forward` (the plan's ``index``, ``starts``, ``width``, ``reach``; ``fixed``, ``pose``), the
+    same bits. A call that runs on the calling thread in the blocked layout takes one compiled
+    call for both (a call right after other work pays for each entry into compiled code and
+    each Python step between them, cold)."""
+    which, column, fallback = source
+    m, n = count.shape[0], which.shape[1]
+    n_units = starts.size - 1
+    if _threads(m, n_units, n) == 1 and _blocked(m, width, n_units, 1, FORWARD_MAX_WIDTH):
+        dtype = values[0].dtype
+        bonds, trig_rows = np.empty((m, n), dtype=dtype), np.empty((4, m, n))
+        out = np.empty((m, n, 3), dtype=dtype)
+        rows, mask = _ring(reach, width)
+        args = (values, consts, which, column, count, fallback, bonds, trig_rows)
+        args += (index, starts, fixed, pose, out, rows, mask)
+
+        def separately() -> None:  # until the one call may run (`tiers`): the same bits
+            b, t = gathered_trig(values, consts, which, column, count, fallback, m)
+            forward(index, starts, b, t, fixed, pose, width, reach, out)
+
+        tiers.run(_gathered_blocks, args, dtype, separately)
+        return out
+    bonds, trig_rows = gathered_trig(values, consts, which, column, count, fallback, m)
+    return forward(index, starts, bonds, trig_rows, fixed, pose, width, reach)
 
 
 def backward(
