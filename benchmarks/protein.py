@@ -32,6 +32,7 @@ Run with the peers' interpreter so all three import in one process::
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import statistics
 import sys
@@ -180,14 +181,21 @@ class Nerfax:
 
 # ----------------------------------------------------------------- timing
 def interleaved(steps: dict[str, Callable[[], object]], rounds: int, budget: float) -> dict[str, float]:
-    """Median seconds per call of each step, running them in turn, round after round."""
+    """Median seconds per call of each step, running them in turn, round after round.
+
+    Python's cyclic garbage collector is off while a step is timed (as ``timeit`` does) and runs
+    between steps: a per-atom loop leaves many objects behind, and a collection of them would
+    otherwise land in whichever step allocates next."""
     times: dict[str, list[float]] = {k: [] for k in steps}
     start = time.perf_counter()
     for r in range(rounds):
         for name, step in steps.items():
+            gc.disable()
             t0 = time.perf_counter()
             step()
-            times[name].append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            gc.enable()
+            times[name].append(elapsed)
         if r >= 2 and time.perf_counter() - start > budget:
             break
     return {k: statistics.median(v) for k, v in times.items()}
