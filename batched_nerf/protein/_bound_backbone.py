@@ -1,19 +1,23 @@
-"""The bound backbone build: `build_backbone`'s common call as one gather and two compiled passes.
+"""The bound backbone build: `build_backbone`'s common call as two compiled passes.
 
 `build_backbone` checks and broadcasts its inputs, gathers each atom row's bond, angle and
 dihedral from the per-residue values (``_atom_source``) and calls `to_cartesian` on the chain
 table: about 60 torch operations around a kernel of tens of microseconds for 64 chains of 46
-residues, and Python-heavy code runs 2-3x slower when a model's own work ran just before it
-(cold caches). Where the call is plain (CPU float32/float64 tensors of one batch shape, no
-``first``, numba installed, no ``torch.func`` transform, forward-mode level or
-``torch.compile`` trace: `serves`), the gather is one numpy indexing, and the build is the
-fused engine's trig loop and forward kernel on the table's own fused plan; the backward is its
-backward kernel and one numpy indexing back to the per-residue values (each value feeds one atom
-row at most). With ``lengths``, the rows past a chain's end read constants and their atoms
-are written as zeros, as on the general path. Under ``create_graph=True`` the backward is the
-general path's (the torch gather and `to_cartesian`, differentiable to any order): `BACKBONE`
-is a `KernelOp` with that path as its reference. Results equal the general path's bit for
-bit (the same kernels on the same values).
+residues, and code that has not run for a few milliseconds (a model's own work ran just
+before it) runs 2-3x slower. Where the call is plain (CPU float32/float64 tensors of one shape,
+no ``first``, numba installed, no ``torch.func`` transform, forward-mode level or
+``torch.compile`` trace: `serves`; `build_backbone` asks before its general checks), one
+compiled pass gathers the atom rows' bonds, cosines and sines (`cpu.trig.gathered_trig`; a
+default or broadcast value is one row every chain reads), and the fused engine's forward kernel
+builds them on the table's own fused plan. With nothing to differentiate there is no autograd
+node, and where the call runs on the calling thread in the blocked layout the two passes are
+one compiled call (`cpu.build.gathered_forward`). The backward is the backward kernel and one
+numpy indexing back to the per-residue values (each value feeds one atom row at most). With
+``lengths``, the rows past a chain's end read constants and their atoms are written as zeros,
+as on the general path. Under ``create_graph=True`` the backward is the general path's (the
+torch gather and `to_cartesian`, differentiable to any order): `BACKBONE` is a `KernelOp` with
+that path as its reference. Results equal the general path's bit for bit (the same kernels on
+the same values).
 """
 
 from __future__ import annotations
