@@ -58,15 +58,17 @@ def best(fn: Callable[[], Any], repeats: int) -> float:
     return min(times)
 
 
-def set_threads(n: int) -> None:
-    """torch's and numba's thread counts."""
+def set_threads(n: int, numba_threads: int | None = None) -> int | None:
+    """Set torch's thread count to ``n`` and numba's to ``numba_threads`` (default: ``n``, at most
+    numba's pool); returns numba's count before (None without numba)."""
     torch.set_num_threads(n)
     try:
         import numba
-
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     except ImportError:
-        pass
+        return None
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(n if numba_threads is None else numba_threads, numba.config.NUMBA_NUM_THREADS))
+    return before
 
 
 def run(
@@ -114,8 +116,10 @@ def run(
 
     xyz = frames(ag, stop=stop)
     ours = {}
+    numba_before = None
     for n in counts:
-        set_threads(n)
+        before = set_threads(n)
+        numba_before = before if numba_before is None else numba_before
         for fn in (ours_cartesian, ours_bare, lambda: ours_bat(xyz)):
             fn()  # warm-up (numba compiles on the first call of a cold cache)
         ours[n] = {
@@ -124,7 +128,7 @@ def run(
             "to_bat_s": best(lambda: ours_bat(xyz), repeats),
             "to_bat_with_reading_s": best(lambda: ours_bat(frames(ag, stop=stop)), max(1, repeats // 4)),
         }
-    set_threads(default)
+    set_threads(default, numba_before)  # both as they were (numba's count is its own, not torch's)
 
     ref: list[np.ndarray] = []
 

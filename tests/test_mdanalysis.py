@@ -462,13 +462,23 @@ def test_mdtraj_triclinic_box_and_errors(md):
 
 
 def test_md_bat_benchmark_runs_on_a_tiny_selection(monkeypatch):
-    """benchmarks/md_bat.py end to end on AdK residues 1-3, 4 frames (no timing assertion)."""
+    """benchmarks/md_bat.py end to end on AdK residues 1-3, 4 frames (no timing assertion); numba's
+    thread count as it was after it (it set numba's to torch's, which left later tests of the
+    process on one numba thread)."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     from benchmarks.md_bat import report, run
 
-    result = run("resid 1-3", stop=4, repeats=1, threads=[1, 2])
+    numba = pytest.importorskip("numba")
+    numba_threads, torch_threads = numba.get_num_threads(), torch.get_num_threads()
+    numba.set_num_threads(1)  # numba's count apart from torch's (a caller limiting numba alone)
+    try:
+        result = run("resid 1-3", stop=4, repeats=1, threads=[1, 2])
+        assert numba.get_num_threads() == 1
+    finally:
+        numba.set_num_threads(numba_threads)
+        torch.set_num_threads(torch_threads)
     assert result["atoms"] == 62 and result["frames"] == 4 and list(result["ours"]) == [1, 2]
     assert result["max_cartesian_deviation_A"] < 1e-5 and result["max_bat_deviation"] < 1e-6
     text = report(result)
