@@ -30,7 +30,6 @@ from . import _bound_backbone as bound
 from ._build import _float
 
 Layout = Literal["residue", "foldingdiff"]
-_KERNEL_DTYPES = (torch.float32, torch.float64)
 LAYOUTS: tuple[str, ...] = ("residue", "foldingdiff")
 
 _GENERIC = BACKBONE["ALA"]
@@ -245,12 +244,12 @@ def build_backbone(
         ) from None
     if fixed is not None:
         fixed = fixed.expand(*batch, 3, 3)
-    consts = _constants(layout, dtype, d.device)[3]
-    count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)
     if first is None and method in ("auto", "fused"):  # broadcast inputs: the bound build, expanded
-        out = _plain(*(t.expand(*batch, n_res, 3) for t in (d, a, b)), count, layout, method)
+        out = _plain(*(t.expand(*batch, n_res, 3) for t in (d, a, b)), lengths, layout, method)
         if out is not None:
             return out
+    consts = _constants(layout, dtype, d.device)[3]
+    count = None if lengths is None else _lengths(lengths, batch, n_res, d.device)
     return _gather_build(d, a, b, batch, layout, fixed, count, consts, method)
 
 
@@ -262,8 +261,8 @@ def _plain(d: Any, a: Any, b: Any, lengths: Any, layout: str, method: str) -> Te
     given = [t for t in (d, a, b) if t is not None]
     if any(type(t) is not Tensor for t in given):
         return None
-    shape, dtype = d.shape, d.dtype
-    if dtype not in _KERNEL_DTYPES or len(shape) < 2 or shape[-1] != 3 or not bound.serves(*given):
+    shape = d.shape
+    if len(shape) < 2 or shape[-1] != 3 or not bound.serves(*given):  # serves: float32/64 only
         return None
     n_res = shape[-2]
     count = None if lengths is None else _lengths(lengths, shape[:-2], n_res, d.device)
@@ -273,7 +272,7 @@ def _plain(d: Any, a: Any, b: Any, lengths: Any, layout: str, method: str) -> Te
         v = [next(it) if t is not None else None for t in (d, a, b)]
         return build_backbone(*v, lengths=count, layout=layout, method=method)  # type: ignore[arg-type]
 
-    constants = _bound_constants(n_res, layout, dtype)
+    constants = _bound_constants(n_res, layout, d.dtype)
     return bound.bound_build((d, a, b), constants, general, count)
 
 

@@ -74,7 +74,7 @@ class Bound:
         self,
         constants: Constants,
         values: list[np.ndarray],
-        fixed: np.ndarray | None,
+        fixed: np.ndarray,
         shape: tuple[int, ...],
         count: np.ndarray | None = None,
     ) -> None:
@@ -86,9 +86,7 @@ class Bound:
             tuple(values), constants.consts, which, column, rows, fallback, m
         )
         self.bonds, self.trig = gathered
-        dtype = self.bonds.dtype
-        self.fixed = np.zeros((m, 0, 3), dtype) if fixed is None else fixed
-        self.source, self.shape = flat, shape
+        self.fixed, self.source, self.shape = fixed, flat, shape
         self.widths = [v.shape[1] for v in values]
 
     def forward(self) -> np.ndarray:
@@ -177,9 +175,8 @@ def bound_build(
     batch, n_res = like.shape[:-2], like.shape[-2]
     m = math.prod(batch)
     arrays = [constants.defaults[k - 1] if v is None else _rows(v.detach(), m) for k, v in enumerate(values)]
-    fixed = None
+    fixed = np.empty((m, 0 if constants.first is None else 3, 3), dtype=arrays[0].dtype)
     if constants.first is not None:
-        fixed = np.empty((m, 3, 3), dtype=constants.first.dtype)
         fixed[:] = constants.first
     rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
@@ -188,9 +185,8 @@ def bound_build(
     # nothing to differentiate: the forward alone (one compiled call where it can), no autograd node
     n_rows, exists = _atom_counts(constants, m, rows)
     p = constants.table.plan("fused")
-    f = np.zeros((m, 0, 3), arrays[0].dtype) if fixed is None else fixed
     out = require("cpu").gathered_forward(
-        tuple(arrays), constants.consts, constants.source[1:], n_rows, p.index, p.starts, f,
+        tuple(arrays), constants.consts, constants.source[1:], n_rows, p.index, p.starts, fixed,
         constants.pose, p.width, p.reach,
     )  # fmt: skip
     if exists is not None:  # atoms past a chain's length: zeros

@@ -169,22 +169,21 @@ def gathered_forward(
     which, column, fallback = source
     m, n = count.shape[0], which.shape[1]
     n_units = starts.size - 1
-    if _threads(m, n_units, n) == 1 and _blocked(m, width, n_units, 1, FORWARD_MAX_WIDTH):
-        dtype = values[0].dtype
-        bonds, trig_rows = np.empty((m, n), dtype=dtype), np.empty((4, m, n))
-        out = np.empty((m, n, 3), dtype=dtype)
-        rows, mask = _ring(reach, width)
-        args = (values, consts, which, column, count, fallback, bonds, trig_rows)
-        args += (index, starts, fixed, pose, out, rows, mask)
 
-        def separately() -> None:  # until the one call may run (`tiers`): the same bits
-            b, t = gathered_trig(values, consts, which, column, count, fallback, m)
-            forward(index, starts, b, t, fixed, pose, width, reach, out)
+    def separately(out: np.ndarray | None = None) -> np.ndarray:  # the two passes: the same bits
+        bonds, trig_rows = gathered_trig(values, consts, which, column, count, fallback, m)
+        return forward(index, starts, bonds, trig_rows, fixed, pose, width, reach, out)
 
-        tiers.run(_gathered_blocks, args, dtype, separately)
-        return out
-    bonds, trig_rows = gathered_trig(values, consts, which, column, count, fallback, m)
-    return forward(index, starts, bonds, trig_rows, fixed, pose, width, reach)
+    if _threads(m, n_units, n) > 1 or not _blocked(m, width, n_units, 1, FORWARD_MAX_WIDTH):
+        return separately()
+    dtype = values[0].dtype
+    bonds, trig_rows = np.empty((m, n), dtype=dtype), np.empty((4, m, n))
+    out = np.empty((m, n, 3), dtype=dtype)
+    rows, mask = _ring(reach, width)
+    args = (values, consts, which, column, count, fallback, bonds, trig_rows)
+    args += (index, starts, fixed, pose, out, rows, mask)
+    tiers.run(_gathered_blocks, args, dtype, lambda: separately(out))  # until it may run (`tiers`)
+    return out
 
 
 def backward(
