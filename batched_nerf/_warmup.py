@@ -109,7 +109,8 @@ def _torsions(n: int, dtype: torch.dtype) -> None:
 def _backbone(n: int, dtype: torch.dtype) -> None:
     """What `protein.build_backbone` runs besides the builder's kernels, on ``n`` chains: the gather of
     its atom rows with their cosines and sines (`cpu.trig.gathered_trig`), alone and in one call
-    with the blocked forward (`cpu.build.gathered_forward`)."""
+    with the blocked forward (`cpu.build.gathered_forward`), and the zeros past each chain's length in
+    the forward's and the backward's layouts (`cpu.build.zero_past`)."""
     from .engines.backends import require
     from .engines.fused.build import _identity_rows
 
@@ -126,6 +127,8 @@ def _backbone(n: int, dtype: torch.dtype) -> None:
     kernels.gathered_forward(
         values, consts, source, count, plan.index, plan.starts, fixed, pose, plan.width, plan.reach
     )
+    kernels.zero_past(np.zeros((n, _ATOMS, 3), values[0].dtype), count)
+    kernels.zero_past(np.zeros((n, 3, _ATOMS), values[0].dtype).transpose(0, 2, 1), count)
 
 
 Step = tuple[str, Callable[[], None]]

@@ -409,10 +409,14 @@ def test_the_bound_build_of_mixed_lengths_equals_the_general_path():
         d.masked_fill(pad, float("nan")).requires_grad_(),
         a.masked_fill(pad, float("nan")).requires_grad_(),
     )
-    w = torch.randn(4, 7, 3, 3, dtype=torch.float64)
+    # the caller's output gradient, NaN past each length (where the output is zeros): it reaches no
+    # input gradient, and the backward leaves the caller's tensor as it was
+    w = torch.randn(4, 7, 3, 3, dtype=torch.float64).masked_fill(pad[..., None], float("nan"))
+    given = w.clone()
     xyz = build_backbone(d, a, layout="foldingdiff", lengths=lengths)
     assert type(xyz.grad_fn).__name__ == "BackboneFnBackward"
-    grads = torch.autograd.grad((xyz * w).sum(), (d, a))
+    grads = torch.autograd.grad(xyz, (d, a), grad_outputs=w)
+    assert torch.equal(w.nan_to_num(), given.nan_to_num()) and torch.equal(w.isnan(), given.isnan())
     out, pull = torch.func.vjp(lambda x, y: build_backbone(x, y, layout="foldingdiff", lengths=lengths), d, a)
     assert torch.equal(xyz.detach(), out) and not xyz.isnan().any()
     assert bool((xyz[pad[..., 0]] == 0).all())

@@ -68,7 +68,7 @@ class Bound:
     """One call's arrays: the atom rows' bonds and trig array, the fixed atoms, and how to read the
     per-residue gradients back (numpy; kept for the backward)."""
 
-    __slots__ = ("bonds", "exists", "fixed", "plan", "pose", "shape", "source", "trig", "widths")
+    __slots__ = ("bonds", "fixed", "plan", "pose", "rows", "shape", "source", "trig", "widths")
 
     def __init__(
         self,
@@ -80,7 +80,8 @@ class Bound:
     ) -> None:
         flat, which, column, fallback = constants.source
         m = math.prod(shape[:-3])
-        rows, self.exists = _atom_counts(constants, m, count)
+        rows = _atom_rows(constants, m, count)
+        self.rows = None if count is None else rows  # atom rows each chain builds; None: all
         self.plan, self.pose = constants.table.plan("fused"), constants.pose
         gathered = require("cpu").gathered_trig(
             tuple(values), constants.consts, which, column, rows, fallback, m
@@ -95,22 +96,23 @@ class Bound:
         out = require("cpu").forward(
             p.index, p.starts, self.bonds, self.trig, self.fixed, self.pose, p.width, p.reach
         )
-        if self.exists is not None:  # atoms past a chain's length: zeros
-            out[~self.exists] = 0.0
+        if self.rows is not None:  # atoms past a chain's length: zeros
+            require("cpu").zero_past(out, self.rows)
         return out
 
     def backward(self, g: np.ndarray) -> list[np.ndarray]:
         """Gradients of ``sum(g * xyz)`` with respect to each per-residue value array, ``(m, K)`` each."""
-        p = self.plan
-        if self.exists is not None:
-            g = np.ascontiguousarray(np.where(self.exists[..., None], g, 0.0).astype(g.dtype))
-        gb, ga, gd, _, _ = require("cpu").backward(
+        p, kernels = self.plan, require("cpu")
+        if self.rows is not None:  # atoms past a chain's length take no gradient (``g`` may be the caller's)
+            g = g.copy()
+            kernels.zero_past(g, self.rows)
+        gb, ga, gd, _, _ = kernels.backward(
             p.index, p.starts, self.bonds, self.trig, self.fixed, self.pose, g, p.width
         )
         m = g.shape[0]
         grads = np.stack([gb, ga, gd], axis=1)
-        if self.exists is not None:  # rows past a chain's length read constants
-            grads = np.where(self.exists[:, None, :], grads, 0.0).astype(gb.dtype)
+        if self.rows is not None:  # rows past a chain's length read constants
+            kernels.zero_past(grads.transpose(0, 2, 1), self.rows)
         flat = np.zeros((m, sum(self.widths) + 7), dtype=gb.dtype)
         # each value feeds one atom row at most; the constants (the last 7) take every other row
         flat[:, self.source.reshape(-1)] = grads.reshape(m, -1)
@@ -183,25 +185,19 @@ def bound_build(
     if torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in values):
         return BACKBONE.apply(*values, Bound(constants, arrays, fixed, shape, rows), reference)
     # nothing to differentiate: the forward alone (one compiled call where it can), no autograd node
-    n_rows, exists = _atom_counts(constants, m, rows)
     p = constants.table.plan("fused")
-    out = require("cpu").gathered_forward(
-        tuple(arrays), constants.consts, constants.source[1:], n_rows, p.index, p.starts, fixed,
-        constants.pose, p.width, p.reach,
+    out = require("cpu").gathered_forward(  # atoms past a chain's length written as zeros
+        tuple(arrays), constants.consts, constants.source[1:], _atom_rows(constants, m, rows), p.index,
+        p.starts, fixed, constants.pose, p.width, p.reach,
     )  # fmt: skip
-    if exists is not None:  # atoms past a chain's length: zeros
-        out[~exists] = 0.0
     return torch.from_numpy(out).view(shape)
 
 
-def _atom_counts(constants: Constants, m: int, count: np.ndarray | None) -> tuple[np.ndarray, Any]:
-    """``(m,)`` atom rows each chain builds from its values (``3 count``; all without ``count``), and
-    ``(m, 3 L)`` whether each row does (None without ``count``)."""
-    n = constants.source[0].shape[1]
+def _atom_rows(constants: Constants, m: int, count: np.ndarray | None) -> np.ndarray:
+    """``(m,)`` atom rows each chain builds from its values: ``3 count``, all without ``count``."""
     if count is None:
-        return np.full(m, n, dtype=np.int64), None
-    rows = 3 * count
-    return rows, np.arange(n)[None, :] < rows[:, None]
+        return np.full(m, constants.source[0].shape[1], dtype=np.int64)
+    return 3 * count
 
 
 def _rows(value: Tensor, m: int) -> np.ndarray:

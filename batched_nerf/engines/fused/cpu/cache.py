@@ -279,6 +279,8 @@ def describe(dispatcher: Any, args: Any) -> str:
         layout += "threaded, "
     text = " ".join(str(a) for a in args)
     dtype = "float32" if "float32" in text else "float64"
+    if name == "zero_past":  # protein.build_backbone's atoms past each chain's length
+        return f"zeros past lengths, {dtype} ({module}.{name})"
     if "extract" in low:  # the pose read from coordinates: extract_pose, to_internal(return_pose=True)
         return f"extract_pose, {dtype} ({module}.{name})"
     return f"{what} {part}, {layout}{dtype} ({module}.{name})"
