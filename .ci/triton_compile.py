@@ -6,7 +6,7 @@ Usage::
                                  [--json OUT]
 
 What it compiles: the launches the engines make. Each kernel module's entry points
-(``cuda.build.forward`` / ``backward``, ``cuda.inverse.internal_forward`` /
+(``cuda.build.build`` / ``build_vjp``, ``cuda.inverse.internal_forward`` /
 ``internal_vjp``) run on CPU tensors with their launches intercepted
 (``gpu_policy.launch``), once per accumulation / input dtype (float32, float64) on a
 packed table of two components (alanine dipeptide and a 7-atom chain, 5 samples: no
@@ -64,7 +64,7 @@ def _record(dtype_name: str) -> list[dict[str, Any]]:
     import torch
 
     import batched_nerf as bn
-    from batched_nerf.engines.fused.build import fused_plan
+    from batched_nerf.engines.fused.build import configure, fused_plan
     from batched_nerf.engines.fused.cuda import build as ft
     from batched_nerf.engines.fused.cuda import inverse as inv
 
@@ -87,9 +87,9 @@ def _record(dtype_name: str) -> list[dict[str, Any]]:
     saved = ft.launch, inv.launch
     ft.launch = inv.launch = record  # type: ignore[assignment]
     try:
-        plan = fused_plan(table.topology)
-        ft.forward(plan, b, a, d, f, accumulate=dtype)
-        ft.backward(plan, b, a, d, f, torch.ones(batch, n, 3, dtype=dtype), accumulate=dtype)
+        plan = configure(fused_plan(table.topology), dtype, False)  # the scratch in the inputs' dtype
+        ft.build(plan, b, a, d, f, None, None)
+        ft.build_vjp(plan, b, a, d, f, None, None, torch.ones(batch, n, 3, dtype=dtype))
         inv.internal_forward(refs, has, xyz)
         inv.internal_vjp(refs, has, xyz, b, a, d)
     finally:

@@ -256,3 +256,19 @@ def superposing_rotation(a: Tensor, b: Tensor) -> Tensor:
         -2,
     )
     return torch.where(finite[..., None, None], r, torch.full_like(r, float("nan")))
+
+
+def pose_atoms(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
+    """``R x + t`` per atom (what [`batched_nerf.apply_pose`][batched_nerf.apply_pose] computes for
+    several components): ``x`` ``(..., N, 3)``, ``rot`` ``(..., S, 3, 3)`` and ``tr`` ``(..., S, 3)``
+    of one batch shape, ``slot`` ``(N,)`` long, each atom's component (``S``: anchored, unchanged)
+    -> ``(..., N, 3)``; NaN for the atoms of a component with ``det R < 0``. Differentiable: an
+    improper component's atoms give it and its pose no gradient."""
+    lead = rot.shape[:-3]
+    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
+    eye = torch.eye(3, dtype=rot.dtype, device=rot.device).expand(*lead, 1, 3, 3)
+    r_atom = torch.cat((rot, eye), -3).index_select(-3, slot)  # (..., N, 3, 3)
+    t_atom = torch.cat((tr, tr.new_zeros(()).expand(*lead, 1, 3)), -2).index_select(-2, slot)
+    ok = torch.cat((proper, proper.new_ones(()).expand(*lead, 1)), -1).index_select(-1, slot)
+    out = (r_atom * x.unsqueeze(-2)).sum(-1) + t_atom
+    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))

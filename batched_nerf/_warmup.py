@@ -112,7 +112,6 @@ def _backbone(n: int, dtype: torch.dtype) -> None:
     with the blocked forward (`cpu.build.gathered_forward`), and the zeros past each chain's length in
     the forward's and the backward's layouts (`cpu.build.zero_past`)."""
     from .engines.backends import require
-    from .engines.fused.build import _identity_rows
 
     plan = ConstructionTable.chain(_ATOMS).plan("fused")
     values = tuple(torch.zeros(n, _ATOMS, dtype=dtype).numpy() for _ in range(3))
@@ -120,8 +119,8 @@ def _backbone(n: int, dtype: torch.dtype) -> None:
     index = np.zeros((3, _ATOMS), dtype=np.int64)
     count = np.full(n, _ATOMS, dtype=np.int64)
     fixed = np.zeros((n, 0, 3), values[0].dtype)
-    pose = _identity_rows(plan.topology.seed_root.size)
     kernels = require("cpu")
+    pose = kernels.pose.identity_rows(plan.topology.seed_root.size)
     kernels.gathered_trig(values, consts, index, index, count, index, n)
     source = (index, index, index)
     kernels.gathered_forward(

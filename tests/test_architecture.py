@@ -78,8 +78,9 @@ LAYERS: list[tuple[str, ...]] = [
 #: Layers inside ``batched_nerf.engines``, bottom first: compiled loops, then what plans and
 #: launches them, then the engines, then the registry.
 ENGINE_LAYERS: list[tuple[str, ...]] = [
-    # the fused plan's row layout (every backend reads it), then the CPU kernels (numba loops)
-    ("batched_nerf.engines.fused.rows",),
+    # the fused plan's row layout and the tensors' numpy views (every backend reads them), then the
+    # CPU kernels (numba loops)
+    ("batched_nerf.engines.fused.rows", "batched_nerf.engines.fused.arrays"),
     (
         "batched_nerf.engines.fused.cpu.trig",
         "batched_nerf.engines.fused.cpu.samples",
@@ -109,7 +110,7 @@ ENGINE_LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.engines.scan.path",
     ),
     ("batched_nerf.engines.levels", "batched_nerf.engines.scan.plan", "batched_nerf.engines.dispatch"),
-    ("batched_nerf.engines.fused.arrays", "batched_nerf.engines.scan"),
+    ("batched_nerf.engines.scan",),
     ("batched_nerf.engines.fused.pose", "batched_nerf.engines.fused.inverse"),
     ("batched_nerf.engines.fused.build",),
     ("batched_nerf.engines.fused",),  # torsions, the package __init__

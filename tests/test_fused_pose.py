@@ -15,7 +15,6 @@ from batched_nerf import apply_pose
 
 pytest.importorskip("numba", reason="the fused pose kernel needs numba (the extra 'fast')")
 
-from batched_nerf.engines.fused import pose as fused_pose  # noqa: E402
 from batched_nerf.engines.fused.cpu import pose as pose_kernels  # noqa: E402
 
 F64 = torch.float64
@@ -90,7 +89,11 @@ def test_fused_to_cartesian_builds_in_the_pose(monkeypatch: pytest.MonkeyPatch) 
     calls = []
     real = pose_kernels.pose_rows
     monkeypatch.setattr(pose_kernels, "pose_rows", lambda r, t, nan: calls.append(nan) or real(r, t, nan))
-    monkeypatch.setattr(fused_pose, "reference", lambda *a: pytest.fail("the torch pose ran"))
+    from batched_nerf.core import pose as core_pose
+    from batched_nerf.engines.fused import build as fused_build
+
+    for module in (fused_build, core_pose):  # where the torch pose (`_geometry.pose_atoms`) may run
+        monkeypatch.setattr(module, "pose_atoms", lambda *a: pytest.fail("the torch pose ran"))
     table = _tables()["one component"]
     b, a, d, _ = _internal(table, 4, torch.float32, 3)
     rot, tr = _pose(table, 4, torch.float32, 4)

@@ -172,6 +172,56 @@ def test_build_float32_and_nan() -> None:
     assert torch.isfinite(got[2, ~torch.as_tensor(later) & (torch.arange(table.n_atoms) != 8)]).any()
 
 
+def test_both_backends_have_one_entry_signature() -> None:
+    """The fused engine calls ``build`` / ``build_vjp`` of whichever backend the device has: the same
+    parameters on the CPU (numba) and on CUDA (Triton)."""
+    import inspect
+
+    pytest.importorskip("numba", reason="the CPU backend needs numba")
+    from batched_nerf.engines.fused.cpu import build as cpu
+    from batched_nerf.engines.fused.cuda import build as cuda
+
+    for name in ("build", "build_vjp"):
+        assert list(inspect.signature(getattr(cpu, name)).parameters) == list(
+            inspect.signature(getattr(cuda, name)).parameters
+        )
+    assert (cpu.READS_TRIG, cuda.READS_TRIG) == (True, False)
+
+
+@pytest.mark.parametrize("improper", [False, True], ids=["proper", "improper"])
+def test_both_backends_build_in_a_pose_alike(improper: bool) -> None:
+    """The entries on the CPU (the pose inside the kernels) and on Triton (the pose after the build, in
+    torch, and its vjp first in the backward) give the same positions, a negative bond's atom NaN,
+    and the same gradients of every input, the pose's included (an improper rotation: NaN atoms and
+    no gradient for its component)."""
+    pytest.importorskip("numba", reason="the CPU backend needs numba")
+    from batched_nerf.engines.fused.cpu import build as cpu
+    from batched_nerf.engines.fused.cuda import build as cuda
+
+    table = bn.pack_tables([bn.data.load("alanine_dipeptide").table, bn.ConstructionTable.chain(6)])
+    plan = fused_plan(table.topology)
+    bonds, angles, dihedrals = (t.cpu() for t in _internal(table, 3, torch.float64)[:3])
+    bonds[1, 9] = -1.0
+    fixed = torch.zeros(3, 0, 3, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    s = table.topology.seed_root.size
+    rot = torch.linalg.qr(torch.randn(3, s, 3, 3, dtype=torch.float64, generator=gen))[0]
+    rot = rot * torch.linalg.det(rot).sign()[..., None, None]  # proper
+    if improper:
+        rot[2, 0] = -rot[2, 0]
+    tr = torch.randn(3, s, 3, dtype=torch.float64, generator=gen)
+    g = torch.randn(3, table.n_atoms, 3, dtype=torch.float64, generator=gen)
+    args = (plan, bonds, angles, dihedrals, fixed, rot, tr)
+    want, got = cpu.build(*args), cuda.build(*args).cpu()
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0, equal_nan=True)
+    assert want[1].isnan().any() and (want[2].isnan().any() == improper)
+    g = g.masked_fill(want.isnan(), 0.0)
+    grads = cpu.build_vjp(*args, g)
+    assert len(grads) == 6 and all(torch.isfinite(w[0]).all() for w in grads)  # sample 0: clean
+    for w, v in zip(grads, cuda.build_vjp(*args, g)):
+        torch.testing.assert_close(v.cpu(), w, atol=1e-10, rtol=1e-10, equal_nan=True)
+
+
 # ------------------------------------------------------------------ the fused engines on the Triton kernels
 @pytest.fixture
 def triton_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

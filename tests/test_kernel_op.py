@@ -95,6 +95,46 @@ def test_an_op_without_a_reference_has_no_forward_mode() -> None:
         torch.func.jvp(lambda t: op.apply(t, None, 1.0), (x,), (torch.ones_like(x),))
 
 
+def test_a_declared_fallback_guards_every_kernel_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fallback=``: a kernel that fails to compile or launch (`KernelError`) gives the reference's
+    values where the call may fall back (warning once, then the device is off for later calls), and
+    the error where it may not, with a graph (``apply``) and without (``run``)."""
+    from batched_nerf.engines import gpu_policy
+
+    monkeypatch.setattr(gpu_policy, "_disabled", {})
+
+    def broken(x: torch.Tensor, w: torch.Tensor | None, scale: float) -> torch.Tensor:
+        CALLS.append("kernel")
+        raise gpu_policy.KernelError("Triton kernel k failed: RuntimeError: PTXAS error")
+
+    op = KernelOp(
+        "Broken",
+        kernel=broken,
+        reference=_reference,
+        fallback=lambda scale: scale > 0,
+        module=__name__,
+        doc="t",
+    )
+    x = torch.randn(4, dtype=F64, requires_grad=True)
+    with pytest.raises(gpu_policy.KernelError, match="PTXAS"):
+        op.run(x, None, -1.0)  # may not fall back: the error
+    with pytest.raises(gpu_policy.KernelError, match="PTXAS"):
+        op.apply(x, None, -1.0)
+    assert gpu_policy.disabled("cpu") is None
+    CALLS.clear()
+    with pytest.warns(RuntimeWarning, match="PTXAS"):
+        got = op.apply(x, None, 2.0)
+    torch.testing.assert_close(got, _reference(x, None, 2.0), rtol=0, atol=0)
+    assert CALLS == ["kernel"] and "PTXAS" in gpu_policy.disabled("cpu")
+    (gx,) = torch.autograd.grad(got.sum(), x)  # the reference's vjp
+    torch.testing.assert_close(gx, 2.0 * torch.cos(x))
+    CALLS.clear()
+    torch.testing.assert_close(op.run(x.detach(), None, 2.0), _reference(x.detach(), None, 2.0))
+    assert CALLS == []  # the device is off: no kernel tried, no second warning
+    with pytest.raises(TypeError, match="needs a reference"):
+        KernelOp("NoReference", kernel=broken, fallback=lambda scale: True, module=__name__, doc="t")
+
+
 def _take(x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
     return x.index_select(-1, index)
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._geometry import EPS, batch_shape, cross, dot, safe_norm, safe_normalize
+from .._geometry import EPS, batch_shape, cross, dot, pose_atoms, safe_norm, safe_normalize
 from ..engines.fused import pose as fused_pose
 from ..topology.analysis import Topology
 from .checks import as_float, cast_like, check_device, check_table, check_xyz
@@ -256,7 +256,7 @@ def move(
     s, dev = info.n_seeded, x.device
     if not info.squeeze:  # R_c x + t_c per atom, NaN for an improper R_c (the kernel's reference)
         rot, tr = rot.expand(*batch, s, 3, 3), tr.expand(*batch, s, 3)
-        return fused_pose.reference(x, rot, tr, _slot(info, dev))
+        return pose_atoms(x, rot, tr, _slot(info, dev))
     out = _move_one(x, rot.squeeze(-3), tr.squeeze(-2), info)
     if not rotated:
         return out

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..runtime.gate import transformed
 from ..runtime.torch_compat import UNWRAP_DEAD_WRAPPERS as _unwrap
 from ..runtime.torch_compat import forward_ad_level, forward_grad_on
+from .gpu_policy import guarded
 
 __all__ = ["Function", "KernelOp", "fold", "jvp", "lead", "linear_pair", "save", "with_none"]
 
@@ -173,6 +174,10 @@ class KernelOp:
     * ``vmap``: a rule ``(op, info, in_dims, tensors, consts) -> (outputs, out_dims)``, `fold`
       (kernels taking a ``(B, ...)`` batch: the vmapped dimension folded into it) or `lead`
       (kernels taking any leading shape: the vmapped dimension moved first).
+    * the GPU fallback: with ``fallback(*consts)`` (whether the call may fall back: ``method="auto"``),
+      every kernel call, with or without a graph (`run`), goes through `gpu_policy.guarded`: a
+      kernel that fails to compile or launch (`KernelError`) gives ``reference``'s outputs (warning
+      once) where the call may fall back, and the error where it may not.
 
     An op without ``reference`` or ``jvp`` has no forward mode, and one without ``vmap`` no vmap
     rule (torch says so when asked).
@@ -188,13 +193,27 @@ class KernelOp:
         vjp: Callable[..., tuple[Any, ...]] | None = None,
         jvp: Callable[..., Any] | None = None,
         vmap: Callable[..., Any] | None = None,
+        fallback: Callable[..., bool] | None = None,
         module: str,
         doc: str,
     ) -> None:
         self.name, self.kernel, self.reference, self.consts = name, kernel, reference, consts
+        if fallback is not None and reference is None:
+            raise TypeError(f"KernelOp {name}: a fallback needs a reference to fall back to")
+
+        def run(*args: Any) -> Any:
+            if fallback is None:
+                return kernel(*args)
+            device = next(t for t in args if isinstance(t, Tensor)).device.type
+            return guarded(
+                device, fallback(*args[len(args) - consts :]), lambda: kernel(*args), lambda: reference(*args)
+            )
+
+        #: ``run(*tensors, *consts)``: the op's outputs without a graph (the kernel, GPU fallback applied)
+        self.run = run
 
         def forward(*args: Any) -> Any:
-            return kernel(*args)
+            return run(*args)
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
             k = len(inputs) - consts

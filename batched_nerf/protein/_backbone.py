@@ -24,7 +24,7 @@ from .._geometry import batch_shape
 from ..core.checks import to_tensor
 from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable, outside_inference_mode
-from ..engines.fused.build import _identity_rows
+from ..engines.backends import require
 from ..residues.templates import BACKBONE
 from . import _bound_backbone as bound
 from ._build import _float
@@ -373,7 +373,7 @@ def _bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.
         consts=consts,
         defaults=(np.tile(angles, n_residues)[None], np.tile(bonds, n_residues)[None]),
         first=first if fixed_first else None,
-        pose=_identity_rows(table.plan("fused").topology.seed_root.size),
+        pose=require("cpu").pose.identity_rows(table.plan("fused").topology.seed_root.size),
     )
 
 

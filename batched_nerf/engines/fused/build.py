@@ -39,7 +39,6 @@ engine builds directly.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._geometry import nan_negative_bonds
+from ..._geometry import nan_negative_bonds, pose_atoms
 from ...runtime import gate
 from ...runtime.torch_compat import no_functorch
 from ...topology.analysis import SECOND, THIRD, Topology
@@ -57,10 +56,8 @@ from ..backends import available, require
 from ..base import Engine, Movable
 from ..dispatch import SHALLOW_DEPTH, scan_block
 from ..function import KernelOp, fold, with_none
-from ..gpu_policy import guarded
 from ..levels import LevelPlan, build_levels, level_plan
 from ..scan.build import build_scan, scan_plan
-from . import pose as fused_pose
 from . import rows as R
 from . import workspace
 from .arrays import numpy_view as _np
@@ -261,23 +258,6 @@ class Turns:
 _NO_TURNS = Turns(None)
 
 
-@functools.lru_cache(maxsize=64)
-def _identity_rows(n_seeded: int) -> np.ndarray:
-    """``(1, S, 13)`` pose rows of no pose (``R = I``, ``t = 0``, proper), shared by every call (left
-    writeable: numba compiles a read-only array's kernels anew; the kernels only read it)."""
-    rows = np.zeros((1, n_seeded, 13))
-    rows[..., [0, 4, 8, 12]] = 1.0
-    return rows
-
-
-def _pose_rows(plan: FusedPlan, rot: Tensor | None, tr: Tensor | None, nan: bool) -> np.ndarray:
-    """The CPU kernels' pose rows of ``(B, S, 3, 3)`` rotations and ``(B, S, 3)`` translations (both or
-    neither), the identity's without (`cpu.pose.pose_rows`)."""
-    if rot is None or tr is None:
-        return _identity_rows(plan.topology.seed_root.size)
-    return require("cpu").pose.pose_rows(_np(rot), _np(tr), nan)
-
-
 def _forward_kernel(
     b: Tensor,
     a: Tensor,
@@ -288,25 +268,9 @@ def _forward_kernel(
     plan: FusedPlan,
     turns: Turns = _NO_TURNS,
 ) -> Tensor:
-    """The forward kernel of the inputs' device: numba (numpy views; the pose inside) or triton
-    (device tensors; the pose after it, in torch)."""
-    kernels = require(b.device.type)
-    if getattr(kernels, "TENSORS", False):
-        return guarded(
-            b.device.type,
-            plan.fallback,
-            lambda: _posed(
-                plan,
-                kernels.forward(plan, *_detached(b, a, d, f), accumulate=plan.accumulate),
-                *_detached(rot, tr),
-            ),
-            lambda: _reference_build(b, a, d, f, rot, tr, plan),
-        )
-    pose = _pose_rows(plan, rot, tr, nan=True)
-    out = kernels.forward(
-        plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), pose, plan.width, plan.reach
-    )
-    return torch.from_numpy(out)
+    """The forward kernel of the inputs' device: its backend's ``build`` (every backend takes the same
+    arguments: `cpu.build.build`, `cuda.build.build`)."""
+    return require(b.device.type).build(plan, *_detached(b, a, d, f, rot, tr), turns.cs)
 
 
 def _backward_kernel(
@@ -320,30 +284,12 @@ def _backward_kernel(
     plan: FusedPlan,
     turns: Turns = _NO_TURNS,
 ) -> tuple[Tensor | None, ...]:
-    """The backward kernel of the inputs' device: gradients of ``sum(g * xyz)`` with respect to ``b, a, d,
-    f`` and, where a pose is given, ``rot, tr``."""
-    kernels = require(b.device.type)
-    g = g.detach().to(b.dtype)
-    if getattr(kernels, "TENSORS", False):
-        if rot is not None:  # the pose's torch graph after the kernels
-            return _reference_vjp(b, a, d, f, rot, tr, g, plan)
-        return tuple(
-            guarded(
-                b.device.type,
-                plan.fallback,
-                lambda: kernels.backward(plan, *_detached(b, a, d, f), g, accumulate=plan.accumulate),
-                lambda: _reference_vjp(b, a, d, f, None, None, g, plan),
-            )
-        )
-    pose = _pose_rows(plan, rot, tr, nan=False)
-    *grads, gpose = kernels.backward(
-        plan.index, plan.starts, _np(b), turns.get(a, d), _np(f), pose, _np(g), plan.width, rot is not None
+    """The backward kernel of the inputs' device (its backend's ``build_vjp``): gradients of
+    ``sum(g * xyz)`` with respect to ``b, a, d, f`` and, where a pose is given, ``rot, tr``."""
+    grads = require(b.device.type).build_vjp(
+        plan, *_detached(b, a, d, f, rot, tr), g.detach().to(b.dtype), turns.cs
     )
-    grads = [torch.from_numpy(x) for x in grads]
-    if rot is None or tr is None:
-        return tuple(grads)
-    gp = torch.from_numpy(gpose).to(b.dtype)
-    return (*grads, gp[..., :9].reshape(rot.shape), gp[..., 9:].reshape(tr.shape))
+    return grads if rot is not None else grads[:4]
 
 
 def _detached(*tensors: Tensor | None) -> tuple[Any, ...]:
@@ -360,7 +306,7 @@ def _posed(plan: FusedPlan, x: Tensor, rot: Tensor | None, tr: Tensor | None) ->
         with _no_functorch():
             slot = torch.tensor(plan.topology.seed_slot, dtype=torch.long, device=x.device)
         plan._reference[("slot", x.device)] = slot
-    return fused_pose.reference(x, rot, tr, slot)
+    return pose_atoms(x, rot, tr, slot)
 
 
 def _reference_build(
@@ -416,6 +362,7 @@ FUSED_BUILD = KernelOp(
         FUSED_VJP.apply(*primals, *grads, plan, turns), primals
     ),
     vmap=fold(_no_turns),
+    fallback=lambda plan, turns: plan.fallback,
     module=__name__,
     doc="The fused forward kernel (`FUSED_BUILD`).",
 )
@@ -429,6 +376,7 @@ FUSED_VJP = KernelOp(
     reference=_reference_vjp,
     consts=2,
     vmap=fold(_no_turns),
+    fallback=lambda plan, turns: plan.fallback,
     module=__name__,
     doc="The fused backward kernel (`FUSED_VJP`).",
 )
@@ -449,7 +397,7 @@ def build_fused(
     ``pose``: ``(rotation (..., S, 3, 3), translation (..., S, 3))`` of the seeded components, of the
     inputs' batch shape and dtype (checked by the caller): each component is built in its pose, ``x =
     R y + t`` for every atom of a seeded component, NaN where ``det R < 0`` (the CPU kernels write
-    it out that way; elsewhere `pose.reference` follows the build).
+    it out that way; elsewhere `_geometry.pose_atoms` follows the build).
 
     Raises:
         RuntimeError: numba is not installed, or the device has no fused backend.
@@ -461,9 +409,6 @@ def build_fused(
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
         x = build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)
         return x if pose is None else _posed(plan, x, *pose)
-    triton = getattr(require(bonds.device.type), "TENSORS", False)  # kernels on device tensors
-    if triton:  # Triton: NaN for negative bonds here (the numba kernels do it per atom)
-        bonds = nan_negative_bonds(bonds)
     m = math.prod(batch)
     b, a, d = (t.reshape(m, n) for t in (bonds, angles, dihedrals))
     if fixed_xyz is None:
@@ -477,21 +422,18 @@ def build_fused(
     if gate.plain(
         b, a, d, f, *(() if rot is None else (rot, tr))
     ):  # else the Function serves grad and transforms
-        if triton:
-            return _forward_kernel(b, a, d, f, rot, tr, plan).reshape(*batch, n, 3)
+        if not require(b.device.type).READS_TRIG:
+            return FUSED_BUILD.run(b, a, d, f, rot, tr, plan, _NO_TURNS).reshape(*batch, n, 3)
         with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
             turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
-            return _forward_kernel(b, a, d, f, rot, tr, plan, turns).reshape(*batch, n, 3)
+            return FUSED_BUILD.run(b, a, d, f, rot, tr, plan, turns).reshape(*batch, n, 3)
     return FUSED_BUILD.apply(b, a, d, f, rot, tr, plan, _turns(plan, a, d)).reshape(*batch, n, 3)
 
 
 def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
-    """The forward's `trig` array, made here to keep for the backward (numba kernels, plain
+    """The forward's `trig` array, made here to keep for the backward (kernels that read one, plain
     tensors), in a buffer leased from the table's workspace."""
-    if (
-        getattr(require(a.device.type), "TENSORS", False)  # Triton (on CUDA, or interpreted)
-        or gate.wrapped(a, d)
-    ):
+    if not require(a.device.type).READS_TRIG or gate.wrapped(a, d):
         return _NO_TURNS
     return Turns.kept(plan.topology, _np(a), _np(d))
 

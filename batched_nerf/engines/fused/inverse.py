@@ -42,7 +42,6 @@ from ..._geometry import batch_shape
 from ...runtime.torch_compat import forward_mode_levels
 from .. import backends
 from ..function import KernelOp, lead
-from ..gpu_policy import guarded
 from ..inverse import InternalCoordinates, InversePlan
 from ..inverse import internal_from_xyz as torch_internal_from_xyz
 from . import workspace
@@ -208,12 +207,7 @@ def _forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
     gpu = _triton(xyz)
     if gpu is not None:
         x = xyz.detach().expand(*lead, n, 3).reshape(math.prod(lead), n, 3)
-        out = guarded(
-            x.device.type,
-            isinstance(plan, _FallbackPlan),
-            lambda: gpu.internal_forward(plan.refs, _has(plan), x),
-            lambda: _ref(x, plan),
-        )
+        out = gpu.internal_forward(plan.refs, _has(plan), x)
         return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
     m = math.prod(lead)
     bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
@@ -238,13 +232,7 @@ def _vjp(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> 
         m = math.prod(lead)
         x = xyz.detach().expand(*lead, n, 3).reshape(m, n, 3)
         g = [t.detach().to(dt).expand(*lead, n).reshape(m, n) for t in (gb, ga, gd)]
-        out = guarded(
-            x.device.type,
-            isinstance(plan, _FallbackPlan),
-            lambda: gpu.internal_vjp(plan.refs, _has(plan), x, *g),
-            lambda: _ref_vjp(x, *g, plan),
-        )
-        return out.reshape(*lead, n, 3)
+        return gpu.internal_vjp(plan.refs, _has(plan), x, *g).reshape(*lead, n, 3)
     out = torch.empty(math.prod(lead), n, 3, dtype=dt)
     g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
     _kernels().vjp(_flat(xyz, lead, (n, 3), dt), *_arrays(plan), *g, out.numpy())
@@ -300,6 +288,11 @@ def _ref_second(
 # --------------------------------------------------------------------------
 
 
+def _may_fall_back(plan: InversePlan) -> bool:
+    """Whether a failed Triton kernel of this call falls back to the torch engine (``method="auto"``)."""
+    return isinstance(plan, _FallbackPlan)
+
+
 def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: InversePlan) -> Any:
     """``J t`` of `FUSED_INTERNAL`: the second-order kernel's second output, with ``g = 0``."""
     (xyz,), (t,) = primals, tangents
@@ -316,6 +309,7 @@ FUSED_INTERNAL = KernelOp(
     vjp=lambda primals, grads, plan: (_sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan), primals[0]),),
     jvp=_internal_jvp,
     vmap=lead,
+    fallback=_may_fall_back,
     module=__name__,
     doc="The fused inverse's forward kernel (`FUSED_INTERNAL`).",
 )
@@ -328,6 +322,7 @@ FUSED_INTERNAL_VJP = KernelOp(
     reference=_ref_vjp,
     vjp=lambda primals, grads, plan: FUSED_INTERNAL_SECOND.apply(*primals, *grads, plan),
     vmap=lead,
+    fallback=_may_fall_back,
     module=__name__,
     doc="The fused inverse's vjp kernel (`FUSED_INTERNAL_VJP`).",
 )

@@ -1,13 +1,9 @@
-"""The global pose on the fused engine's side: the torch reference of ``x -> R x + t`` per seeded
-component, and the pose of coordinates in one kernel pass.
+"""The pose of coordinates in one kernel pass, on the fused engine's side.
 
-`reference` is what [`batched_nerf.apply_pose`][batched_nerf.apply_pose] computes for several
-components (NaN for an improper rotation, anchored atoms unchanged); the fused
-build applies it wherever its own kernels do not build in the pose
-(`build.build_fused`: Triton, the reference engines) and differentiates
-it for second order. On the CPU the builder's kernels place each seeded
-component directly in its pose (`cpu.samples`, `cpu.blocks`).
-`extract` is the inverse, for calls with nothing to differentiate.
+The pose itself, ``x -> R x + t`` per seeded component, is `batched_nerf._geometry.pose_atoms` in
+torch (what the reference engines and the Triton backend apply after the build, and what second
+order differentiates); the CPU builder's kernels place each seeded component directly in its pose
+(`cpu.samples`, `cpu.blocks`). `extract` is the inverse, for calls with nothing to differentiate.
 """
 
 from __future__ import annotations
@@ -17,28 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..._geometry import cross, dot
 from ...runtime import gate
 from ..backends import available, require
 from .arrays import numpy_view
 
-__all__ = ["extract", "reference"]
-
-
-def reference(x: Tensor, rot: Tensor, tr: Tensor, slot: Tensor) -> Tensor:
-    """``R x + t`` per atom in torch (what [`batched_nerf.apply_pose`][batched_nerf.apply_pose] computes for
-    several
-    components): ``x`` ``(..., N, 3)``, ``rot`` ``(..., S, 3, 3)`` and ``tr`` ``(..., S, 3)`` of one
-    batch shape, ``slot`` ``(N,)`` long (``S``: anchored atom, unchanged) -> ``(..., N, 3)``; NaN
-    for the atoms of a component with ``det R < 0``."""
-    lead = rot.shape[:-3]
-    proper = dot(rot[..., 0], cross(rot[..., 1], rot[..., 2])) >= 0  # (..., S): det as a triple product
-    eye = torch.eye(3, dtype=rot.dtype, device=rot.device).expand(*lead, 1, 3, 3)
-    r_atom = torch.cat((rot, eye), -3).index_select(-3, slot)  # (..., N, 3, 3)
-    t_atom = torch.cat((tr, tr.new_zeros(()).expand(*lead, 1, 3)), -2).index_select(-2, slot)
-    ok = torch.cat((proper, proper.new_ones(()).expand(*lead, 1)), -1).index_select(-1, slot)
-    out = (r_atom * x.unsqueeze(-2)).sum(-1) + t_atom
-    return torch.where(ok.unsqueeze(-1), out, out.new_full((), float("nan")))
+__all__ = ["extract"]
 
 
 def extract(x: Tensor, seeds: Any, has2: Any, has3: Any, eps: float) -> tuple[Tensor, Tensor] | None:

@@ -47,7 +47,7 @@ from ...runtime.state import (
 from ..backends import available, require
 from ..function import KernelOp
 from . import workspace
-from .build import FUSED_VJP, FusedPlan, Turns, _identity_rows
+from .build import FUSED_VJP, FusedPlan, Turns
 
 __all__ = ["POOL", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
@@ -288,7 +288,7 @@ class TorsionBuild:
         dihedrals (`build.trig`); zeros where no atom is."""
         bonds, _, fixed, _ = self.arrays(dtype, cs.shape[1])
         plan = self.kernel_plan
-        pose = _identity_rows(plan.topology.seed_root.size)
+        pose = require("cpu").pose.identity_rows(plan.topology.seed_root.size)
         # fresh zeroed pages (calloc) cost no more than an empty array
         out = np.zeros((cs.shape[1], self.n_out, 3), dtype=dtype) if self.pad.size else None
         kernels = require("cpu")
@@ -300,7 +300,7 @@ class TorsionBuild:
         m = cs.shape[1]
         bonds, _, fixed, _ = self.arrays(dtype, m)
         plan = self.kernel_plan
-        pose = _identity_rows(plan.topology.seed_root.size)
+        pose = require("cpu").pose.identity_rows(plan.topology.seed_root.size)
         g = g.detach().reshape(m, self.n_out, 3)
         size = m * self.n_out
         with workspace.borrowed(plan.topology, 6 * size, dtype) as scratch:

@@ -35,16 +35,23 @@ out-frame (``PARENT`` rows) or, through the NeRF frame, of the three reference
 positions (``POSITIONS`` rows); ``phi_eff``'s adjoint flows on to the sibling
 it adds.
 
-Entry points: `forward` and `backward` below, on numpy arrays (the
-Triton port, `cuda.build`, walks the same rows on device tensors).
+The fused engine's entry points are `build` and `build_vjp`, on tensors, with the same
+signature as the Triton backend's (`cuda.build`, which walks the same plan rows on device
+tensors); `forward` and `backward` below are the kernels they run, on numpy arrays (the
+protein and torsion builds call them directly).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+import torch
 from numba import njit
+from torch import Tensor
 
+from ..arrays import numpy_view as _np
 from . import pose, threads, tiers, turns
 from .blocks import LANES, _blocks_items, _ring, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
@@ -244,3 +251,63 @@ def backward(
     else:
         per_sample()
     return gb, ga, gd, gf, gpose
+
+
+# ------------------------------------------------------------------ the fused engine's entry points
+#: The kernels read the cosines and sines of the angles and dihedrals as one array (`trig`), which a
+#: caller may make once and keep for the backward (``trig_rows`` of `build` and `build_vjp`).
+READS_TRIG = True
+
+
+def build(
+    plan: Any,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    trig_rows: np.ndarray | None = None,
+) -> Tensor:
+    """``(B, N, 3)`` positions from ``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions
+    (``F`` may be 0) on the fused plan ``plan`` (`batched_nerf.engines.fused.build.FusedPlan`), each
+    seeded component in its pose (``rot`` ``(B, S, 3, 3)``, ``tr`` ``(B, S, 3)``; None: no pose;
+    NaN for an improper rotation) and a negative bond's atom NaN, in the inputs' dtype.
+    ``trig_rows``: `trig` of ``angles`` and ``dihedrals`` where the caller made it (else made here).
+    The same signature as every backend's ``build``."""
+    rows = (
+        pose.identity_rows(plan.topology.seed_root.size)
+        if rot is None
+        else pose.pose_rows(_np(rot), _np(tr), True)
+    )
+    cs = trig(_np(angles), _np(dihedrals)) if trig_rows is None else trig_rows
+    out = forward(plan.index, plan.starts, _np(bonds), cs, _np(fixed), rows, plan.width, plan.reach)
+    return torch.from_numpy(out)
+
+
+def build_vjp(
+    plan: Any,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    grad_xyz: Tensor,
+    trig_rows: np.ndarray | None = None,
+) -> tuple[Tensor | None, ...]:
+    """Gradients of ``sum(grad_xyz * build(...))`` (arguments as `build`'s; ``grad_xyz`` ``(B, N, 3)``
+    of the inputs' dtype): ``(g_bonds, g_angles, g_dihedrals)`` ``(B, N)``, ``g_fixed`` ``(B, F, 3)``,
+    ``g_rot``, ``g_tr`` (None without a pose; an improper rotation's component gets none). The same
+    signature as every backend's ``build_vjp``."""
+    n_seeded = plan.topology.seed_root.size
+    rows = pose.identity_rows(n_seeded) if rot is None else pose.pose_rows(_np(rot), _np(tr), False)
+    cs = trig(_np(angles), _np(dihedrals)) if trig_rows is None else trig_rows
+    *grads, g_pose = backward(
+        plan.index, plan.starts, _np(bonds), cs, _np(fixed), rows, _np(grad_xyz), plan.width, rot is not None
+    )
+    gb, ga, gd, gf = (torch.from_numpy(x) for x in grads)
+    if rot is None or tr is None:
+        return gb, ga, gd, gf, None, None
+    gp = torch.from_numpy(g_pose).to(bonds.dtype)
+    return gb, ga, gd, gf, gp[..., :9].reshape(rot.shape), gp[..., 9:].reshape(tr.shape)

@@ -21,10 +21,21 @@ C-contiguous.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
-__all__ = ["extract", "pose_rows"]
+__all__ = ["extract", "identity_rows", "pose_rows"]
+
+
+@functools.lru_cache(maxsize=64)
+def identity_rows(n_seeded: int) -> np.ndarray:
+    """``(1, S, 13)`` pose rows of no pose (``R = I``, ``t = 0``, proper), shared by every call (left
+    writeable: numba compiles a read-only array's kernels anew; the kernels only read it)."""
+    rows = np.zeros((1, n_seeded, 13))
+    rows[..., [0, 4, 8, 12]] = 1.0
+    return rows
 
 
 @njit(inline="always")

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ...._geometry import EPS
+from ...._geometry import EPS, nan_negative_bonds, pose_atoms
 from ...gpu_policy import launch
 from .. import rows as R
 
@@ -31,7 +31,17 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "NUM_WARPS", "DeviceRows", "device_rows", "triton_build", "triton_vjp"]
+__all__ = [
+    "BLOCK",
+    "NUM_WARPS",
+    "READS_TRIG",
+    "DeviceRows",
+    "build",
+    "build_vjp",
+    "device_rows",
+    "triton_build",
+    "triton_vjp",
+]
 
 #: Warps per program, and lanes per program: one lane per thread. One warp per program spreads
 #: few lanes over the most SMs (4,096 lanes: 128 programs on an H100's 132 SMs); residency is
@@ -48,7 +58,8 @@ class DeviceRows(NamedTuple):
     ``rows``: ``(12, N)`` ``int32``, the plan's ``index`` (fields of `rows`); ``run_start``,
     ``run_len``: ``(C,)`` ``int32`` first row and row count of each component (a lane each);
     ``row_of_atom``, ``atom_of_row``: ``(N,)`` ``int64`` the row that places each atom and
-    its inverse (the scratch is by row, the inputs and outputs by atom).
+    its inverse (the scratch is by row, the inputs and outputs by atom); ``seed_slot``: ``(N,)``
+    ``int64`` each atom's seeded component (the pose it moves by; ``S``: none).
     """
 
     rows: Tensor
@@ -56,6 +67,7 @@ class DeviceRows(NamedTuple):
     run_len: Tensor
     row_of_atom: Tensor
     atom_of_row: Tensor
+    seed_slot: Tensor
     n_units: int
     max_len: int
 
@@ -75,6 +87,7 @@ def device_rows(plan: Any, device: torch.device | str) -> DeviceRows:
             run_len=runs.diff().to(device=device, dtype=torch.int32),
             row_of_atom=torch.argsort(index[R.ATOM]).to(device),
             atom_of_row=index[R.ATOM].to(device),
+            seed_slot=torch.tensor(plan.topology.seed_slot, dtype=torch.long, device=device),
             n_units=int(runs.numel() - 1),
             max_len=int(runs.diff().max()) if runs.numel() > 1 else 0,
         )
@@ -539,39 +552,64 @@ def triton_vjp(
 
 
 # ------------------------------------------------------------------ the fused engine's entry points
-#: The fused engine calls these with tensors on the device (the numba kernels take numpy arrays).
-TENSORS = True
+#: The kernels take the angles and dihedrals themselves (their cosines and sines inside): a kept
+#: trig array (``trig_rows`` of `build` and `build_vjp`) is not read.
+READS_TRIG = False
 
 
-def forward(
+def build(
     plan: Any,
     bonds: Tensor,
     angles: Tensor,
     dihedrals: Tensor,
     fixed: Tensor,
-    accumulate: torch.dtype = torch.float64,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    trig_rows: Any = None,
 ) -> Tensor:
-    """``(B, N, 3)`` from ``(B, N)`` inputs and ``(B, F, 3)`` fixed positions (``F`` may be 0), on the
-    fused plan ``plan`` (`batched_nerf.engines.fused.build.FusedPlan`)."""
-    rows = device_rows(plan, bonds.device)
-    return triton_build(rows, bonds, angles, dihedrals, fixed, accumulate=accumulate)  # type: ignore[return-value]
+    """``(B, N, 3)`` positions from ``(B, N)`` bonds, angles, dihedrals and ``(B, F, 3)`` fixed positions
+    (``F`` may be 0) on the fused plan ``plan`` (`batched_nerf.engines.fused.build.FusedPlan`; its
+    ``accumulate`` dtype), each seeded component then moved by its pose (``rot`` ``(B, S, 3, 3)``,
+    ``tr`` ``(B, S, 3)``; None: no pose; `_geometry.pose_atoms`, NaN for an improper rotation) and
+    a negative bond's atom NaN. The same signature as every backend's ``build`` (``trig_rows``:
+    unused, `READS_TRIG`).
 
-
-def backward(
-    plan: Any,
-    bonds: Tensor,
-    angles: Tensor,
-    dihedrals: Tensor,
-    fixed: Tensor,
-    grad_xyz: Tensor,
-    accumulate: torch.dtype = torch.float64,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of ``sum(grad_xyz * forward(...))``: ``(B, N)`` x 3 and ``(B, F, 3)``.
-
-    One forward walk (the scratch it saves) and one reverse walk, both in ``accumulate``.
+    Raises:
+        KernelError: the kernel failed to compile or to launch.
     """
     rows = device_rows(plan, bonds.device)
-    _, saved = triton_build(rows, bonds, angles, dihedrals, fixed, return_saved=True, accumulate=accumulate)  # type: ignore[misc]
-    n_fixed = fixed.shape[-2]
-    gb, ga, gd, gf = triton_vjp(rows, saved, bonds, angles, grad_xyz, n_fixed)
-    return gb, ga, gd, (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)
+    x = triton_build(rows, nan_negative_bonds(bonds), angles, dihedrals, fixed, accumulate=plan.accumulate)
+    return x if rot is None or tr is None else pose_atoms(x, rot, tr, rows.seed_slot)  # type: ignore[arg-type]
+
+
+def build_vjp(
+    plan: Any,
+    bonds: Tensor,
+    angles: Tensor,
+    dihedrals: Tensor,
+    fixed: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    grad_xyz: Tensor,
+    trig_rows: Any = None,
+) -> tuple[Tensor | None, ...]:
+    """Gradients of ``sum(grad_xyz * build(...))`` (arguments as `build`'s): ``(g_bonds, g_angles,
+    g_dihedrals)`` ``(B, N)``, ``g_fixed`` ``(B, F, 3)``, ``g_rot``, ``g_tr`` (None without a pose).
+    One forward walk (the scratch it saves), the pose's vjp in torch where there is one, one reverse
+    walk; a negative bond's own gradient is zero (as through ``torch.where``). The same signature as
+    every backend's ``build_vjp``.
+
+    Raises:
+        KernelError: a kernel failed to compile or to launch.
+    """
+    rows = device_rows(plan, bonds.device)
+    negative = bonds < 0
+    b = torch.where(negative, torch.nan, bonds)
+    y, saved = triton_build(rows, b, angles, dihedrals, fixed, return_saved=True, accumulate=plan.accumulate)  # type: ignore[misc]
+    g_rot = g_tr = None
+    if rot is not None and tr is not None:  # x = R y + t per component: the pose's vjp first
+        _, pull = torch.func.vjp(lambda y_, r, t: pose_atoms(y_, r, t, rows.seed_slot), y, rot, tr)
+        grad_xyz, g_rot, g_tr = pull(grad_xyz)
+    gb, ga, gd, gf = triton_vjp(rows, saved, b, angles, grad_xyz, fixed.shape[-2])
+    gf = (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)
+    return torch.where(negative, 0.0, gb), ga, gd, gf, g_rot, g_tr
