@@ -6,8 +6,8 @@ Usage::
                                  [--json OUT]
 
 What it compiles: the launches the engines make. Each kernel module's entry points
-(``cuda.build.build`` / ``build_vjp``, ``cuda.inverse.internal_forward`` /
-``internal_vjp``) run on CPU tensors with their launches intercepted
+(``cuda.build.build`` / ``build_vjp``, ``cuda.inverse.internal`` /
+``internal_vjp``: the engines' entries) run on CPU tensors with their launches intercepted
 (``gpu_policy.launch``), once per accumulation / input dtype (float32, float64) on a
 packed table of two components (alanine dipeptide and a 7-atom chain, 5 samples: no
 integer argument is 1 or a multiple of 16). Each intercepted launch is specialised
@@ -82,16 +82,15 @@ def _record(dtype_name: str) -> list[dict[str, Any]]:
     d = torch.rand(batch, n, generator=gen, dtype=dtype)
     f = torch.zeros(batch, 0, 3, dtype=dtype)
     xyz = torch.rand(batch, n, 3, generator=gen, dtype=dtype)
-    plan = table.plan("inverse", "cpu")
-    refs, has = plan.refs, torch.stack([plan.has_bond, plan.has_angle, plan.has_dihedral], -1)
+    inverse_plan = table.plan("inverse", "cpu")
     saved = ft.launch, inv.launch
     ft.launch = inv.launch = record  # type: ignore[assignment]
     try:
         plan = configure(fused_plan(table.topology), dtype, False)  # the scratch in the inputs' dtype
         ft.build(plan, b, a, d, f, None, None)
         ft.build_vjp(plan, b, a, d, f, None, None, torch.ones(batch, n, 3, dtype=dtype))
-        inv.internal_forward(refs, has, xyz)
-        inv.internal_vjp(refs, has, xyz, b, a, d)
+        inv.internal(inverse_plan, xyz)
+        inv.internal_vjp(inverse_plan, xyz, b, a, d)
     finally:
         ft.launch, inv.launch = saved
     return launches

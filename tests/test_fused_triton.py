@@ -49,7 +49,7 @@ def test_forward_matches_torch(table: bn.ConstructionTable, dtype: torch.dtype) 
     # the torch reference in the input's precision, as the kernel computes (the CPU kernels read
     # float32 coordinates as float64, so three atoms collinear in float32 are not collinear there)
     want = bn.to_internal(x, table, method="torch")
-    got = kern.internal_forward(refs, has, x)
+    got = kern.triton_internal(refs, has, x)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for g, w in zip(got, want):
         assert g.dtype == dtype and g.shape == w.shape
@@ -66,7 +66,7 @@ def test_vjp_matches_torch(table: bn.ConstructionTable) -> None:
     gen = torch.Generator().manual_seed(3)
     cot = [torch.randn(c.shape, dtype=c.dtype, generator=gen).to(DEVICE) for c in ic]
     want = torch.autograd.grad(ic, x, cot)[0]
-    got = kern.internal_vjp(refs, has, x, *cot)
+    got = kern.triton_internal_vjp(refs, has, x, *cot)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-9)
 
@@ -76,7 +76,7 @@ def test_nan_propagates_to_what_reads_it() -> None:
     refs, has = _plan(table)
     x = _singular(6, torch.float64)[:1].clone()
     x[0, 2, 1] = float("nan")
-    bonds, angles, dihedrals = kern.internal_forward(refs, has, x)
+    bonds, angles, dihedrals = kern.triton_internal(refs, has, x)
     # atom 2 is read by the bond of 2 and 3, the angle of 2, 3, 4, the dihedral of 3, 4, 5
     assert bonds[0].isnan().nonzero().flatten().tolist() == [2, 3]
     assert angles[0].isnan().nonzero().flatten().tolist() == [2, 3, 4]
@@ -87,8 +87,8 @@ def test_empty_batch() -> None:
     table = bn.ConstructionTable.chain(4)
     refs, has = _plan(table)
     x = torch.zeros(0, 4, 3, device=DEVICE)
-    assert all(c.shape == (0, 4) for c in kern.internal_forward(refs, has, x))
-    assert kern.internal_vjp(refs, has, x, *(torch.zeros(0, 4, device=DEVICE),) * 3).shape == (0, 4, 3)
+    assert all(c.shape == (0, 4) for c in kern.triton_internal(refs, has, x))
+    assert kern.triton_internal_vjp(refs, has, x, *(torch.zeros(0, 4, device=DEVICE),) * 3).shape == (0, 4, 3)
 
 
 # ------------------------------------------------------------------ to_cartesian kernels
@@ -179,13 +179,39 @@ def test_both_backends_have_one_entry_signature() -> None:
 
     pytest.importorskip("numba", reason="the CPU backend needs numba")
     from batched_nerf.engines.fused.cpu import build as cpu
+    from batched_nerf.engines.fused.cpu import inverse as cpu_inverse
     from batched_nerf.engines.fused.cuda import build as cuda
 
-    for name in ("build", "build_vjp"):
-        assert list(inspect.signature(getattr(cpu, name)).parameters) == list(
-            inspect.signature(getattr(cuda, name)).parameters
-        )
+    for pair, names in (
+        ((cpu, cuda), ("build", "build_vjp")),
+        ((cpu_inverse, kern), ("internal", "internal_vjp")),
+    ):
+        for name in names:
+            one, other = (list(inspect.signature(getattr(m, name)).parameters) for m in pair)
+            assert one == other, name
     assert (cpu.READS_TRIG, cuda.READS_TRIG) == (True, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_both_backends_read_internal_coordinates_alike(dtype: torch.dtype) -> None:
+    """The inverse's entries on the CPU (numba) and on Triton give the same values and vjp on the same
+    plan, singular geometry included."""
+    pytest.importorskip("numba", reason="the CPU backend needs numba")
+    from batched_nerf.engines.fused.cpu import inverse as cpu_inverse
+
+    table = bn.data.load("alanine_dipeptide").table
+    plan = table.plan("inverse", "cpu")
+    x = _singular(table.n_atoms, dtype).cpu()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for w, g in zip(cpu_inverse.internal(plan, x), kern.internal(plan, x)):
+        torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+    cot = [
+        torch.randn(4, table.n_atoms, dtype=dtype, generator=torch.Generator().manual_seed(k))
+        for k in range(3)
+    ]
+    want = cpu_inverse.internal_vjp(plan, x, *cot)
+    assert want.shape == x.shape and torch.isfinite(want).all()
+    torch.testing.assert_close(kern.internal_vjp(plan, x, *cot), want, atol=100 * tol, rtol=100 * tol)
 
 
 @pytest.mark.parametrize("improper", [False, True], ids=["proper", "improper"])

@@ -34,7 +34,6 @@ import math
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -93,10 +92,6 @@ def _triton(xyz: Tensor) -> ModuleType | None:
     if not backends.available("cuda"):
         return None
     return importlib.import_module(f"{__package__}.cuda.inverse")
-
-
-def _has(plan: InversePlan) -> Tensor:
-    return torch.stack([plan.has_bond, plan.has_angle, plan.has_dihedral], -1)
 
 
 def unavailable_reason() -> str:
@@ -195,29 +190,35 @@ def _arrays(plan: InversePlan) -> tuple[Any, Any, Any, Any]:
     return plan.refs.numpy(), plan.has_bond.numpy(), plan.has_angle.numpy(), plan.has_dihedral.numpy()
 
 
-def _flat(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype) -> Any:
-    """``t`` broadcast to ``lead + tail``, as a contiguous ``(B, *tail)`` numpy array of ``dtype``."""
+def _rows(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """``t`` broadcast to ``lead + tail``, as a contiguous ``(B, *tail)`` tensor of ``dtype`` (detached)."""
     full = t.detach().to(dtype).expand(*lead, *tail)
-    return full.reshape(math.prod(lead), *tail).contiguous().numpy()
+    return full.reshape(math.prod(lead), *tail).contiguous()
+
+
+def _flat(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype) -> Any:
+    """`_rows` as a numpy array (CPU)."""
+    return _rows(t, lead, tail, dtype).numpy()
+
+
+def _backend(xyz: Tensor) -> ModuleType:
+    """The inverse kernels of ``xyz``'s device: every backend's entries (``internal``, ``internal_vjp``)
+    take the same arguments (`cpu.inverse`, `cuda.inverse`)."""
+    gpu = _triton(xyz)
+    return gpu if gpu is not None else _kernels()
 
 
 def _forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["forward"] += 1
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
-    gpu = _triton(xyz)
-    if gpu is not None:
-        x = xyz.detach().expand(*lead, n, 3).reshape(math.prod(lead), n, 3)
-        out = gpu.internal_forward(plan.refs, _has(plan), x)
-        return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
-    m = math.prod(lead)
-    bonds, angles, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))  # own memory each
-    kernels = _kernels()
-    # the atan2 arguments (y_angle, y_dihedral, x_angle, x_dihedral): scratch, kept with the plan
-    with workspace.borrowed(plan.refs, 4 * m * n) as buf:
-        args = np.empty((4, m, n)) if buf is None else buf.reshape(4, m, n)
-        kernels.forward(_flat(xyz, lead, (n, 3), xyz.dtype), *_arrays(plan), bonds.numpy(), args)
-        kernels.angles(args, angles.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
-    return tuple(o.reshape(*lead, n) for o in (bonds, angles, dihedrals))  # type: ignore[return-value]
+    m, kernels = math.prod(lead), _backend(xyz)
+    x = _rows(xyz, lead, (n, 3), xyz.dtype)
+    if xyz.device.type != "cpu":
+        out = kernels.internal(plan, x)
+    else:  # the atan2 arguments (a CPU kernel's scratch), in a buffer kept with the plan
+        with workspace.borrowed(plan.refs, 4 * m * n) as buf:
+            out = kernels.internal(plan, x, buf)
+    return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
 
 
 def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
@@ -227,15 +228,8 @@ def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
 def _vjp(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:
     CALLS["vjp"] += 1
     lead, n, dt = _lead(xyz, gb, ga, gd), xyz.shape[-2], xyz.dtype
-    gpu = _triton(xyz)
-    if gpu is not None:
-        m = math.prod(lead)
-        x = xyz.detach().expand(*lead, n, 3).reshape(m, n, 3)
-        g = [t.detach().to(dt).expand(*lead, n).reshape(m, n) for t in (gb, ga, gd)]
-        return gpu.internal_vjp(plan.refs, _has(plan), x, *g).reshape(*lead, n, 3)
-    out = torch.empty(math.prod(lead), n, 3, dtype=dt)
-    g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
-    _kernels().vjp(_flat(xyz, lead, (n, 3), dt), *_arrays(plan), *g, out.numpy())
+    g = (_rows(t, lead, (n,), dt) for t in (gb, ga, gd))
+    out = _backend(xyz).internal_vjp(plan, _rows(xyz, lead, (n, 3), dt), *g)
     return out.reshape(*lead, n, 3)
 
 

@@ -37,10 +37,15 @@ formulas both layouts share are in `inverse_rows`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
+import torch
 from numba import njit, prange
+from torch import Tensor
 
+from ..arrays import numpy_view
 from . import inverse_blocks as blocks
 from . import tiers
 from .inverse_rows import (
@@ -64,7 +69,7 @@ _angle_args, _dihedral_args, _norm, _sub = (
     INLINED[k] for k in ("_angle_args", "_dihedral_args", "_norm", "_sub")
 )
 
-__all__ = ["angles", "forward", "second", "vjp"]
+__all__ = ["angles", "forward", "internal", "internal_vjp", "second", "vjp"]
 
 jit = numba.njit(cache=True)
 #: a row's accumulation, inlined into its sample loop (called, the 15 arguments of a call per row cost
@@ -471,3 +476,31 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
         tiers.run(kernel, blocked_args, xyz.dtype, per_sample)
     else:
         per_sample()
+
+
+# ------------------------------------------------------------------ the fused engine's entry points
+def _plan_arrays(plan: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    return plan.refs.numpy(), plan.has_bond.numpy(), plan.has_angle.numpy(), plan.has_dihedral.numpy()
+
+
+def internal(plan: Any, xyz: Tensor, scratch: np.ndarray | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(B, N)`` bonds, angles and dihedrals (each in its own memory, ``xyz``'s dtype) of ``xyz``
+    ``(B, N, 3)`` on the inverse plan ``plan`` (`batched_nerf.engines.inverse.InversePlan`): `forward`
+    then `angles`. ``scratch``: a float64 array of at least ``4 B N`` values for the ``atan2``
+    arguments (else a new one). The same signature as every backend's ``internal``."""
+    m, n = xyz.shape[0], xyz.shape[1]
+    bonds, angles_, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))
+    args = np.empty((4, m, n)) if scratch is None else scratch[: 4 * m * n].reshape(4, m, n)
+    forward(numpy_view(xyz), *_plan_arrays(plan), bonds.numpy(), args)
+    angles(args, angles_.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
+    return bonds, angles_, dihedrals
+
+
+def internal_vjp(plan: Any, xyz: Tensor, g_bonds: Tensor, g_angles: Tensor, g_dihedrals: Tensor) -> Tensor:
+    """``(B, N, 3)`` gradient of ``sum(g_bonds * bonds + g_angles * angles + g_dihedrals * dihedrals)``
+    (`vjp`); the cotangents ``(B, N)`` each, of ``xyz``'s dtype. The same signature as every
+    backend's ``internal_vjp``."""
+    out = torch.empty(xyz.shape, dtype=xyz.dtype)
+    g = (numpy_view(t) for t in (g_bonds, g_angles, g_dihedrals))
+    vjp(numpy_view(xyz), *_plan_arrays(plan), *g, out.numpy())
+    return out

@@ -2,11 +2,11 @@
 
 Two kernels over ``(sample, atom)`` pairs, ``BLOCK`` pairs per program:
 
-* `internal_forward`: gathers each atom's three references and writes its
+* `triton_internal`: gathers each atom's three references and writes its
   bond length and the two ``atan2`` arguments of its angle and dihedral (the
   ``atan2`` itself, which Triton has only through CUDA's libdevice, runs as one
   torch op afterwards, so the kernels also run in Triton's interpreter);
-* `internal_vjp`: the vector-Jacobian product, each row's 12 coordinate
+* `triton_internal_vjp`: the vector-Jacobian product, each row's 12 coordinate
   derivatives written out and accumulated into its four atoms with atomic adds.
 
 The formulas are those of `batched_nerf._geometry` (``distance``, ``angle``,
@@ -17,12 +17,16 @@ Shapes: ``xyz`` ``(B, N, 3)`` contiguous, values ``(B, N)``; ``refs`` ``(N, 3)``
 int32 with ``-1`` replaced by the atom itself and ``has`` ``(N, 3)`` bool masks
 (the `InversePlan` fields).
 
+The fused engine's entries, `internal` and `internal_vjp`, take the inverse plan and tensors, with
+the same signature as the CPU backend's (`cpu.inverse`).
+
 ``TRITON_INTERPRET=1`` runs both kernels on CPU tensors (the tests do).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,7 +40,7 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "NUM_WARPS", "internal_forward", "internal_vjp"]
+__all__ = ["BLOCK", "NUM_WARPS", "internal", "internal_vjp", "triton_internal", "triton_internal_vjp"]
 
 #: Warps per program and ``(sample, atom)`` pairs per program: one pair per thread.
 NUM_WARPS = 4
@@ -199,7 +203,7 @@ def _safe_atan2(y: Tensor, x: Tensor) -> Tensor:
     return torch.atan2(y, torch.where(singular, torch.ones_like(x), x))
 
 
-def internal_forward(refs: Tensor, has: Tensor, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def triton_internal(refs: Tensor, has: Tensor, xyz: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Bonds, angles and dihedrals ``(B, N)`` each from ``xyz`` ``(B, N, 3)`` (no autograd).
 
     Args:
@@ -235,12 +239,12 @@ def internal_forward(refs: Tensor, has: Tensor, xyz: Tensor) -> tuple[Tensor, Te
     return bonds, angles, dihedrals
 
 
-def internal_vjp(
+def triton_internal_vjp(
     refs: Tensor, has: Tensor, xyz: Tensor, g_bonds: Tensor, g_angles: Tensor, g_dihedrals: Tensor
 ) -> Tensor:
     """``(B, N, 3)`` gradient of ``sum(g_bonds * bonds + g_angles * angles + g_dihedrals * dihedrals)``.
 
-    Arguments as `internal_forward`; the cotangents are ``(B, N)`` each.
+    Arguments as `triton_internal`; the cotangents are ``(B, N)`` each.
     """
     _check_available()
     xyz = xyz.detach().contiguous()
@@ -265,3 +269,29 @@ def internal_vjp(
             num_warps=NUM_WARPS,
         )
     return gxyz
+
+
+# ------------------------------------------------------------------ the fused engine's entry points
+def _has(plan: Any) -> Tensor:
+    return torch.stack([plan.has_bond, plan.has_angle, plan.has_dihedral], -1)
+
+
+def internal(plan: Any, xyz: Tensor, scratch: Any = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(B, N)`` bonds, angles and dihedrals of ``xyz`` ``(B, N, 3)`` on the inverse plan ``plan``
+    (`batched_nerf.engines.inverse.InversePlan`, on ``xyz``'s device): `triton_internal`. The same
+    signature as every backend's ``internal`` (``scratch``: unused, the kernel keeps none).
+
+    Raises:
+        KernelError: the kernel failed to compile or to launch.
+    """
+    return triton_internal(plan.refs, _has(plan), xyz)
+
+
+def internal_vjp(plan: Any, xyz: Tensor, g_bonds: Tensor, g_angles: Tensor, g_dihedrals: Tensor) -> Tensor:
+    """``(B, N, 3)`` gradient of ``sum(g_bonds * bonds + g_angles * angles + g_dihedrals * dihedrals)``:
+    `triton_internal_vjp`. The same signature as every backend's ``internal_vjp``.
+
+    Raises:
+        KernelError: the kernel failed to compile or to launch.
+    """
+    return triton_internal_vjp(plan.refs, _has(plan), xyz, g_bonds, g_angles, g_dihedrals)
