@@ -250,10 +250,6 @@ class Turns:
         cs = require("cpu").trig(angles, dihedrals, None if held is None else held.array)
         return cls(cs, held)
 
-    def get(self, a: Tensor, d: Tensor) -> np.ndarray:
-        """The kept array, or a new one from ``a`` and ``d``."""
-        return self.cs if self.cs is not None else trig(a, d)
-
 
 _NO_TURNS = Turns(None)
 

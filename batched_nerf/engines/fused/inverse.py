@@ -186,10 +186,6 @@ class _FallbackPlan(InversePlan):
 # --------------------------------------------------------------------------
 
 
-def _arrays(plan: InversePlan) -> tuple[Any, Any, Any, Any]:
-    return plan.refs.numpy(), plan.has_bond.numpy(), plan.has_angle.numpy(), plan.has_dihedral.numpy()
-
-
 def _rows(t: Tensor, lead: tuple[int, ...], tail: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """``t`` broadcast to ``lead + tail``, as a contiguous ``(B, *tail)`` tensor of ``dtype`` (detached)."""
     full = t.detach().to(dtype).expand(*lead, *tail)
@@ -246,7 +242,8 @@ def _second(
     jv = [torch.empty(b, n, dtype=dt) for _ in range(3)]
     g = [_flat(t, lead, (n,), dt) for t in (gb, ga, gd)]
     x, vv = _flat(xyz, lead, (n, 3), dt), _flat(v, lead, (n, 3), dt)
-    _kernels().second(x, vv, *_arrays(plan), *g, out.numpy(), *(j.numpy() for j in jv))
+    kernels = _kernels()
+    kernels.second(x, vv, *kernels.plan_arrays(plan), *g, out.numpy(), *(j.numpy() for j in jv))
     jb, ja, jd = (_sum_to(j.reshape(*lead, n), t) for j, t in zip(jv, (gb, ga, gd)))
     return _sum_to(out.reshape(*lead, n, 3), xyz), jb, ja, jd
 

@@ -275,12 +275,7 @@ def build(
     NaN for an improper rotation) and a negative bond's atom NaN, in the inputs' dtype.
     ``trig_rows``: `trig` of ``angles`` and ``dihedrals`` where the caller made it (else made here).
     The same signature as every backend's ``build``."""
-    rows = (
-        pose.identity_rows(plan.topology.seed_root.size)
-        if rot is None
-        else pose.pose_rows(_np(rot), _np(tr), True)
-    )
-    cs = trig(_np(angles), _np(dihedrals)) if trig_rows is None else trig_rows
+    rows, cs = _pose_and_trig(plan, angles, dihedrals, rot, tr, trig_rows, nan=True)
     out = forward(plan.index, plan.starts, _np(bonds), cs, _np(fixed), rows, plan.width, plan.reach)
     return torch.from_numpy(out)
 
@@ -300,9 +295,7 @@ def build_vjp(
     of the inputs' dtype): ``(g_bonds, g_angles, g_dihedrals)`` ``(B, N)``, ``g_fixed`` ``(B, F, 3)``,
     ``g_rot``, ``g_tr`` (None without a pose; an improper rotation's component gets none). The same
     signature as every backend's ``build_vjp``."""
-    n_seeded = plan.topology.seed_root.size
-    rows = pose.identity_rows(n_seeded) if rot is None else pose.pose_rows(_np(rot), _np(tr), False)
-    cs = trig(_np(angles), _np(dihedrals)) if trig_rows is None else trig_rows
+    rows, cs = _pose_and_trig(plan, angles, dihedrals, rot, tr, trig_rows, nan=False)
     *grads, g_pose = backward(
         plan.index, plan.starts, _np(bonds), cs, _np(fixed), rows, _np(grad_xyz), plan.width, rot is not None
     )
@@ -311,3 +304,22 @@ def build_vjp(
         return gb, ga, gd, gf, None, None
     gp = torch.from_numpy(g_pose).to(bonds.dtype)
     return gb, ga, gd, gf, gp[..., :9].reshape(rot.shape), gp[..., 9:].reshape(tr.shape)
+
+
+def _pose_and_trig(
+    plan: Any,
+    angles: Tensor,
+    dihedrals: Tensor,
+    rot: Tensor | None,
+    tr: Tensor | None,
+    trig_rows: np.ndarray | None,
+    nan: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """What `build` and `build_vjp` hand the kernels besides the plan and the inputs: the pose rows
+    (`pose.pose_rows`, ``nan``: the forward's, an improper rotation's component NaN; the identity's
+    rows without a pose) and the trig array (``trig_rows`` where the caller kept one)."""
+    if rot is None or tr is None:
+        rows = pose.identity_rows(plan.topology.seed_root.size)
+    else:
+        rows = pose.pose_rows(_np(rot), _np(tr), nan)
+    return rows, trig(_np(angles), _np(dihedrals)) if trig_rows is None else trig_rows

@@ -69,7 +69,7 @@ _angle_args, _dihedral_args, _norm, _sub = (
     INLINED[k] for k in ("_angle_args", "_dihedral_args", "_norm", "_sub")
 )
 
-__all__ = ["angles", "forward", "internal", "internal_vjp", "second", "vjp"]
+__all__ = ["angles", "forward", "internal", "internal_vjp", "plan_arrays", "second", "vjp"]
 
 jit = numba.njit(cache=True)
 #: a row's accumulation, inlined into its sample loop (called, the 15 arguments of a call per row cost
@@ -479,7 +479,9 @@ def second(xyz, v, refs, hb, ha, hd, gb, ga, gd, out, jb, ja, jd):  # type: igno
 
 
 # ------------------------------------------------------------------ the fused engine's entry points
-def _plan_arrays(plan: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def plan_arrays(plan: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The inverse plan's ``refs``, ``has_bond``, ``has_angle``, ``has_dihedral`` as the kernels read
+    them (numpy views)."""
     return plan.refs.numpy(), plan.has_bond.numpy(), plan.has_angle.numpy(), plan.has_dihedral.numpy()
 
 
@@ -491,7 +493,7 @@ def internal(plan: Any, xyz: Tensor, scratch: np.ndarray | None = None) -> tuple
     m, n = xyz.shape[0], xyz.shape[1]
     bonds, angles_, dihedrals = (torch.empty(m, n, dtype=xyz.dtype) for _ in range(3))
     args = np.empty((4, m, n)) if scratch is None else scratch[: 4 * m * n].reshape(4, m, n)
-    forward(numpy_view(xyz), *_plan_arrays(plan), bonds.numpy(), args)
+    forward(numpy_view(xyz), *plan_arrays(plan), bonds.numpy(), args)
     angles(args, angles_.numpy(), dihedrals.numpy())  # vectorised atan2, wrapped into (-pi, pi]
     return bonds, angles_, dihedrals
 
@@ -502,5 +504,5 @@ def internal_vjp(plan: Any, xyz: Tensor, g_bonds: Tensor, g_angles: Tensor, g_di
     backend's ``internal_vjp``."""
     out = torch.empty(xyz.shape, dtype=xyz.dtype)
     g = (numpy_view(t) for t in (g_bonds, g_angles, g_dihedrals))
-    vjp(numpy_view(xyz), *_plan_arrays(plan), *g, out.numpy())
+    vjp(numpy_view(xyz), *plan_arrays(plan), *g, out.numpy())
     return out

@@ -603,8 +603,7 @@ def build_vjp(
         KernelError: a kernel failed to compile or to launch.
     """
     rows = device_rows(plan, bonds.device)
-    negative = bonds < 0
-    b = torch.where(negative, torch.nan, bonds)
+    b = nan_negative_bonds(bonds)
     y, saved = triton_build(rows, b, angles, dihedrals, fixed, return_saved=True, accumulate=plan.accumulate)  # type: ignore[misc]
     g_rot = g_tr = None
     if rot is not None and tr is not None:  # x = R y + t per component: the pose's vjp first
@@ -612,4 +611,4 @@ def build_vjp(
         grad_xyz, g_rot, g_tr = pull(grad_xyz)
     gb, ga, gd, gf = triton_vjp(rows, saved, b, angles, grad_xyz, fixed.shape[-2])
     gf = (gf if gf is not None else fixed.new_zeros(fixed.shape)).to(bonds.dtype)
-    return torch.where(negative, 0.0, gb), ga, gd, gf, g_rot, g_tr
+    return torch.where(bonds < 0, 0.0, gb), ga, gd, gf, g_rot, g_tr
