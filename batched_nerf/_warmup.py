@@ -118,14 +118,15 @@ def _backbone(n: int, dtype: torch.dtype) -> None:
     consts = np.zeros(7, values[0].dtype)
     index = np.zeros((3, _ATOMS), dtype=np.int64)
     count = np.full(n, _ATOMS, dtype=np.int64)
-    fixed = np.zeros((n, 0, 3), values[0].dtype)
+    first = np.zeros((0, 3), values[0].dtype)
     kernels = require("cpu")
     pose = kernels.pose.identity_rows(plan.topology.seed_root.size)
     kernels.gathered_trig(values, consts, index, index, count, index, n)
     source = (index, index, index)
-    kernels.gathered_forward(
-        values, consts, source, count, plan.index, plan.starts, fixed, pose, plan.width, plan.reach
-    )
+    for rows in (count, None):  # mixed lengths, all rows: the same compiled call
+        kernels.gathered_forward(
+            values, consts, source, rows, plan.index, plan.starts, first, pose, plan.width, plan.reach, n
+        )
     kernels.zero_past(np.zeros((n, _ATOMS, 3), values[0].dtype), count)
     kernels.zero_past(np.zeros((n, 3, _ATOMS), values[0].dtype).transpose(0, 2, 1), count)
 

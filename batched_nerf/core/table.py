@@ -47,6 +47,8 @@ __all__ = ["ConstructionTable"]
 
 _T = TypeVar("_T")
 _F = TypeVar("_F", bound=Callable[..., Any])
+#: The CPU device, made once (`ConstructionTable.plan` without a device).
+_CPU = torch.device("cpu")
 
 
 def outside_inference_mode(fn: _F) -> _F:
@@ -415,9 +417,12 @@ class ConstructionTable:
         Raises:
             ValueError: an unknown engine.
         """
-        device = torch.device("cpu" if device is None else device)
-        if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
-            device = torch.device("cuda", torch.cuda.current_device())
+        if device is None:  # the common call: no device made (cheaper on every call)
+            device = _CPU
+        else:
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" share plans
+                device = torch.device("cuda", torch.cuda.current_device())
         if block is not None:
             variant = block
         key = (kind, variant, device)

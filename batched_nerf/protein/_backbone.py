@@ -372,7 +372,7 @@ def _bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.
         source=(source, which, source - 3 * n_residues * which, fallback),
         consts=consts,
         defaults=(np.tile(angles, n_residues)[None], np.tile(bonds, n_residues)[None]),
-        first=first if fixed_first else None,
+        first=first if fixed_first else np.zeros((0, 3), dtype=first.dtype),
         pose=require("cpu").pose.identity_rows(table.plan("fused").topology.seed_root.size),
     )
 

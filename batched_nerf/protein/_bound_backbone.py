@@ -54,13 +54,13 @@ class Constants(NamedTuple):
     """What a bound build of one chain length, layout and dtype reads besides its inputs (numpy, read
     only): the chain table, the gather's positions (flat, block, column, fallback: ``(3, 3 L)``
     int64 each), its 7 constants, the default ``(1, 3 L)`` rows of angles and bonds, the fixed
-    first residue ``(3, 3)`` (None: seeds) and the kernels' pose rows (no pose)."""
+    first residue ``(3, 3)`` (``(0, 3)``: seeds) and the kernels' pose rows (no pose)."""
 
     table: ConstructionTable
     source: tuple[np.ndarray, ...]
     consts: np.ndarray
     defaults: tuple[np.ndarray, np.ndarray]
-    first: np.ndarray | None
+    first: np.ndarray
     pose: np.ndarray
 
 
@@ -176,21 +176,21 @@ def bound_build(
     like = values[0]
     batch, n_res = like.shape[:-2], like.shape[-2]
     m = math.prod(batch)
-    arrays = [constants.defaults[k - 1] if v is None else _rows(v.detach(), m) for k, v in enumerate(values)]
-    fixed = np.empty((m, 0 if constants.first is None else 3, 3), dtype=arrays[0].dtype)
-    if constants.first is not None:
-        fixed[:] = constants.first
+    arrays = [constants.defaults[k - 1] if v is None else _rows(v, m) for k, v in enumerate(values)]
     rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
     if torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in values):
+        fixed = np.empty((m, *constants.first.shape), dtype=arrays[0].dtype)
+        fixed[:] = constants.first
         return BACKBONE.apply(*values, Bound(constants, arrays, fixed, shape, rows), reference)
-    # nothing to differentiate: the forward alone (one compiled call where it can), no autograd node
+    # nothing to differentiate: the forward alone (one compiled call where it can, which also makes
+    # its arrays), no autograd node
     p = constants.table.plan("fused")
     out = require("cpu").gathered_forward(  # atoms past a chain's length written as zeros
-        tuple(arrays), constants.consts, constants.source[1:], _atom_rows(constants, m, rows), p.index,
-        p.starts, fixed, constants.pose, p.width, p.reach,
+        tuple(arrays), constants.consts, constants.source[1:], None if rows is None else 3 * rows,
+        p.index, p.starts, constants.first, constants.pose, p.width, p.reach, m,
     )  # fmt: skip
-    return torch.from_numpy(out).view(shape)
+    return torch.from_numpy(out.reshape(shape))
 
 
 def _atom_rows(constants: Constants, m: int, count: np.ndarray | None) -> np.ndarray:
@@ -202,10 +202,11 @@ def _atom_rows(constants: Constants, m: int, count: np.ndarray | None) -> np.nda
 
 def _rows(value: Tensor, m: int) -> np.ndarray:
     """``(m, K)`` C-contiguous rows of ``value`` ``(*batch, L, 3)``, or ``(1, K)`` where every sample
-    reads the same values (a broadcast: no copy)."""
-    lead = value.ndim - 2
-    if lead and not any(value.stride()[:lead]):
-        value = value[(0,) * lead]
+    reads the same values (a broadcast: no copy). In numpy from the first step: a torch call right
+    after other work costs several times a numpy one, cold."""
+    x = value.detach().numpy()
+    lead = x.ndim - 2
+    if lead and not any(x.strides[:lead]):
+        x = x[(0,) * lead]
         m = 1
-    t = value.reshape(m, -1)
-    return (t if t.is_contiguous() else t.contiguous()).numpy()
+    return np.ascontiguousarray(x.reshape(m, -1))

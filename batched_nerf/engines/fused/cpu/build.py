@@ -157,54 +157,69 @@ def zero_past(x, count):
                 x[i, j, k] = 0.0
 
 
+#: `_gathered_blocks`'s ``count`` for every row of every sample.
+_EVERY = np.zeros(0, dtype=np.int64)
+
+
 @njit(cache=True)
-def _gathered_blocks(values, consts, which, column, count, fallback, bonds, trig, p, starts, fixed, pose, out, rows, mask):  # noqa: E501  # fmt: skip
+def _gathered_blocks(values, consts, which, column, count, fallback, first, p, starts, pose, rows, mask, m):
     """`gathered_trig`, the blocked forward and `zero_past`, on the calling thread: one call (no
-    Python between the passes)."""
-    _gathered_items(0, 1, values, consts, which, column, count, fallback, bonds, trig)
-    _blocks_items(0, 1, p, starts, bonds, trig, fixed, pose, out, rows, mask)
+    Python between the passes, and the arrays made here: every numpy call costs a call right after
+    other work tens of microseconds, cold). Returns the ``(m, n, 3)`` positions."""
+    n, dtype = which.shape[1], values[0].dtype
+    if count.size == 0:  # every row
+        count = np.full(m, n, np.int64)
+    fixed = np.empty((m, first.shape[0], 3), dtype)
+    for i in range(m):
+        fixed[i] = first
+    bonds, trig_rows, out = np.empty((m, n), dtype), np.empty((4, m, n)), np.empty((m, n, 3), dtype)
+    _gathered_items(0, 1, values, consts, which, column, count, fallback, bonds, trig_rows)
+    _blocks_items(0, 1, p, starts, bonds, trig_rows, fixed, pose, out, rows, mask)
     zero_past(out, count)
+    return out
 
 
 def gathered_forward(
     values: tuple[np.ndarray, np.ndarray, np.ndarray],
     consts: np.ndarray,
     source: tuple[np.ndarray, np.ndarray, np.ndarray],
-    count: np.ndarray,
+    count: np.ndarray | None,
     index: np.ndarray,
     starts: np.ndarray,
-    fixed: np.ndarray,
+    first: np.ndarray,
     pose: np.ndarray,
     width: int,
     reach: int,
+    n_samples: int,
 ) -> np.ndarray:
     """Positions ``(m, N, 3)`` of atom rows gathered from per-sample values: `gathered_trig` (its
     ``values``, ``consts``, ``count``; ``source`` its ``which``, ``column``, ``fallback``) then
-    `forward` (the plan's ``index``, ``starts``, ``width``, ``reach``; ``fixed``, ``pose``), the
-    same bits, then the rows at or past ``count`` written as zeros (`zero_past`). A call that runs
-    on the calling thread in the blocked layout takes one compiled call for all three (a call
-    right after other work pays for each entry into compiled code and each Python step between
-    them, cold)."""
+    `forward` (the plan's ``index``, ``starts``, ``width``, ``reach``; ``pose``; every sample's
+    fixed positions ``first`` ``(F, 3)`` of the values' dtype, ``F`` the plan's fixed atoms, 0 ok),
+    the same bits, then the rows at or past ``count`` written as zeros (`zero_past`). ``count``:
+    ``(m,)`` int64 rows of each sample, None for all; ``m`` is ``n_samples``. A call that runs on
+    the calling thread in the blocked layout takes one compiled call for all three (a call right
+    after other work pays for each entry into compiled code and each Python step between them,
+    cold)."""
     which, column, fallback = source
-    m, n = count.shape[0], which.shape[1]
+    m, n = n_samples, which.shape[1]
     n_units = starts.size - 1
 
-    def separately(out: np.ndarray | None = None) -> np.ndarray:  # the two passes: the same bits
-        bonds, trig_rows = gathered_trig(values, consts, which, column, count, fallback, m)
-        built = forward(index, starts, bonds, trig_rows, fixed, pose, width, reach, out)
-        zero_past(built, count)
+    def separately() -> np.ndarray:  # the two passes: the same bits
+        rows = np.full(m, n, dtype=np.int64) if count is None else count
+        fixed = np.empty((m, *first.shape), dtype=first.dtype)
+        fixed[:] = first
+        bonds, trig_rows = gathered_trig(values, consts, which, column, rows, fallback, m)
+        built = forward(index, starts, bonds, trig_rows, fixed, pose, width, reach)
+        zero_past(built, rows)
         return built
 
     if _threads(m, n_units, n) > 1 or not _blocked(m, width, n_units, 1, FORWARD_MAX_WIDTH):
         return separately()
-    dtype = values[0].dtype
-    bonds, trig_rows = np.empty((m, n), dtype=dtype), np.empty((4, m, n))
-    out = np.empty((m, n, 3), dtype=dtype)
     rows, mask = _ring(reach, width)
-    args = (values, consts, which, column, count, fallback, bonds, trig_rows)
-    args += (index, starts, fixed, pose, out, rows, mask)
-    tiers.run(_gathered_blocks, args, dtype, lambda: separately(out))  # until it may run (`tiers`)
-    return out
+    every = _EVERY if count is None else count
+    args = (values, consts, which, column, every, fallback, first, index, starts, pose, rows, mask, m)
+    return tiers.run(_gathered_blocks, args, values[0].dtype, separately)  # until it may run (`tiers`)
 
 
 def backward(

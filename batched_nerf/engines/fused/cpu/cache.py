@@ -274,7 +274,8 @@ def describe(dispatcher: Any, args: Any) -> str:
     else:
         part = "forward"
     plain = module in ("trig", "pose")  # one layout only
-    layout = "blocked, " if module.endswith("blocks") else "" if plain else "per sample, "
+    blocked = module.endswith("blocks") or low.endswith("_blocks")
+    layout = "blocked, " if blocked else "" if plain else "per sample, "
     if "parallel" in low or low.endswith("_par") or "by_sample" in low or low.endswith("_rows"):
         layout += "threaded, "
     text = " ".join(str(a) for a in args)

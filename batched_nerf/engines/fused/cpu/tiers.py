@@ -163,11 +163,10 @@ def timed(kernel: Any, dtype: Any, run: Callable[[], Any]) -> Any:
                 _state[key] = state + time.perf_counter() - t0
 
 
-def run(kernel: Any, args: tuple[Any, ...], dtype: Any, per_sample: Callable[[], Any]) -> None:
+def run(kernel: Any, args: tuple[Any, ...], dtype: Any, per_sample: Callable[[], Any]) -> Any:
     """``kernel(*args)`` (a blocked kernel the dispatch rule picked, on arrays of float ``dtype``)
     where it is `ready`, else ``per_sample()`` (the same call on the per-sample kernels),
-    `timed`."""
+    `timed`; what the call returns."""
     if ready(kernel, args, dtype):
-        kernel(*args)
-    else:
-        timed(kernel, dtype, per_sample)
+        return kernel(*args)
+    return timed(kernel, dtype, per_sample)
