@@ -135,6 +135,70 @@ def test_a_declared_fallback_guards_every_kernel_call(monkeypatch: pytest.Monkey
         KernelOp("NoReference", kernel=broken, fallback=lambda scale: True, module=__name__, doc="t")
 
 
+def test_call_routes_by_the_gate_with_the_declared_buffers() -> None:
+    """``call``: nothing to differentiate runs the kernel alone (no graph) with the buffers borrowed
+    for the call (``keep=False``); a kept gradient, a ``torch.func`` transform or a forward-mode
+    tangent take the Function (``keep=True``), whose values and derivatives are the reference's."""
+    seen: list[tuple[bool, object]] = []
+
+    def buffers(keep: bool, args: tuple, use):  # type: ignore[no-untyped-def]
+        x, w, _ = args
+        seen.append((keep, use))
+        return use(x, w, 3.0)  # the "buffer": the constant the kernel gets
+
+    op = KernelOp(
+        "Buffered", kernel=_kernel, reference=_reference, vmap=lead, buffers=buffers, module=__name__, doc="t"
+    )
+    x = torch.randn(5, dtype=F64)
+    CALLS.clear()
+    out = op.call(x, None, 0.0)
+    assert seen == [(False, op.run)] and CALLS == ["kernel"] and out.grad_fn is None
+    torch.testing.assert_close(out, _reference(x, None, 3.0), rtol=0, atol=0)
+    seen.clear()
+    xg = x.clone().requires_grad_()
+    out = op.call(xg, None, 0.0)
+    assert seen == [(True, op.apply)] and type(out.grad_fn).__name__ == "BufferedBackward"
+    (g,) = torch.autograd.grad(out.sum(), xg)
+    torch.testing.assert_close(g, 3.0 * torch.cos(x))
+    with torch.no_grad():
+        seen.clear()
+        op.call(xg, None, 0.0)  # no graph under no_grad
+        assert seen == [(False, op.run)]
+    seen.clear()
+    jac = torch.func.jacrev(lambda y: op.call(y, None, 0.0))(x)  # a transform: the Function's rules
+    assert seen and all(keep for keep, _ in seen)
+    torch.testing.assert_close(jac, torch.diag(3.0 * torch.cos(x)))
+    seen.clear()
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        tangent = torch.autograd.forward_ad.unpack_dual(op.call(dual, None, 0.0)).tangent
+    assert seen == [(True, op.apply)]
+    torch.testing.assert_close(tangent, 3.0 * torch.cos(x))
+
+
+def test_call_with_transforms_reference_runs_the_reference_under_transforms() -> None:
+    """``transforms="reference"``: under a ``torch.func`` transform or a forward-mode tangent `call`
+    runs the reference itself (no kernel, no Function); the other routes as before."""
+    op = KernelOp(
+        "Direct", kernel=_kernel, reference=_reference, transforms="reference", module=__name__, doc="t"
+    )
+    x = torch.randn(4, dtype=F64)
+    CALLS.clear()
+    jac = torch.func.jacrev(lambda y: op.call(y, None, 2.0))(x)
+    torch.testing.assert_close(jac, torch.diag(2.0 * torch.cos(x)))
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        tangent = torch.autograd.forward_ad.unpack_dual(op.call(dual, None, 2.0)).tangent
+    torch.testing.assert_close(tangent, 2.0 * torch.cos(x))
+    assert CALLS == []  # the reference both times
+    out = op.call(x.requires_grad_(), None, 2.0)
+    assert CALLS == ["kernel"] and type(out.grad_fn).__name__ == "DirectBackward"
+    for bad in ({"transforms": "torch"}, {"transforms": "reference", "reference": None}):
+        kwargs = {"kernel": _kernel, "reference": _reference, "module": __name__, "doc": "t", **bad}
+        with pytest.raises(TypeError, match="transforms must be 'function' or 'reference'"):
+            KernelOp("Bad", **kwargs)  # type: ignore[arg-type]
+
+
 def _take(x: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
     return x.index_select(-1, index)
 

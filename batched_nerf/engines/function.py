@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from ..runtime import gate
 from ..runtime.gate import transformed
 from ..runtime.torch_compat import UNWRAP_DEAD_WRAPPERS as _unwrap
 from ..runtime.torch_compat import forward_ad_level, forward_grad_on
@@ -178,6 +179,13 @@ class KernelOp:
       every kernel call, with or without a graph (`run`), goes through `gpu_policy.guarded`: a
       kernel that fails to compile or launch (`KernelError`) gives ``reference``'s outputs (warning
       once) where the call may fall back, and the error where it may not.
+    * the gate and the work buffers: `call` routes a call by the one gate (`gate.route`): nothing to
+      differentiate runs `run` (no graph), a gradient to keep `apply` (the Function), and a
+      ``torch.func`` transform (around the call or on an input) or a forward-mode tangent `apply`
+      too (the rules above serve it) or, with ``transforms="reference"``, the reference itself.
+      ``buffers(keep, args, use)`` declares the work buffers: it returns ``use(*args')``, ``args'``
+      the call's arguments with its buffers among the constants, borrowed for the length of the
+      call where ``keep`` is False (`run`) or kept with the graph where it is True (`apply`).
 
     An op without ``reference`` or ``jvp`` has no forward mode, and one without ``vmap`` no vmap
     rule (torch says so when asked).
@@ -194,12 +202,20 @@ class KernelOp:
         jvp: Callable[..., Any] | None = None,
         vmap: Callable[..., Any] | None = None,
         fallback: Callable[..., bool] | None = None,
+        buffers: Callable[..., Any] | None = None,
+        transforms: str = "function",
         module: str,
         doc: str,
     ) -> None:
         self.name, self.kernel, self.reference, self.consts = name, kernel, reference, consts
         if fallback is not None and reference is None:
             raise TypeError(f"KernelOp {name}: a fallback needs a reference to fall back to")
+        if transforms not in ("function", "reference") or (transforms == "reference" and reference is None):
+            raise TypeError(
+                f"KernelOp {name}: transforms must be 'function' or 'reference' (with a reference), "
+                f"got {transforms!r}"
+            )
+        direct = transforms == "reference"
 
         def run(*args: Any) -> Any:
             if fallback is None:
@@ -268,7 +284,23 @@ class KernelOp:
         #: the ``autograd.Function`` of this op (a graph's nodes read ``<name>Backward``)
         self.function: type[Function] = type(name, (Function,), attrs)
         #: ``apply(*tensors, *consts)``: the op, recorded for autograd where a gradient is kept
-        self.apply = self.function.apply
+        self.apply = apply = self.function.apply
+
+        def call(*args: Any) -> Any:
+            tensors = [t for t in args[: len(args) - consts] if t is not None]
+            if direct:  # the reference under transforms: the whole route
+                route = gate.route(*tensors)
+                if route == gate.REFERENCE:
+                    return reference(*args)  # type: ignore[misc]
+                plain = route == gate.PLAIN
+            else:  # the Function serves both other routes: the gradient test alone where one is kept;
+                # inside a transform the Function too (torch's apply sees to tensors it wrapped)
+                plain = gate.plain(*tensors) and not transformed()
+            use = run if plain else apply
+            return use(*args) if buffers is None else buffers(not plain, args, use)
+
+        #: ``call(*tensors, *consts)``: the op routed by the gate, with its work buffers (class docstring)
+        self.call = call
 
     def __repr__(self) -> str:
         return f"KernelOp({self.name})"

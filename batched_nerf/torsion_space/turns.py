@@ -244,6 +244,7 @@ TURN = KernelOp(
     reference=_turned_torch,
     vjp=lambda primals, grads, plan: TURN_VJP.apply(*primals, *grads, plan),
     vmap=lead,
+    transforms="reference",
     module=__name__,
     doc="The rigid turns of rotatable bonds' sides (`TURN`).",
 )
@@ -266,9 +267,4 @@ def turned(xyz: Tensor, tau: Tensor, plan: TurnPlan) -> Tensor:
     ``torch.func`` transforms, forward mode, ``torch.compile`` and elsewhere."""
     if not (gate.kernel_inputs(xyz, tau) and available("cpu")):
         return _turned_torch(xyz, tau, plan)
-    route = gate.route(xyz, tau)
-    if route == gate.PLAIN:
-        return _turn_kernel(xyz, tau, plan)
-    if route == gate.FUNCTION:
-        return TURN.apply(xyz, tau, plan)
-    return _turned_torch(xyz, tau, plan)
+    return TURN.call(xyz, tau, plan)

@@ -40,6 +40,7 @@ engine builds directly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -251,7 +252,8 @@ class Turns:
         return cls(cs, held)
 
 
-_NO_TURNS = Turns(None)
+#: No trig array: the kernels make their own.
+NO_TURNS = Turns(None)
 
 
 def _forward_kernel(
@@ -262,7 +264,7 @@ def _forward_kernel(
     rot: Tensor | None,
     tr: Tensor | None,
     plan: FusedPlan,
-    turns: Turns = _NO_TURNS,
+    turns: Turns = NO_TURNS,
 ) -> Tensor:
     """The forward kernel of the inputs' device: its backend's ``build`` (every backend takes the same
     arguments: `cpu.build.build`, `cuda.build.build`)."""
@@ -278,7 +280,7 @@ def _backward_kernel(
     tr: Tensor | None,
     g: Tensor,
     plan: FusedPlan,
-    turns: Turns = _NO_TURNS,
+    turns: Turns = NO_TURNS,
 ) -> tuple[Tensor | None, ...]:
     """The backward kernel of the inputs' device (its backend's ``build_vjp``): gradients of
     ``sum(g * xyz)`` with respect to ``b, a, d, f`` and, where a pose is given, ``rot, tr``."""
@@ -313,7 +315,7 @@ def _reference_build(
     rot: Tensor | None,
     tr: Tensor | None,
     plan: FusedPlan,
-    turns: Turns = _NO_TURNS,
+    turns: Turns = NO_TURNS,
 ) -> Tensor:
     """The reference engine's build of ``(B, N)`` inputs (``f``: ``(B, F, 3)``), then the pose where
     given: differentiable torch."""
@@ -331,7 +333,7 @@ def _reference_vjp(
     tr: Tensor | None,
     g: Tensor,
     plan: FusedPlan,
-    turns: Turns = _NO_TURNS,
+    turns: Turns = NO_TURNS,
 ) -> tuple[Tensor | None, ...]:
     """Gradients of ``sum(g * build)`` with respect to ``b, a, d, f`` (and ``rot, tr`` where given)."""
     tensors = (b, a, d, f, rot, tr)
@@ -341,9 +343,24 @@ def _reference_vjp(
     return vjp(g)
 
 
+def _trig_buffer(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) -> Tensor:
+    """`FUSED_BUILD`'s work buffer: the `trig` array of the angles and dihedrals, where the device's
+    kernels read one (`KernelOp`'s ``buffers``). Kept for the backward (``keep``: leased from the
+    table's workspace to the graph; none for ``torch.func`` wrappers, whose rules make their own),
+    else borrowed for the call."""
+    b, a, d, f, rot, tr, plan, _ = args
+    if not require(b.device.type).READS_TRIG:
+        return use(*args)
+    if keep:
+        turns = NO_TURNS if gate.wrapped(a, d) else Turns.kept(plan.topology, _np(a), _np(d))
+        return use(b, a, d, f, rot, tr, plan, turns)
+    with workspace.borrowed(plan.topology, 4 * a.numel()) as buf:  # nothing keeps it
+        return use(b, a, d, f, rot, tr, plan, NO_TURNS if buf is None else Turns(trig(a, d, buf)))
+
+
 def _no_turns(consts: tuple[Any, ...]) -> tuple[Any, ...]:
     """The constants of a vmapped call: the kept trig array was for the unbatched shapes."""
-    return (consts[0], _NO_TURNS)
+    return (consts[0], NO_TURNS)
 
 
 #: ``(B, N)`` bonds, angles, dihedrals, ``(B, F, 3)`` fixed positions and the pose (``(B, S, 3, 3)``
@@ -359,6 +376,7 @@ FUSED_BUILD = KernelOp(
     ),
     vmap=fold(_no_turns),
     fallback=lambda plan, turns: plan.fallback,
+    buffers=_trig_buffer,
     module=__name__,
     doc="The fused forward kernel (`FUSED_BUILD`).",
 )
@@ -415,23 +433,7 @@ def build_fused(
     if pose is not None:
         s = plan.topology.seed_root.size
         rot, tr = pose[0].reshape(m, s, 3, 3), pose[1].reshape(m, s, 3)
-    if gate.plain(
-        b, a, d, f, *(() if rot is None else (rot, tr))
-    ):  # else the Function serves grad and transforms
-        if not require(b.device.type).READS_TRIG:
-            return FUSED_BUILD.run(b, a, d, f, rot, tr, plan, _NO_TURNS).reshape(*batch, n, 3)
-        with workspace.borrowed(plan.topology, 4 * m * n) as buf:  # nothing keeps the trig array
-            turns = _NO_TURNS if buf is None else Turns(trig(a, d, buf))
-            return FUSED_BUILD.run(b, a, d, f, rot, tr, plan, turns).reshape(*batch, n, 3)
-    return FUSED_BUILD.apply(b, a, d, f, rot, tr, plan, _turns(plan, a, d)).reshape(*batch, n, 3)
-
-
-def _turns(plan: FusedPlan, a: Tensor, d: Tensor) -> Turns:
-    """The forward's `trig` array, made here to keep for the backward (kernels that read one, plain
-    tensors), in a buffer leased from the table's workspace."""
-    if not require(a.device.type).READS_TRIG or gate.wrapped(a, d):
-        return _NO_TURNS
-    return Turns.kept(plan.topology, _np(a), _np(d))
+    return FUSED_BUILD.call(b, a, d, f, rot, tr, plan, NO_TURNS).reshape(*batch, n, 3)
 
 
 def _takes_pose(bonds: Tensor) -> bool:

@@ -31,13 +31,16 @@ import dataclasses
 import functools
 import importlib
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..._geometry import batch_shape
+from ...runtime import gate
 from ...runtime.torch_compat import forward_mode_levels
 from .. import backends
 from ..function import KernelOp, lead
@@ -173,7 +176,7 @@ def internal_from_xyz(plan: InversePlan, xyz: Tensor, fallback: bool = False) ->
     """
     if fallback:
         plan = _FallbackPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
-    return InternalCoordinates(*FUSED_INTERNAL.apply(xyz, plan))
+    return InternalCoordinates(*FUSED_INTERNAL.call(xyz, plan, None))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,17 +207,24 @@ def _backend(xyz: Tensor) -> ModuleType:
     return gpu if gpu is not None else _kernels()
 
 
-def _forward(xyz: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(xyz: Tensor, plan: InversePlan, scratch: np.ndarray | None) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["forward"] += 1
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
-    m, kernels = math.prod(lead), _backend(xyz)
+    kernels = _backend(xyz)
     x = _rows(xyz, lead, (n, 3), xyz.dtype)
-    if xyz.device.type != "cpu":
-        out = kernels.internal(plan, x)
-    else:  # the atan2 arguments (a CPU kernel's scratch), in a buffer kept with the plan
-        with workspace.borrowed(plan.refs, 4 * m * n) as buf:
-            out = kernels.internal(plan, x, buf)
+    out = kernels.internal(plan, x) if xyz.device.type != "cpu" else kernels.internal(plan, x, scratch)
     return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
+
+
+def _scratch(keep: bool, args: tuple[Any, ...], use: Callable[..., Any]) -> Any:
+    """`FUSED_INTERNAL`'s work buffer (`KernelOp`'s ``buffers``): the CPU kernel's ``atan2`` arguments,
+    ``4 B N`` float64, borrowed from the table's workspace for the call in either route (only the
+    forward kernel reads them; none for ``torch.func`` wrappers, whose rules call with other shapes)."""
+    xyz, plan, _ = args
+    if xyz.device.type != "cpu" or (keep and gate.wrapped(xyz)):
+        return use(*args)
+    with workspace.borrowed(plan.refs, 4 * (xyz.numel() // 3)) as buf:
+        return use(xyz, plan, buf)
 
 
 def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
@@ -257,7 +267,7 @@ def _sum_to(t: Tensor, like: Tensor) -> Tensor:
 # --------------------------------------------------------------------------
 
 
-def _ref(x: Tensor, plan: InversePlan) -> tuple[Tensor, Tensor, Tensor]:
+def _ref(x: Tensor, plan: InversePlan, *_: Any) -> tuple[Tensor, Tensor, Tensor]:
     return tuple(torch_internal_from_xyz(plan, x))  # type: ignore[return-value]
 
 
@@ -279,28 +289,33 @@ def _ref_second(
 # --------------------------------------------------------------------------
 
 
-def _may_fall_back(plan: InversePlan) -> bool:
+def _may_fall_back(plan: InversePlan, *_: Any) -> bool:
     """Whether a failed Triton kernel of this call falls back to the torch engine (``method="auto"``)."""
     return isinstance(plan, _FallbackPlan)
 
 
-def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: InversePlan) -> Any:
+def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: InversePlan, *_: Any) -> Any:
     """``J t`` of `FUSED_INTERNAL`: the second-order kernel's second output, with ``g = 0``."""
     (xyz,), (t,) = primals, tangents
     zero = xyz.new_zeros(()).expand(xyz.shape[:-1])
     return FUSED_INTERNAL_SECOND.apply(xyz, zero, zero, zero, t, plan)[1:]
 
 
-#: ``(xyz, plan) -> (bonds, angles, dihedrals)`` with the forward kernel; its backward is
-#: `FUSED_INTERNAL_VJP`, its forward mode the second-order kernel's ``J t``.
+#: ``(xyz, plan, scratch) -> (bonds, angles, dihedrals)`` with the forward kernel (``scratch``: its work
+#: buffer, `_scratch`); its backward is `FUSED_INTERNAL_VJP`, its forward mode the second-order
+#: kernel's ``J t``.
 FUSED_INTERNAL = KernelOp(
     "FusedInternal",
     kernel=_forward,
     reference=_ref,
-    vjp=lambda primals, grads, plan: (_sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan), primals[0]),),
+    consts=2,
+    vjp=lambda primals, grads, plan, _: (
+        _sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan), primals[0]),
+    ),
     jvp=_internal_jvp,
     vmap=lead,
     fallback=_may_fall_back,
+    buffers=_scratch,
     module=__name__,
     doc="The fused inverse's forward kernel (`FUSED_INTERNAL`).",
 )

@@ -24,7 +24,6 @@ path: `serves` says no and the caller takes the general one.
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -47,7 +46,7 @@ from ...runtime.state import (
 from ..backends import available, require
 from ..function import KernelOp
 from . import workspace
-from .build import FUSED_VJP, FusedPlan, Turns
+from .build import FUSED_VJP, NO_TURNS, FusedPlan, Turns
 
 __all__ = ["POOL", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
@@ -257,7 +256,8 @@ class TorsionBuild:
         hold ``K`` values together, in order (radians); differentiable. Call only where
         `serves` holds.
 
-        The dihedrals are scratch (read by the trig pass) in a borrowed workspace buffer; the trig array
+        `TORSION_BUILD` routes the call (`KernelOp.call`) with its work buffers (`_trig_buffers`): the
+        dihedrals are scratch (read by the trig pass) in a borrowed workspace buffer; the trig array
         is borrowed too, or leased to the graph where it is kept for the backward (`workspace`).
 
         Example:
@@ -267,21 +267,9 @@ class TorsionBuild:
             >>> bn.protein.build("GA", phi, psi).xyz.shape  # through a TorsionBuild of t
             torch.Size([10, 3])
         """
-        first = parts[0]
         if batch is None:
-            batch = tuple(first.shape[:-1])
-        m = math.prod(batch)
-        owner = self.kernel_plan.topology
-        dtype = np.dtype(_NP[first.dtype])
-        with workspace.borrowed(owner, m * self.n_out, dtype) as scratch:
-            d = self.dihedrals(parts, m, scratch)
-            angles = self.arrays(dtype, m)[1]
-            if torch.is_grad_enabled() and any(x.requires_grad for x in parts):  # the trig array is kept
-                out = TORSION_BUILD.apply(*parts, self, Turns.kept(owner, angles, d))
-            else:
-                with workspace.borrowed(owner, 4 * m * self.n_out) as buf:
-                    out = torch.from_numpy(self.forward(dtype, require("cpu").trig(angles, d, buf)))
-        return out.view(*batch, self.n_out, 3)
+            batch = tuple(parts[0].shape[:-1])
+        return TORSION_BUILD.call(*parts, self, NO_TURNS).view(*batch, self.n_out, 3)
 
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
         """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
@@ -360,6 +348,22 @@ def _split(flat: Any, parts: tuple[Tensor, ...]) -> list[Tensor]:
     return out
 
 
+def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) -> Tensor:
+    """`TORSION_BUILD`'s work buffers (`KernelOp`'s ``buffers``): the dihedrals (scratch, read by the
+    trig pass) borrowed for the call; the trig array kept for the backward (``keep``: leased from the
+    table's workspace to the graph) or borrowed too."""
+    *parts, tb, _ = args
+    m = sum(x.numel() for x in parts) // tb.n_values
+    owner, dtype = tb.kernel_plan.topology, np.dtype(_NP[parts[0].dtype])
+    with workspace.borrowed(owner, m * tb.n_out, dtype) as scratch:
+        d = tb.dihedrals(parts, m, scratch)
+        angles = tb.arrays(dtype, m)[1]
+        if keep:
+            return use(*parts, tb, Turns.kept(owner, angles, d))
+        with workspace.borrowed(owner, 4 * m * tb.n_out) as buf:
+            return use(*parts, tb, Turns(require("cpu").trig(angles, d, buf)))
+
+
 def _torsion_kernel(*args: Any) -> Tensor:
     """``(*parts, tb, turns)`` -> ``(m, n_out, 3)``: the forward kernel on the kept trig array."""
     *parts, tb, turns = args
@@ -390,13 +394,14 @@ def _torsion_vjp(
 
 
 #: ``(*parts, tb, turns)`` -> ``(m, n_out, 3)`` positions of a `TorsionBuild` from the values' trig
-#: array (``turns``, made by the caller). No reference: forward mode and ``torch.func`` never take
-#: this path (`serves`).
+#: array (``turns``: `NO_TURNS` in a call, `_trig_buffers` makes it). No reference: forward mode and
+#: ``torch.func`` never take this path (`serves`).
 TORSION_BUILD = KernelOp(
     "TorsionFn",
     kernel=_torsion_kernel,
     consts=2,
     vjp=_torsion_vjp,
+    buffers=_trig_buffers,
     module=__name__,
     doc="The bound torsion build (`TORSION_BUILD`).",
 )
