@@ -286,24 +286,37 @@ class KernelOp:
         #: ``apply(*tensors, *consts)``: the op, recorded for autograd where a gradient is kept
         self.apply = apply = self.function.apply
 
-        def call(*args: Any) -> Any:
-            tensors = [t for t in args[: len(args) - consts] if t is not None]
-            if direct:  # the reference under transforms: the whole route
-                route = gate.route(*tensors)
-                if route == gate.REFERENCE:
-                    return reference(*args)  # type: ignore[misc]
-                plain = route == gate.PLAIN
-            else:  # the Function serves both other routes: the gradient test alone where one is kept;
-                # inside a transform the Function too (torch's apply sees to tensors it wrapped)
-                plain = gate.plain(*tensors) and not transformed()
-            use = run if plain else apply
-            return use(*args) if buffers is None else buffers(not plain, args, use)
-
         #: ``call(*tensors, *consts)``: the op routed by the gate, with its work buffers (class docstring)
-        self.call = call
+        self.call = _routed(run, apply, reference if direct else None, consts, buffers)
 
     def __repr__(self) -> str:
         return f"KernelOp({self.name})"
+
+
+def _routed(
+    run: Callable[..., Any],
+    apply: Callable[..., Any],
+    reference: Callable[..., Any] | None,
+    consts: int,
+    buffers: Callable[..., Any] | None,
+) -> Callable[..., Any]:
+    """`KernelOp.call`: ``run`` or ``apply`` as the gate routes the call, through ``buffers`` where
+    declared; ``reference`` (an op declared ``transforms="reference"``) serves the reference route."""
+
+    def call(*args: Any) -> Any:
+        tensors = [t for t in args[: len(args) - consts] if t is not None]
+        if reference is not None:  # the reference under transforms: the whole route
+            route = gate.route(*tensors)
+            if route == gate.REFERENCE:
+                return reference(*args)
+            plain = route == gate.PLAIN
+        else:  # the Function serves both other routes: the gradient test alone where one is kept;
+            # inside a transform the Function too (torch's apply sees to tensors it wrapped)
+            plain = gate.plain(*tensors) and not transformed()
+        use = run if plain else apply
+        return use(*args) if buffers is None else buffers(not plain, args, use)
+
+    return call
 
 
 def _primals(ctx: Any) -> tuple[Any, ...]:
