@@ -344,3 +344,26 @@ def test_a_corrupt_cache_file_is_a_miss_recompiled_and_named(
     assert str(path) in record.getMessage() and "compiles again" in record.getMessage()
     again = _toy(tmp_path, 2)  # the compile overwrote the file: a hit
     assert again(1.0) == 2.0 and sum(again.stats.cache_hits.values()) == 1
+
+
+@pytest.mark.skipif(torch.__version__ < "2.4", reason="torch < 2.4 imports torch._dynamo early on purpose")
+def test_import_does_not_load_dynamo() -> None:
+    """``import batched_nerf`` leaves ``torch._dynamo`` unloaded (about 2 s here, which a
+    ``torch.compiler.disable`` at class definition paid on every import); a plan made once it is
+    loaded wraps the eager plan maker then, so that a later compile meets it wrapped."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import batched_nerf as bn
+        from batched_nerf.core import table
+        assert "torch._dynamo" not in sys.modules, "imported by batched_nerf"
+        bn.ConstructionTable.chain(4).plan("scan")
+        assert not table._EAGER
+        import torch._dynamo
+        bn.ConstructionTable.chain(5).plan("scan")
+        assert "make_plan" in table._EAGER
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr

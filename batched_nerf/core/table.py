@@ -39,7 +39,7 @@ from .. import engines
 from ..engines.compose import worth_composing
 from ..engines.dispatch import single_path
 from ..runtime.state import state_of
-from ..runtime.torch_compat import clear_transforms, current_level, no_functorch
+from ..runtime.torch_compat import clear_transforms, current_level, dynamo_loaded, no_functorch
 from ..topology.analysis import FULL, THIRD, Topology, analyse
 from ..topology.auto import refs_from_connectivity, refs_from_xyz
 
@@ -433,15 +433,15 @@ class ConstructionTable:
             return cached
         if kind not in engines.ENGINES:
             raise ValueError(f"unknown plan kind {kind!r}; expected one of {tuple(engines.ENGINES)}")
+        if torch.compiler.is_compiling():  # numpy work: eagerly, a graph break (`_eager_make_plan`)
+            return _eager_make_plan()(self, kind, variant, device)
+        if dynamo_loaded():  # a compile may come: wrapped now, where it costs nothing
+            _eager_make_plan()
         return self._make_plan(kind, variant, device)
 
-    @_eager(
-        "a table's plan is made on its first use, in numpy: "
-        "call table.prepare(device) before compiling with fullgraph=True"
-    )
     def _make_plan(self, kind: str, variant: int, device: torch.device) -> Any:
         """Plan ``(kind, variant, device)`` made and kept: numpy work, run eagerly also when
-        ``torch.compile`` traces the caller (a graph break on a table's first use)."""
+        ``torch.compile`` traces the caller (`_eager_make_plan`: a graph break on a table's first use)."""
         key = (kind, variant, device)
         with _static_tensors():
             cpu_key = (kind, variant, torch.device("cpu"))
@@ -560,3 +560,28 @@ class ConstructionTable:
         """
         self._state.clear()
         return self
+
+
+#: `_eager_make_plan`'s wrapper, once made.
+_EAGER: dict[str, Callable[..., Any]] = {}
+
+
+def _eager_make_plan() -> Callable[..., Any]:
+    """`ConstructionTable._make_plan` under ``torch.compiler.disable`` (a graph break, with the reason
+    a ``fullgraph=True`` compile shows), made once: at import where torch's compiler front end is
+    loaded already (`dynamo_loaded`), else at the first plan made outside a compile once it is, else
+    inside the first compile that makes a plan (there the wrapping is itself the graph break, and a
+    ``fullgraph=True`` compile's error shows the reason in its debug context only). Not at class
+    definition: ``torch.compiler.disable`` loads the front end, about 2 s that ``import
+    batched_nerf`` need not pay."""
+    wrapped = _EAGER.get("make_plan")
+    if wrapped is None:
+        wrapped = _EAGER["make_plan"] = _eager(
+            "a table's plan is made on its first use, in numpy: "
+            "call table.prepare(device) before compiling with fullgraph=True"
+        )(ConstructionTable._make_plan)
+    return wrapped
+
+
+if dynamo_loaded():
+    _eager_make_plan()

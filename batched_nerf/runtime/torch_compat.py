@@ -28,13 +28,16 @@ Each name, its torch API and its use:
   on inside a Function's ``jvp`` (the engines' `jvp` on the older API);
 * `values_of`: `get_unwrapped`, `is_batchedtensor`; a tensor's values under
   `grad`/`jacrev`/`jacfwd` wrappers;
-* `import_dynamo_early`: `torch._dynamo`; torch < 2.4 imports it outside transforms.
+* `import_dynamo_early`: `torch._dynamo`; torch < 2.4 imports it outside transforms;
+* `dynamo_loaded`: whether `torch._dynamo` is imported (`sys.modules`); the table wraps its eager
+  plan maker for ``torch.compile`` only then (the import costs about 2 s).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +49,7 @@ __all__ = [
     "UNWRAP_DEAD_WRAPPERS",
     "clear_transforms",
     "current_level",
+    "dynamo_loaded",
     "forward_ad_level",
     "forward_grad_on",
     "forward_mode_levels",
@@ -135,6 +139,12 @@ def values_of(t: torch.Tensor, what: str) -> Any:
         t = _FUNCTORCH.get_unwrapped(t)  # type: ignore[union-attr]
     with no_functorch(), clear_transforms():  # torch 2.3 has only the first; both suffice alone
         return t.detach().cpu().numpy()
+
+
+def dynamo_loaded() -> bool:
+    """Whether ``torch._dynamo`` is imported in this process (a ``torch.compile`` may trace what runs
+    next); a dict lookup, importing nothing. Any torch release."""
+    return "torch._dynamo" in sys.modules
 
 
 def import_dynamo_early() -> None:
