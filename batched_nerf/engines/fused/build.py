@@ -256,6 +256,19 @@ class Turns:
 NO_TURNS = Turns(None)
 
 
+def with_turns(
+    keep: bool, owner: object, angles: Any, dihedrals: Any, use: Callable[[Turns], Tensor]
+) -> Tensor:
+    """``use(turns)`` with the trig array of ``angles`` and ``dihedrals`` (C-contiguous numpy arrays of
+    one shape): kept for a backward (``keep``: leased from ``owner``'s workspace to the graph,
+    `Turns.kept`) or borrowed for the call (a new array where no buffer serves). The work buffer of
+    every op that hands its kernels a trig array (`KernelOp`'s ``buffers``)."""
+    if keep:
+        return use(Turns.kept(owner, angles, dihedrals))
+    with workspace.borrowed(owner, 4 * angles.size) as buf:  # nothing keeps it
+        return use(Turns(require("cpu").trig(angles, dihedrals, buf)))
+
+
 def _forward_kernel(
     b: Tensor,
     a: Tensor,
@@ -349,13 +362,9 @@ def _trig_buffer(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) 
     table's workspace to the graph; none for ``torch.func`` wrappers, whose rules make their own),
     else borrowed for the call."""
     b, a, d, f, rot, tr, plan, _ = args
-    if not require(b.device.type).READS_TRIG:
+    if not require(b.device.type).READS_TRIG or (keep and gate.wrapped(a, d)):
         return use(*args)
-    if keep:
-        turns = NO_TURNS if gate.wrapped(a, d) else Turns.kept(plan.topology, _np(a), _np(d))
-        return use(b, a, d, f, rot, tr, plan, turns)
-    with workspace.borrowed(plan.topology, 4 * a.numel()) as buf:  # nothing keeps it
-        return use(b, a, d, f, rot, tr, plan, NO_TURNS if buf is None else Turns(trig(a, d, buf)))
+    return with_turns(keep, plan.topology, _np(a), _np(d), lambda t: use(b, a, d, f, rot, tr, plan, t))
 
 
 def _no_turns(consts: tuple[Any, ...]) -> tuple[Any, ...]:

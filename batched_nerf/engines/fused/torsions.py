@@ -46,7 +46,7 @@ from ...runtime.state import (
 from ..backends import available, require
 from ..function import KernelOp
 from . import workspace
-from .build import FUSED_VJP, NO_TURNS, FusedPlan, Turns
+from .build import FUSED_VJP, NO_TURNS, FusedPlan, Turns, with_turns
 
 __all__ = ["POOL", "TORSION_BUILD", "TorsionBuild", "TorsionFn", "kept_bytes", "serves"]
 
@@ -357,11 +357,7 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
     owner, dtype = tb.kernel_plan.topology, np.dtype(_NP[parts[0].dtype])
     with workspace.borrowed(owner, m * tb.n_out, dtype) as scratch:
         d = tb.dihedrals(parts, m, scratch)
-        angles = tb.arrays(dtype, m)[1]
-        if keep:
-            return use(*parts, tb, Turns.kept(owner, angles, d))
-        with workspace.borrowed(owner, 4 * m * tb.n_out) as buf:
-            return use(*parts, tb, Turns(require("cpu").trig(angles, d, buf)))
+        return with_turns(keep, owner, tb.arrays(dtype, m)[1], d, lambda turns: use(*parts, tb, turns))
 
 
 def _torsion_kernel(*args: Any) -> Tensor:
