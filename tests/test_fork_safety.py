@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent(
     import numba, torch
     from torch.utils.data import DataLoader, Dataset
     import batched_nerf as bn
-    from batched_nerf.engines.fused.cpu import build, threads
+    from batched_nerf.engines.fused.cpu import build, samples, threads
 
     ATOMS, SAMPLES = 64, 640  # 40,960 atom-samples: above the serial bound of every layer, so threaded
     assert SAMPLES * ATOMS >= threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK)
@@ -38,13 +38,20 @@ _SCRIPT = textwrap.dedent(
             return 4
 
         def __getitem__(self, i):
-            return convert(SAMPLES)  # threaded in the forked worker too
+            xyz = convert(SAMPLES)  # threaded in the forked worker too (serial twins on OpenMP)
+            twin = isinstance(samples._forward_parallel, threads.SerialTwin)
+            return xyz, bn.to_internal(xyz, table)[2], torch.tensor(twin)
 
     parent = convert(SAMPLES)  # the parent runs the threaded kernels (starts numba's threads)
+    dihedrals = bn.to_internal(parent, table)[2]
     print("LAYER", numba.threading_layer())
     loader = DataLoader(Frames(), batch_size=2, num_workers=2, multiprocessing_context="fork")
     batches = [x for x in loader]
-    assert len(batches) == 2 and torch.allclose(batches[0][0], parent)
+    assert len(batches) == 2
+    for xyz, dih, twin in batches:  # the same bits as the parent's threads
+        assert torch.equal(xyz[0], parent) and torch.equal(dih[1], dihedrals)
+        assert twin.tolist() == [numba.threading_layer() == "omp"] * 2
+    assert not isinstance(samples._forward_parallel, threads.SerialTwin)  # the parent keeps threads
     print("OK")
     """
 )
@@ -59,20 +66,25 @@ def _env(layer: str | None) -> dict[str, str]:
     return env
 
 
-#: The package's own choice (TBB where the ``tbb`` wheel is installed, else workqueue) and workqueue.
-LAYERS = [None, "workqueue"]
+#: The package's own choice (GNU OpenMP where numba's pool loads it), TBB and workqueue.
+LAYERS = [None, "tbb", "workqueue"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork with GNU OpenMP: Linux")
 @pytest.mark.parametrize("layer", LAYERS)
 def test_dataloader_fork_workers_after_threaded_kernels(layer: str | None) -> None:
+    if layer == "tbb" and not _has_tbb_wheel():
+        pytest.skip("no tbb wheel here (pip install tbb; the extra 'fast' brings it on Linux x86-64)")
     env = _env(layer)
     run = subprocess.run(
         [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=900
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "OK" in run.stdout
-    assert "LAYER omp" not in run.stdout  # GNU OpenMP is not fork-safe
+    if layer is None and not _gnu_omp_missing():
+        assert "LAYER omp" in run.stdout  # not fork-safe: the workers ran the serial twins
+    elif layer is not None:
+        assert f"LAYER {layer}" in run.stdout
 
 
 def test_an_explicit_threading_layer_is_kept() -> None:
@@ -84,7 +96,7 @@ def test_an_explicit_threading_layer_is_kept() -> None:
     env.pop("NUMBA_THREADING_LAYER")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["forksafe"]
+    assert run.stdout.split() == ["forksafe" if _gnu_omp_missing() else "omp"]
 
 
 _THREADS = textwrap.dedent(
@@ -148,13 +160,20 @@ _LAYER = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tbb wheel's loader path: Linux")
 def test_the_tbb_wheel_is_found_and_workqueue_runs_small_calls_on_one_thread() -> None:
-    """pip puts the tbb wheel's libtbb.so.12 where the loader does not look: the package loads it, so
-    its parallel kernels run on TBB (a launch of about 2 us) and a call of 64 x 384 atom-samples on two
-    threads; on workqueue (70-80 us a launch) that call runs on the calling thread."""
+    """The package's choice is GNU OpenMP where numba's pool loads it; pip puts the tbb wheel's
+    libtbb.so.12 where the loader does not look: the package loads it for a chosen ``tbb``. On either
+    (a launch of about 2 us) a call of 64 x 384 atom-samples runs on two threads; on workqueue (70-80
+    us a launch) that call runs on the calling thread."""
+    if not _gnu_omp_missing():
+        run = subprocess.run(
+            [sys.executable, "-c", _LAYER], env=_env(None), capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert run.stdout.split() == ["omp", "16384", "2", "omp", "omp"]
     if not _has_tbb_wheel():
         pytest.skip("no tbb wheel here (pip install tbb; the extra 'fast' brings it on Linux x86-64)")
     run = subprocess.run(
-        [sys.executable, "-c", _LAYER], env=_env(None), capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _LAYER], env=_env("tbb"), capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["tbb", "16384", "2", "tbb", "tbb"]
@@ -173,3 +192,9 @@ def _has_tbb_wheel() -> bool:
     except metadata.PackageNotFoundError:
         return False
     return True
+
+
+def _gnu_omp_missing() -> bool:
+    from batched_nerf.engines.fused.cpu import threads
+
+    return threads.gnu_omp_missing()

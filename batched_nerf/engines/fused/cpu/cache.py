@@ -22,26 +22,27 @@ announcement is exact: a cache hit says nothing. Only kernels of this package
 count; a kernel compiled from inside another (its helpers) is part of its
 caller's message.
 
-Fork safety: numba's default threading layer on Linux is GNU OpenMP where it loads (no TBB),
-and a process that forks after running a threaded kernel aborts in the child ("fork() called
-from a process already using GNU OpenMP") at the child's first threaded kernel: every
-``torch.utils.data.DataLoader`` with ``num_workers > 0`` (fork is Linux's default start
-method) whose dataset calls the fused engine. So before the kernels load, `prepare`
-asks numba for its ``forksafe`` layer (``numba.config.THREADING_LAYER``): TBB where
-installed (``pip install tbb``, part of the extra ``fast`` on Linux x86-64: fork- and
-thread-safe, a launch costs about 2 us), else numba's own ``workqueue`` (fork-safe,
-present everywhere, but a launch costs 70-80 us on a 2-core Linux machine, so the CPU
-kernels then run larger calls on the calling thread, `threads.serial_bound`; not
-thread-safe: two Python threads launching parallel kernels together abort the process, so
-`watch` then wraps the package's parallel kernels in `_Serialized`, whose launches take
-one lock). pip puts the TBB wheel's
-``libtbb.so.12`` in the environment's ``lib`` folder, which the loader does not search,
-so numba alone would not find it: `threads.load_tbb` loads it from the wheel's own file
-list first. It leaves numba alone where the user chose:
-``NUMBA_THREADING_LAYER`` (or ``NUMBA_THREADING_LAYER_PRIORITY``) in the environment or
-numba's config file, ``numba.config.THREADING_LAYER`` set in code, or numba's threads
-already started by other code. ``NUMBA_THREADING_LAYER=omp`` (or ``default``) restores
-numba's default, for programs that never fork after a threaded kernel.
+Threads and fork: before the kernels load, `prepare` asks numba for GNU OpenMP (``omp``) where
+its OpenMP pool loads, else for its ``forksafe`` layer: TBB where installed (``pip install
+tbb``, part of the extra ``fast`` on Linux x86-64; pip puts the wheel's ``libtbb.so.12`` in the
+environment's ``lib`` folder, which the loader does not search, so `threads.load_tbb` loads it
+from the wheel's own file list first), else numba's own ``workqueue`` (present everywhere, but
+a launch costs 70-80 us on a 2-core Linux machine, so the CPU kernels then run larger calls on
+the calling thread, `threads.serial_bound`; and not thread-safe: two Python threads launching
+parallel kernels together abort the process, so `watch` then wraps the package's parallel
+kernels in `_Serialized`, whose launches take one lock). OpenMP first because torch's own CPU
+threads are OpenMP's: after a torch op on several threads, torch's OpenMP workers keep spinning
+for a while, and a kernel launched then on TBB's threads shares the cores with them (measured on
+2 threads: ``to_internal`` of alanine dipeptide x 4,096 right after a torch flow layer took
+2.4-2.9 ms on TBB, 1.7-2.0 ms on OpenMP, 1.3-1.9 ms alone). GNU OpenMP is not fork-safe (numba
+ends a child forked after its parent ran a threaded kernel at the child's first one: every
+``torch.utils.data.DataLoader`` with ``num_workers > 0``, fork being Linux's default start
+method), so `watch` registers `threads.serial_in_forked_children`: in such a child the
+package's parallel kernels run as their serial twins, compiled without threads. The choice is
+left to the user where they made one: ``NUMBA_THREADING_LAYER`` (or
+``NUMBA_THREADING_LAYER_PRIORITY``) in the environment or numba's config file,
+``numba.config.THREADING_LAYER`` set in code, or numba's threads already started by other code
+(a chosen ``tbb`` or ``forksafe`` still finds the wheel's ``libtbb.so.12``).
 
 Where the cache cannot be written (`prepare` adds two cache locators to numba's, for
 this package's kernels only): a ``NUMBA_CACHE_DIR`` that is read-only but already holds
@@ -94,23 +95,31 @@ _PASSES = (
 )
 
 
-#: The threading layer :func:`prepare` asks numba for (fork-safe: TBB, else workqueue).
-THREADING_LAYER = "forksafe"
+#: The threading layers :func:`prepare` asks numba for: GNU OpenMP where its pool loads, else the
+#: fork-safe one (TBB, else workqueue).
+THREADING_LAYER = "omp"
+FALLBACK_LAYER = "forksafe"
 _prepared = False
 
 
 def _choose_threading_layer() -> str | None:
-    """Ask numba for a fork-safe threading layer unless the user chose one (module docstring);
-    returns the layer set, or None where numba is left as it was."""
+    """Ask numba for GNU OpenMP, else a fork-safe layer, unless the user chose one (module
+    docstring); returns the layer set, or None where numba is left as it was."""
     from numba.core import config
     from numba.np.ufunc import parallel
 
     chosen = any(k in os.environ for k in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"))
-    if chosen or str(config.THREADING_LAYER).lower() != "default" or parallel._is_initialized:
+    layer = str(config.THREADING_LAYER).lower()
+    if chosen or layer != "default" or parallel._is_initialized:
+        if layer in ("tbb", "forksafe", "threadsafe", "safe") and not parallel._is_initialized:
+            threads.load_tbb()  # the wheel's library, which numba alone would not find
         return None
-    threads.load_tbb()
-    config.THREADING_LAYER = THREADING_LAYER
-    return THREADING_LAYER
+    if threads.gnu_omp_missing():
+        threads.load_tbb()
+        config.THREADING_LAYER = FALLBACK_LAYER
+    else:
+        config.THREADING_LAYER = THREADING_LAYER
+    return str(config.THREADING_LAYER)
 
 
 def prepare() -> None:
@@ -449,24 +458,27 @@ def lock_cache_writes(module: Any) -> int:
     Returns how many kernels it changed (0 where numba's cache internals differ from those
     known here, or without ``fcntl``: numba's own writes then).
     """
+    return sum(lock_writes(value) for value in list(vars(module).values()))
+
+
+def lock_writes(dispatcher: Any) -> bool:
+    """`lock_cache_writes` for one kernel: whether it changed it (a kernel with numba's own disk
+    cache file; one with nowhere to cache gets numba's ``NullCache``, compiled in memory)."""
     locked = _cache_file_class()
     if locked is None:  # pragma: no cover - Windows, or another numba
-        return 0
+        return False
     from numba.core.caching import IndexDataCacheFile, NullCache
 
-    changed = 0
-    for value in vars(module).values():
-        cache_file = getattr(getattr(value, "_cache", None), "_cache_file", None)
-        if type(cache_file) is not IndexDataCacheFile:
-            continue
-        locator = type(_locator(value))
-        if locator is _NoDiskLocator:  # nowhere to cache: compile in memory
-            value._cache = NullCache()
-            _NO_DISK.append(value)
-            continue
-        cache_file.__class__ = _READ_ONLY if locator is _ReadOnlyLocator else locked
-        changed += 1
-    return changed
+    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if type(cache_file) is not IndexDataCacheFile:
+        return False
+    locator = type(_locator(dispatcher))
+    if locator is _NoDiskLocator:  # nowhere to cache: compile in memory
+        dispatcher._cache = NullCache()
+        _NO_DISK.append(dispatcher)
+        return False
+    cache_file.__class__ = _READ_ONLY if locator is _ReadOnlyLocator else locked
+    return True
 
 
 def _skip_save(self: Any, key: Any, data: Any) -> None:
@@ -533,8 +545,7 @@ def serialize_parallel_kernels(module: Any) -> int:
     """Wrap every parallel kernel of ``module`` in `_Serialized`; returns how many."""
     changed = 0
     for name, value in list(vars(module).items()):
-        options = getattr(value, "targetoptions", None)
-        if isinstance(options, dict) and options.get("parallel") and not isinstance(value, _Serialized):
+        if threads.is_parallel(value) and not isinstance(value, _Serialized):
             setattr(module, name, _Serialized(value))
             changed += 1
     return changed
@@ -556,6 +567,7 @@ def watch() -> None:
     if not thread_safe_layer():
         for module in modules:
             serialize_parallel_kernels(module)
+    threads.serial_in_forked_children(modules, lock_writes)
     from numba.core import event
 
     class Listener(_Announcer, event.Listener):  # numba checks the base class

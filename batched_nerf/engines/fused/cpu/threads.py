@@ -1,17 +1,37 @@
-"""Numba's threads for the CPU kernels: which threading layer runs them, and how much work a call
-needs before threads pay (plain Python: numba is imported inside the functions).
+"""Numba's threads for the CPU kernels: which threading layer runs them, how much work a call
+needs before threads pay, and the kernels of a forked child (plain Python: numba is imported
+inside the functions).
 
-A launch of a parallel kernel costs about 2 us on TBB and 70-80 us on numba's own
+A launch of a parallel kernel costs about 2 us on GNU OpenMP or TBB and 70-80 us on numba's own
 ``workqueue`` (2-core Linux machine), so each kernel keeps two serial bounds (the work below
 which a call runs on the calling thread), and `serial_bound` picks the layer's. Which layer
 `cache.prepare` asks for, and why, is said in `cache`.
+
+GNU OpenMP is not fork-safe: numba ends a forked child at its first parallel launch when the
+parent had launched one ("fork() called from a process already using GNU OpenMP"). So
+`serial_in_forked_children` registers an after-fork hook that, in such a child, replaces each
+parallel kernel by its `SerialTwin`: the same Python function compiled without threads (its
+``prange`` loops run in order on the calling thread: the same operations, the same bits).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["gnu_omp_missing", "load_tbb", "serial_bound", "threading_layer"]
+__all__ = [
+    "SerialTwin",
+    "gnu_omp_missing",
+    "is_parallel",
+    "load_tbb",
+    "serial_bound",
+    "serial_in_forked_children",
+    "threading_layer",
+]
 
 
 def load_tbb() -> bool:
@@ -76,3 +96,75 @@ def gnu_omp_missing() -> bool:
     except Exception:
         return True
     return False
+
+
+def is_parallel(value: Any) -> bool:
+    """Whether ``value`` is a numba kernel compiled with ``parallel=True``."""
+    options = getattr(value, "targetoptions", None)
+    return isinstance(options, dict) and bool(options.get("parallel"))
+
+
+class SerialTwin:
+    """A parallel kernel as the forked child of a GNU OpenMP process runs it: compiled on its first
+    call from a copy of the kernel's Python function with ``parallel=False`` (a copy, named
+    ``<kernel>__serial``, so that numba's disk cache, which keys a kernel by its name and not by its
+    options, keeps the two apart); ``prepare`` is given the new dispatcher before its first
+    compile (the process-safe cache write). Every other attribute is the parallel kernel's."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, dispatcher: Any, prepare: Callable[[Any], object]) -> None:
+        self.__dict__.update(_dispatcher=dispatcher, _prepare=prepare, _serial=None)
+
+    def __call__(self, *args: Any) -> Any:
+        serial = self._serial
+        if serial is None:
+            serial = self._compile()
+        return serial(*args)
+
+    def _compile(self) -> Any:
+        import numba
+
+        with self._lock:
+            if self._serial is None:
+                py_func = self._dispatcher.py_func
+                copy = types.FunctionType(
+                    py_func.__code__, py_func.__globals__, py_func.__name__ + "__serial",
+                    py_func.__defaults__, py_func.__closure__,
+                )  # fmt: skip
+                copy.__qualname__ = py_func.__qualname__ + "__serial"
+                copy.__doc__ = py_func.__doc__
+                options = {k: v for k, v in self._dispatcher.targetoptions.items() if k != "nopython"}
+                serial = numba.njit(cache=True, **{**options, "parallel": False})(copy)
+                self._prepare(serial)
+                self.__dict__["_serial"] = serial
+        return self._serial
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dispatcher, name)
+
+
+_registered: list[bool] = []
+
+
+def serial_in_forked_children(modules: list[Any], prepare: Callable[[Any], object]) -> None:
+    """Register (once per process; POSIX) the after-fork hook that, in a child forked after GNU
+    OpenMP threads ran, puts a `SerialTwin` in place of each parallel kernel of ``modules`` (one
+    twin per kernel, under every name a module gives it); ``prepare`` as `SerialTwin`'s."""
+    if _registered or not hasattr(os, "register_at_fork"):
+        return
+    _registered.append(True)
+
+    def after_fork_in_child() -> None:
+        from numba.np.ufunc import parallel
+
+        if not (parallel._is_initialized and str(parallel._threading_layer) == "omp"):
+            return
+        twins: dict[int, SerialTwin] = {}
+        for module in modules:
+            for name, value in list(vars(module).items()):
+                if is_parallel(value) and not isinstance(value, SerialTwin):
+                    twin = twins.setdefault(id(value), SerialTwin(value, prepare))
+                    setattr(module, name, twin)
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
