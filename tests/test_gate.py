@@ -29,6 +29,9 @@ def test_route_reads_gradients_wrappers_and_tangents() -> None:
         assert gate.route(dual) == gate.REFERENCE
         assert gate.forward_ad_active()
     assert not gate.forward_ad_active()
+    # closing the level clears every tangent (why route asks a tensor only while a level is open)
+    assert torch.autograd.forward_ad.unpack_dual(dual).tangent is None
+    assert gate.route(dual) == gate.PLAIN
 
 
 def test_transformed_is_true_inside_any_transform_also_for_constants() -> None:

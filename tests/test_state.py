@@ -73,6 +73,21 @@ def test_protein_tables_keep_their_derived_arrays_in_the_one_state() -> None:
     assert [k for k in vars(p) if k.startswith("_")] == ["_state"]
 
 
+def test_the_backbone_build_keeps_its_constants_with_its_chain_table() -> None:
+    pytest.importorskip("numba", reason="the bound backbone build runs the fused CPU kernels")
+    from batched_nerf.protein._backbone import backbone_table
+
+    d = torch.linspace(-3.0, 3.0, 4 * 9 * 3).reshape(4, 9, 3)
+    want = bn.protein.build_backbone(d, layout="foldingdiff")
+    table = backbone_table(9, True)
+    keys = set(state.state_of(table).memo)
+    assert {("bound constants", "foldingdiff", torch.float32), ("atom source", "foldingdiff")} <= keys
+    assert table.cache_info()["memo_bytes"] > 0  # reported by the table, not held beside it
+    table.release()
+    assert table.cache_info()["memo"] == 0
+    assert torch.equal(bn.protein.build_backbone(d, layout="foldingdiff"), want)  # made again
+
+
 def test_pools_register_and_release() -> None:
     freed = []
     state.register_pool("test_pool", lambda: 123, lambda: freed.append(True))

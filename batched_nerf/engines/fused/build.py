@@ -281,6 +281,8 @@ def _forward_kernel(
 ) -> Tensor:
     """The forward kernel of the inputs' device: its backend's ``build`` (every backend takes the same
     arguments: `cpu.build.build`, `cuda.build.build`)."""
+    if b.is_cpu:  # the CPU backend reads numpy views, which detach: no torch call per input here
+        return require("cpu").build(plan, b, a, d, f, rot, tr, turns.cs)
     return require(b.device.type).build(plan, *_detached(b, a, d, f, rot, tr), turns.cs)
 
 
@@ -362,7 +364,7 @@ def _trig_buffer(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) 
     table's workspace to the graph; none for ``torch.func`` wrappers, whose rules make their own),
     else borrowed for the call."""
     b, a, d, f, rot, tr, plan, _ = args
-    if not require(b.device.type).READS_TRIG or (keep and gate.wrapped(a, d)):
+    if not require("cpu" if b.is_cpu else b.device.type).READS_TRIG or (keep and gate.wrapped(a, d)):
         return use(*args)
     return with_turns(keep, plan.topology, _np(a), _np(d), lambda t: use(b, a, d, f, rot, tr, plan, t))
 
