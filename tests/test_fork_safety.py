@@ -39,7 +39,8 @@ _SCRIPT = textwrap.dedent(
 
         def __getitem__(self, i):
             xyz = convert(SAMPLES)  # threaded in the forked worker too (serial twins on OpenMP)
-            twin = isinstance(samples._forward_parallel, threads.SerialTwin)
+            kernel = samples._forward_parallel
+            twin = not threads.is_parallel(kernel) and kernel.py_func.__name__ == "_forward_parallel__serial"
             return xyz, bn.to_internal(xyz, table)[2], torch.tensor(twin)
 
     parent = convert(SAMPLES)  # the parent runs the threaded kernels (starts numba's threads)
@@ -51,7 +52,7 @@ _SCRIPT = textwrap.dedent(
     for xyz, dih, twin in batches:  # the same bits as the parent's threads
         assert torch.equal(xyz[0], parent) and torch.equal(dih[1], dihedrals)
         assert twin.tolist() == [numba.threading_layer() == "omp"] * 2
-    assert not isinstance(samples._forward_parallel, threads.SerialTwin)  # the parent keeps threads
+    assert threads.is_parallel(samples._forward_parallel)  # the parent keeps its threads
     print("OK")
     """
 )

@@ -10,7 +10,7 @@ which a call runs on the calling thread), and `serial_bound` picks the layer's. 
 GNU OpenMP is not fork-safe: numba ends a forked child at its first parallel launch when the
 parent had launched one ("fork() called from a process already using GNU OpenMP"). So
 `serial_in_forked_children` registers an after-fork hook that, in such a child, replaces each
-parallel kernel by its `SerialTwin`: the same Python function compiled without threads (its
+parallel kernel by its `serial_twin`: the same Python function compiled without threads (its
 ``prange`` loops run in order on the calling thread: the same operations, the same bits).
 """
 
@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import importlib
 import os
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "SerialTwin",
     "gnu_omp_missing",
     "is_parallel",
     "load_tbb",
     "serial_bound",
     "serial_in_forked_children",
+    "serial_twin",
     "threading_layer",
 ]
 
@@ -104,44 +103,23 @@ def is_parallel(value: Any) -> bool:
     return isinstance(options, dict) and bool(options.get("parallel"))
 
 
-class SerialTwin:
-    """A parallel kernel as the forked child of a GNU OpenMP process runs it: compiled on its first
-    call from a copy of the kernel's Python function with ``parallel=False`` (a copy, named
-    ``<kernel>__serial``, so that numba's disk cache, which keys a kernel by its name and not by its
-    options, keeps the two apart); ``prepare`` is given the new dispatcher before its first
-    compile (the process-safe cache write). Every other attribute is the parallel kernel's."""
+def serial_twin(dispatcher: Any, prepare: Callable[[Any], object]) -> Any:
+    """The parallel kernel ``dispatcher`` as the forked child of a GNU OpenMP process runs it: a copy of
+    its Python function, named ``<kernel>__serial`` (numba's disk cache keys a kernel by its name, not
+    by its options: the copy keeps the two apart), compiled on its first call with ``parallel=False``;
+    ``prepare`` is given the new dispatcher before that (the process-safe cache write)."""
+    import numba
 
-    _lock = threading.Lock()
-
-    def __init__(self, dispatcher: Any, prepare: Callable[[Any], object]) -> None:
-        self.__dict__.update(_dispatcher=dispatcher, _prepare=prepare, _serial=None)
-
-    def __call__(self, *args: Any) -> Any:
-        serial = self._serial
-        if serial is None:
-            serial = self._compile()
-        return serial(*args)
-
-    def _compile(self) -> Any:
-        import numba
-
-        with self._lock:
-            if self._serial is None:
-                py_func = self._dispatcher.py_func
-                copy = types.FunctionType(
-                    py_func.__code__, py_func.__globals__, py_func.__name__ + "__serial",
-                    py_func.__defaults__, py_func.__closure__,
-                )  # fmt: skip
-                copy.__qualname__ = py_func.__qualname__ + "__serial"
-                copy.__doc__ = py_func.__doc__
-                options = {k: v for k, v in self._dispatcher.targetoptions.items() if k != "nopython"}
-                serial = numba.njit(cache=True, **{**options, "parallel": False})(copy)
-                self._prepare(serial)
-                self.__dict__["_serial"] = serial
-        return self._serial
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dispatcher, name)
+    py_func = dispatcher.py_func
+    copy = types.FunctionType(
+        py_func.__code__, py_func.__globals__, py_func.__name__ + "__serial", py_func.__defaults__,
+        py_func.__closure__,
+    )  # fmt: skip
+    copy.__qualname__, copy.__doc__ = py_func.__qualname__ + "__serial", py_func.__doc__
+    options = {k: v for k, v in dispatcher.targetoptions.items() if k != "nopython"}
+    twin = numba.njit(cache=True, **{**options, "parallel": False})(copy)
+    prepare(twin)
+    return twin
 
 
 _registered: list[bool] = []
@@ -149,8 +127,8 @@ _registered: list[bool] = []
 
 def serial_in_forked_children(modules: list[Any], prepare: Callable[[Any], object]) -> None:
     """Register (once per process; POSIX) the after-fork hook that, in a child forked after GNU
-    OpenMP threads ran, puts a `SerialTwin` in place of each parallel kernel of ``modules`` (one
-    twin per kernel, under every name a module gives it); ``prepare`` as `SerialTwin`'s."""
+    OpenMP threads ran, puts a `serial_twin` in place of each parallel kernel of ``modules`` (one
+    twin per kernel, under every name a module gives it); ``prepare`` as `serial_twin`'s."""
     if _registered or not hasattr(os, "register_at_fork"):
         return
     _registered.append(True)
@@ -160,11 +138,12 @@ def serial_in_forked_children(modules: list[Any], prepare: Callable[[Any], objec
 
         if not (parallel._is_initialized and str(parallel._threading_layer) == "omp"):
             return
-        twins: dict[int, SerialTwin] = {}
+        twins: dict[int, Any] = {}
         for module in modules:
             for name, value in list(vars(module).items()):
-                if is_parallel(value) and not isinstance(value, SerialTwin):
-                    twin = twins.setdefault(id(value), SerialTwin(value, prepare))
-                    setattr(module, name, twin)
+                if is_parallel(value):
+                    if id(value) not in twins:
+                        twins[id(value)] = serial_twin(value, prepare)
+                    setattr(module, name, twins[id(value)])
 
     os.register_at_fork(after_in_child=after_fork_in_child)
