@@ -99,7 +99,7 @@ def route(*tensors: Tensor) -> str:
         return REFERENCE
     # a tangent lives only while its forward-mode level is open (closing it clears every tangent):
     # with none open, no tensor is asked (unpack_dual costs 0.6 us a tensor)
-    dual = forward_ad_level() >= 0
+    dual = forward_ad_active()
     unpack = torch.autograd.forward_ad.unpack_dual
     for t in tensors:  # one loop (this runs on every kernel call)
         if IS_FUNCTORCH_WRAPPED(t) or (dual and unpack(t).tangent is not None):
