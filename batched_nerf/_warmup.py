@@ -36,6 +36,7 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     names = (
         (fused_numba, "SERIAL_WORK"),
         (fused_numba, "WORKQUEUE_SERIAL_WORK"),
+        (fused_numba, "TBB_SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
         (fused_numba_trig, "WORKQUEUE_SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),

@@ -22,7 +22,8 @@ _SCRIPT = textwrap.dedent(
     from batched_nerf.engines.fused.cpu import build, samples, threads
 
     ATOMS, SAMPLES = 64, 640  # 40,960 atom-samples: above the serial bound of every layer, so threaded
-    assert SAMPLES * ATOMS >= threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK)
+    bounds = (build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK, build.TBB_SERIAL_WORK)
+    assert SAMPLES * ATOMS >= threads.serial_bound(*bounds)
     assert numba.get_num_threads() > 1
     table = bn.ConstructionTable.chain(ATOMS)
 
@@ -150,7 +151,7 @@ _LAYER = textwrap.dedent(
     import batched_nerf as bn
     from batched_nerf.engines.fused.cpu import build, threads
 
-    bound = threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK)
+    bound = threads.serial_bound(build.SERIAL_WORK, build.WORKQUEUE_SERIAL_WORK, build.TBB_SERIAL_WORK)
     print(threads.threading_layer(), bound, build._threads(64, 1, 384))  # before any launch
     table = bn.ConstructionTable.chain(64)
     bn.to_cartesian(torch.full((640, 64), 1.5), torch.full((640, 64), 1.9), torch.zeros(640, 64), table)
@@ -170,7 +171,7 @@ def test_the_tbb_wheel_is_found_and_workqueue_runs_small_calls_on_one_thread() -
             [sys.executable, "-c", _LAYER], env=_env(None), capture_output=True, text=True, timeout=300
         )
         assert run.returncode == 0, run.stderr[-3000:]
-        assert run.stdout.split() == ["omp", "16384", "2", "omp", "omp"]
+        assert run.stdout.split() == ["omp", "4096", "2", "omp", "omp"]
     if not _has_tbb_wheel():
         pytest.skip("no tbb wheel here (pip install tbb; the extra 'fast' brings it on Linux x86-64)")
     run = subprocess.run(

@@ -151,6 +151,8 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
     calls: list[bool] = []  # whether each call took the blocked kernels
     choose = fused_numba._blocked
     monkeypatch.setattr(fused_numba, "_blocked", lambda *args: calls.append(choose(*args)) or calls[-1])
+    for bound in ("SERIAL_WORK", "TBB_SERIAL_WORK", "WORKQUEUE_SERIAL_WORK"):  # the counts below, any layer
+        monkeypatch.setattr(fused_numba, bound, 16384)
     table = {**TABLES, **WIDE}[name]
     if name in WIDE:
         assert 3 * fused_numba_blocks.CHUNK < table.n_atoms <= fused_numba.FORWARD_MAX_WIDTH
@@ -172,7 +174,7 @@ def test_sample_blocks_equal_scan(name: str, monkeypatch: pytest.MonkeyPatch) ->
         )
         torch.testing.assert_close(got["fused"][0][-1], one, atol=1e-12, rtol=0)  # the per-sample kernel
     # the blocked kernels ran: forward and backward of each batch (the 16 and 21 samples run on the
-    # calling thread: below SERIAL_WORK; chain700's backward per sample: wider than the blocked one)
+    # calling thread: below the bound of 16,384; chain700's backward per sample: wider than the blocked one)
     assert calls.count(True) == BLOCKED_CALLS.get(name, 6)
 
 

@@ -118,6 +118,7 @@ def test_every_kernel_layout_builds_in_the_pose(name: str, layout: str, monkeypa
         monkeypatch.setattr(cpu_build, "BLOCK_MIN", 10**9)
     if layout == "threaded":
         monkeypatch.setattr(cpu_build, "SERIAL_WORK", 0)
+        monkeypatch.setattr(cpu_build, "TBB_SERIAL_WORK", 0)
     table = _tables()[name]
     b, a, d, fixed = _internal(table, 40, F64, 21)
     rot, tr = _pose(table, 40, F64, 22)

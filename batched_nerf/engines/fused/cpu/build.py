@@ -59,15 +59,21 @@ from .trig import _gathered_items, gathered_trig, trig
 
 __all__ = ["backward", "forward", "gathered_forward", "gathered_trig", "pose", "trig", "turns", "zero_past"]
 
-#: Below this many atom-samples per call a kernel runs on the calling thread (no pool round trip;
-#: `WORKQUEUE_SERIAL_WORK` on numba's ``workqueue``, `threads.serial_bound`). On TBB a launch costs
-#: about 2 us, but a worker that slept (any call after a few ms of other work, the common case in a
-#: training step) takes longer to wake than a small call takes alone. Measured on 2 cores, float32,
-#: 64 chains (``build_backbone``), one thread / two, medians of 40 alternating calls, forward
-#: right after other work: 189 / 240 us at 4,416 atom-samples, 254 / 325 at 8,832, 301 / 354 at
-#: 12,288, 473 / 429 at 17,664 (back to back: 209 / 233 at 8,832, 342 / 312 at 17,664; the
-#: backward alike).
-SERIAL_WORK = 16384
+#: Below this many atom-samples per call a kernel runs on the calling thread (no pool round trip),
+#: on GNU OpenMP (`TBB_SERIAL_WORK` on TBB, `WORKQUEUE_SERIAL_WORK` on numba's ``workqueue``;
+#: `threads.serial_bound`). Measured on 2 cores, float32, medians of 130 calls, one thread (bound
+#: 16,384) / two (bound 4,096), back to back and each after 2 ms of torch matmuls: forward of
+#: alanine dipeptide x 512 (11,264 atom-samples) 205-208 / 146-151 us and 307-308 / 263-283 us;
+#: its forward+backward 695-731 / 486-487 and 840-878 / 647-648 us; chain 64 x 128 forward
+#: 152 / 129-131 and 238-264 / 216-217 us (``/work/bench/serial.py`` of issue 40's note).
+SERIAL_WORK = 4096
+#: `SERIAL_WORK` on TBB: a launch costs about 2 us there too, but a worker that slept (any call
+#: after a few ms of other work, the common case in a training step) takes longer to wake than a
+#: small call takes alone. Measured on 2 cores, float32, 64 chains (``build_backbone``), one thread
+#: / two, medians of 40 alternating calls, forward right after other work: 189 / 240 us at 4,416
+#: atom-samples, 254 / 325 at 8,832, 301 / 354 at 12,288, 473 / 429 at 17,664 (back to back: 209 /
+#: 233 at 8,832, 342 / 312 at 17,664; the backward alike).
+TBB_SERIAL_WORK = 16384
 #: `SERIAL_WORK` on ``workqueue`` (a launch costs 70-80 us). Measured as above, back to back, chains
 #: of 64-1,024 atoms, forward / backward, one thread against two: 94 / 209 us against 222 / 330 us
 #: at 8,832 atom-samples, 344 / 825 against 259 / 927 at 35,328, 645 / 3,033 against 425 / 1,581
@@ -94,7 +100,7 @@ def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
     """Threads for one call: 1 for small work, else at most one per work item."""
-    if n_samples * n_atoms < threads.serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK):
+    if n_samples * n_atoms < threads.serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK, TBB_SERIAL_WORK):
         return 1
     return max(1, min(numba.get_num_threads(), n_samples * n_units))
 

@@ -3,8 +3,9 @@ needs before threads pay, and the kernels of a forked child (plain Python: numba
 inside the functions).
 
 A launch of a parallel kernel costs about 2 us on GNU OpenMP or TBB and 70-80 us on numba's own
-``workqueue`` (2-core Linux machine), so each kernel keeps two serial bounds (the work below
-which a call runs on the calling thread), and `serial_bound` picks the layer's. Which layer
+``workqueue`` (2-core Linux machine), and a TBB worker that slept through other work is slow to
+wake, so each kernel keeps a serial bound per layer (the work below which a call runs on the
+calling thread), and `serial_bound` picks the layer's. Which layer
 `cache.prepare` asks for, and why, is said in `cache`.
 
 GNU OpenMP is not fork-safe: numba ends a forked child at its first parallel launch when the
@@ -60,16 +61,20 @@ def load_tbb() -> bool:
     return False
 
 
-_workqueue: list[bool] = []
+_layer: list[str] = []
 
 
-def serial_bound(bound: int, workqueue: int) -> int:
-    """A kernel's serial bound (below it, a call runs on the calling thread): ``bound`` where a launch
-    is cheap (TBB, OpenMP: about 2 us), ``workqueue`` on numba's ``workqueue`` (70-80 us a launch);
-    the layer is read once per process."""
-    if not _workqueue:
-        _workqueue.append(threading_layer() == "workqueue")
-    return workqueue if _workqueue[0] else bound
+def serial_bound(bound: int, workqueue: int, tbb: int | None = None) -> int:
+    """A kernel's serial bound (below it, a call runs on the calling thread): ``bound`` on GNU OpenMP
+    (a launch costs about 2 us and its workers spin a while after each region, so a call soon after
+    another finds them awake), ``tbb`` on TBB (default ``bound``: a launch costs about 2 us, but a
+    worker that slept through other work is slow to wake), ``workqueue`` on numba's ``workqueue``
+    (70-80 us a launch); the layer is read once per process."""
+    if not _layer:
+        _layer.append(threading_layer())
+    if _layer[0] == "workqueue":
+        return workqueue
+    return bound if tbb is None or _layer[0] != "tbb" else tbb
 
 
 def threading_layer() -> str:
