@@ -217,22 +217,19 @@ class KernelOp:
             )
         direct = transforms == "reference"
 
-        def run(*args: Any) -> Any:
-            if fallback is None:
-                return kernel(*args)
+        def guarded_run(*args: Any) -> Any:
             first = next(t for t in args if isinstance(t, Tensor))
             return guarded(
                 "cpu" if first.is_cpu else first.device.type,  # is_cpu: 10x faster than device.type
-                fallback(*args[len(args) - consts :]),
+                fallback(*args[len(args) - consts :]),  # type: ignore[misc]
                 lambda: kernel(*args),
-                lambda: reference(*args),
+                lambda: reference(*args),  # type: ignore[misc]
             )
 
+        # the kernel itself where there is no fallback (no wrapper on every call)
+        run = kernel if fallback is None else guarded_run
         #: ``run(*tensors, *consts)``: the op's outputs without a graph (the kernel, GPU fallback applied)
         self.run = run
-
-        def forward(*args: Any) -> Any:
-            return run(*args)
 
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
             k = len(inputs) - consts
@@ -276,7 +273,7 @@ class KernelOp:
             "__doc__": doc,
             "__module__": module,
             "__qualname__": name,
-            "forward": staticmethod(forward),
+            "forward": staticmethod(run),
             "setup_context": staticmethod(setup_context),
             "backward": staticmethod(backward),
         }
