@@ -220,7 +220,7 @@ class KernelOp:
         def guarded_run(*args: Any) -> Any:
             first = next(t for t in args if isinstance(t, Tensor))
             return guarded(
-                "cpu" if first.is_cpu else first.device.type,  # is_cpu: 10x faster than device.type
+                gate.device_type(first),
                 fallback(*args[len(args) - consts :]),  # type: ignore[misc]
                 lambda: kernel(*args),
                 lambda: reference(*args),  # type: ignore[misc]

@@ -283,7 +283,7 @@ def _forward_kernel(
     arguments: `cpu.build.build`, `cuda.build.build`)."""
     if b.is_cpu:  # the CPU backend reads numpy views, which detach: no torch call per input here
         return require("cpu").build(plan, b, a, d, f, rot, tr, turns.cs)
-    return require(b.device.type).build(plan, *_detached(b, a, d, f, rot, tr), turns.cs)
+    return require(gate.device_type(b)).build(plan, *_detached(b, a, d, f, rot, tr), turns.cs)
 
 
 def _backward_kernel(
@@ -299,7 +299,7 @@ def _backward_kernel(
 ) -> tuple[Tensor | None, ...]:
     """The backward kernel of the inputs' device (its backend's ``build_vjp``): gradients of
     ``sum(g * xyz)`` with respect to ``b, a, d, f`` and, where a pose is given, ``rot, tr``."""
-    grads = require(b.device.type).build_vjp(
+    grads = require(gate.device_type(b)).build_vjp(
         plan, *_detached(b, a, d, f, rot, tr), g.detach().to(b.dtype), turns.cs
     )
     return grads if rot is not None else grads[:4]
@@ -364,7 +364,7 @@ def _trig_buffer(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) 
     table's workspace to the graph; none for ``torch.func`` wrappers, whose rules make their own),
     else borrowed for the call."""
     b, a, d, f, rot, tr, plan, _ = args
-    if not require("cpu" if b.is_cpu else b.device.type).READS_TRIG or (keep and gate.wrapped(a, d)):
+    if not require(gate.device_type(b)).READS_TRIG or (keep and gate.wrapped(a, d)):
         return use(*args)
     return with_turns(keep, plan.topology, _np(a), _np(d), lambda t: use(b, a, d, f, rot, tr, plan, t))
 
@@ -429,7 +429,7 @@ def build_fused(
     """
     batch = bonds.shape[:-1]
     n = bonds.shape[-1]
-    if not gate.kernel_inputs(bonds, device_type=bonds.device.type):  # traced, or another dtype
+    if not gate.kernel_inputs(bonds, device_type=gate.device_type(bonds)):  # traced, or another dtype
         ref = plan.reference(math.prod(batch), bonds.device)
         build = build_levels if isinstance(ref, LevelPlan) else build_scan
         x = build(ref, nan_negative_bonds(bonds), angles, dihedrals, fixed_xyz)

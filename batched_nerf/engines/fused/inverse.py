@@ -90,7 +90,7 @@ TRITON_ON_CPU = False
 
 def _triton(xyz: Tensor) -> ModuleType | None:
     """The Triton kernels for ``xyz``'s device (CUDA, or the CPU under `TRITON_ON_CPU`), else None."""
-    if xyz.device.type == "cpu" and not TRITON_ON_CPU:
+    if xyz.is_cpu and not TRITON_ON_CPU:
         return None
     if not backends.available("cuda"):
         return None
@@ -140,11 +140,12 @@ def use_fused(method: str, xyz: Tensor) -> bool:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "torch" or torch.compiler.is_compiling():
         return False
-    gpu = xyz.device.type == "cuda" and backends.available("cuda")
-    ok = (xyz.device.type == "cpu" or gpu) and xyz.dtype in _DTYPES
+    kind = gate.device_type(xyz)
+    gpu = kind == "cuda" and backends.available("cuda")
+    ok = (kind == "cpu" or gpu) and xyz.dtype in _DTYPES
     nested = _forward_mode_levels() > 1
     if method == "auto":
-        if xyz.device.type == "cuda":  # not after a Triton kernel failed here (gpu_policy.fall_back)
+        if kind == "cuda":  # not after a Triton kernel failed here (gpu_policy.fall_back)
             return ok and not nested and backends.auto_may_use("cuda")
         return ok and not nested and available()
     if nested:
@@ -153,7 +154,7 @@ def use_fused(method: str, xyz: Tensor) -> bool:
             "jvp): torch drops the outer tangents of an autograd.Function's jvp (pytorch/pytorch#197867); "
             "use method='auto' or 'torch'"
         )
-    if xyz.device.type != "cpu" and not gpu:
+    if kind != "cpu" and not gpu:
         raise ValueError(
             f"method='fused' runs on the CPU (numba) and on CUDA (triton), got xyz on {xyz.device}"
         )
@@ -212,7 +213,7 @@ def _forward(xyz: Tensor, plan: InversePlan, scratch: np.ndarray | None) -> tupl
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
     kernels = _backend(xyz)
     x = _rows(xyz, lead, (n, 3), xyz.dtype)
-    out = kernels.internal(plan, x) if xyz.device.type != "cpu" else kernels.internal(plan, x, scratch)
+    out = kernels.internal(plan, x, scratch) if xyz.is_cpu else kernels.internal(plan, x)
     return tuple(o.reshape(*lead, n) for o in out)  # type: ignore[return-value]
 
 
@@ -221,7 +222,7 @@ def _scratch(keep: bool, args: tuple[Any, ...], use: Callable[..., Any]) -> Any:
     ``4 B N`` float64, borrowed from the table's workspace for the call in either route (only the
     forward kernel reads them; none for ``torch.func`` wrappers, whose rules call with other shapes)."""
     xyz, plan, _ = args
-    if xyz.device.type != "cpu" or (keep and gate.wrapped(xyz)):
+    if not xyz.is_cpu or (keep and gate.wrapped(xyz)):
         return use(*args)
     with workspace.borrowed(plan.refs, 4 * (xyz.numel() // 3)) as buf:
         return use(xyz, plan, buf)

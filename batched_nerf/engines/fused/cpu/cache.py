@@ -110,16 +110,12 @@ def _choose_threading_layer() -> str | None:
 
     chosen = any(k in os.environ for k in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"))
     layer = str(config.THREADING_LAYER).lower()
-    if chosen or layer != "default" or parallel._is_initialized:
-        if layer in ("tbb", "forksafe", "threadsafe", "safe") and not parallel._is_initialized:
-            threads.load_tbb()  # the wheel's library, which numba alone would not find
-        return None
-    if threads.gnu_omp_missing():
-        threads.load_tbb()
-        config.THREADING_LAYER = FALLBACK_LAYER
-    else:
-        config.THREADING_LAYER = THREADING_LAYER
-    return str(config.THREADING_LAYER)
+    ours = not (chosen or layer != "default" or parallel._is_initialized)
+    if ours:
+        layer = config.THREADING_LAYER = FALLBACK_LAYER if threads.gnu_omp_missing() else THREADING_LAYER
+    if layer in ("tbb", "forksafe", "threadsafe", "safe") and not parallel._is_initialized:
+        threads.load_tbb()  # the wheel's library, which numba alone would not find
+    return layer if ours else None
 
 
 def prepare() -> None:
@@ -544,8 +540,8 @@ PARALLEL_LOCK = threading.Lock()
 def serialize_parallel_kernels(module: Any) -> int:
     """Wrap every parallel kernel of ``module`` in `_Serialized`; returns how many."""
     changed = 0
-    for name, value in list(vars(module).items()):
-        if threads.is_parallel(value) and not isinstance(value, _Serialized):
+    for name, value in threads.parallel_kernels(module):
+        if not isinstance(value, _Serialized):
             setattr(module, name, _Serialized(value))
             changed += 1
     return changed

@@ -27,6 +27,7 @@ __all__ = [
     "gnu_omp_missing",
     "is_parallel",
     "load_tbb",
+    "parallel_kernels",
     "serial_bound",
     "serial_in_forked_children",
     "serial_twin",
@@ -108,6 +109,11 @@ def is_parallel(value: Any) -> bool:
     return isinstance(options, dict) and bool(options.get("parallel"))
 
 
+def parallel_kernels(module: Any) -> list[tuple[str, Any]]:
+    """``(name, kernel)`` for each parallel kernel of ``module`` (one kernel may have several names)."""
+    return [(name, value) for name, value in list(vars(module).items()) if is_parallel(value)]
+
+
 def serial_twin(dispatcher: Any, prepare: Callable[[Any], object]) -> Any:
     """The parallel kernel ``dispatcher`` as the forked child of a GNU OpenMP process runs it: a copy of
     its Python function, named ``<kernel>__serial`` (numba's disk cache keys a kernel by its name, not
@@ -145,10 +151,9 @@ def serial_in_forked_children(modules: list[Any], prepare: Callable[[Any], objec
             return
         twins: dict[int, Any] = {}
         for module in modules:
-            for name, value in list(vars(module).items()):
-                if is_parallel(value):
-                    if id(value) not in twins:
-                        twins[id(value)] = serial_twin(value, prepare)
-                    setattr(module, name, twins[id(value)])
+            for name, value in parallel_kernels(module):
+                if id(value) not in twins:
+                    twins[id(value)] = serial_twin(value, prepare)
+                setattr(module, name, twins[id(value)])
 
     os.register_at_fork(after_in_child=after_fork_in_child)
