@@ -75,6 +75,15 @@ def test_a_compile_trace_takes_the_reference() -> None:
     assert seen == [(gate.REFERENCE, False)]
 
 
+def test_keeps_grad_asks_each_given_tensor_under_grad_mode() -> None:
+    x, w = torch.zeros(3), torch.zeros(3, requires_grad=True)
+    assert not gate.keeps_grad(x, None)
+    assert gate.keeps_grad(None, x, w)
+    with torch.no_grad():
+        assert not gate.keeps_grad(w)
+    assert gate.plain(x) and not gate.plain(x, w)
+
+
 def test_bound_inputs_refuses_transforms_forward_mode_and_other_devices() -> None:
     """The bound builds (torsions, backbones) take plain CPU float tensors only: a ``torch.func``
     transform or a forward-mode level sends the call to the general path."""

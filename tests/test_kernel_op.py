@@ -176,6 +176,30 @@ def test_call_routes_by_the_gate_with_the_declared_buffers() -> None:
     torch.testing.assert_close(tangent, 3.0 * torch.cos(x))
 
 
+def test_call_bound_routes_by_the_gradient_test_alone() -> None:
+    """``call_bound`` (inputs that passed `gate.bound_inputs`): the kernel alone, buffers borrowed,
+    where no gradient is kept (also with ``None`` inputs and under ``no_grad``); the Function, buffers
+    kept, where one is."""
+    seen: list[tuple[bool, object]] = []
+
+    def buffers(keep: bool, args: tuple, use):  # type: ignore[no-untyped-def]
+        seen.append((keep, use))
+        return use(*args)
+
+    op = KernelOp("Bound", kernel=_kernel, reference=_reference, buffers=buffers, module=__name__, doc="t")
+    x = torch.randn(4, dtype=F64)
+    out = op.call_bound(x, None, 2.0)
+    assert seen == [(False, op.run)] and out.grad_fn is None
+    xg = x.clone().requires_grad_()
+    out = op.call_bound(x, xg, 2.0)  # the gradient kept through the second input
+    assert seen[1:] == [(True, op.apply)] and type(out.grad_fn).__name__ == "BoundBackward"
+    (g,) = torch.autograd.grad(out.sum(), xg)
+    torch.testing.assert_close(g, 2.0 * torch.sin(x))
+    with torch.no_grad():
+        op.call_bound(xg, None, 2.0)
+    assert seen[2:] == [(False, op.run)]
+
+
 def test_call_with_transforms_reference_runs_the_reference_under_transforms() -> None:
     """``transforms="reference"``: under a ``torch.func`` transform or a forward-mode tangent `call`
     runs the reference itself (no kernel, no Function); the other routes as before."""

@@ -289,6 +289,15 @@ class KernelOp:
         #: ``call(*tensors, *consts)``: the op routed by the gate, with its work buffers (class docstring)
         self.call = _routed(run, apply, reference if direct else None, consts, buffers)
 
+        def call_bound(*args: Any) -> Any:
+            keep = gate.keeps_grad(*args[: len(args) - consts])
+            use = apply if keep else run
+            return use(*args) if buffers is None else buffers(keep, args, use)
+
+        #: ``call_bound(*tensors, *consts)``: `call` for tensors that passed `gate.bound_inputs` (no
+        #: transform, forward-mode level or trace), which the gradient test alone routes
+        self.call_bound = call_bound
+
     def __repr__(self) -> str:
         return f"KernelOp({self.name})"
 

@@ -179,7 +179,7 @@ def bound_build(
     arrays = [constants.defaults[k - 1] if v is None else _rows(v, m) for k, v in enumerate(values)]
     rows = None if count is None else count.reshape(m).numpy().astype(np.int64, copy=False)
     shape = (*batch, n_res, 3, 3)
-    if torch.is_grad_enabled() and any(v is not None and v.requires_grad for v in values):
+    if gate.keeps_grad(*values):  # `serves` passed the gate: the gradient test routes the call
         fixed = np.empty((m, *constants.first.shape), dtype=arrays[0].dtype)
         fixed[:] = constants.first
         return BACKBONE.apply(*values, Bound(constants, arrays, fixed, shape, rows), reference)

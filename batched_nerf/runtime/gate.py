@@ -35,6 +35,7 @@ __all__ = [
     "bound_inputs",
     "device_type",
     "forward_ad_active",
+    "keeps_grad",
     "kernel_inputs",
     "plain",
     "route",
@@ -118,11 +119,18 @@ def route(*tensors: Tensor) -> str:
     return PLAIN
 
 
+def keeps_grad(*tensors: Tensor | None) -> bool:
+    """Whether a gradient is kept through one of ``tensors`` (None: an input not given). On inputs
+    that passed `bound_inputs` (no transform, forward-mode level or trace) this alone routes a call:
+    `FUNCTION` where it holds, else `PLAIN`."""
+    if torch.is_grad_enabled():
+        for t in tensors:  # a loop, not any(...): this runs on every call
+            if t is not None and t.requires_grad:
+                return True
+    return False
+
+
 def plain(*tensors: Tensor) -> bool:
     """``route(*tensors) == PLAIN``, at the cost of the gradient test alone where a gradient is kept
     (the callers whose Function serves both other routes ask this, on every call)."""
-    if torch.is_grad_enabled():
-        for t in tensors:
-            if t.requires_grad:
-                return False
-    return route(*tensors) == PLAIN
+    return not keeps_grad(*tensors) and route(*tensors) == PLAIN

@@ -98,6 +98,8 @@ def current_level() -> int | None:
 def forward_mode_levels() -> int:
     """How many ``torch.func`` forward-mode transforms (``jvp``, ``jacfwd``) enclose this call
     (0 where torch's interpreter API differs)."""
+    if TRANSFORMS_ACTIVE is not None and not TRANSFORMS_ACTIVE():  # none at all: the common call
+        return 0
     try:
         from torch._C._functorch import TransformType
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters

@@ -256,9 +256,10 @@ class TorsionBuild:
         hold ``K`` values together, in order (radians); differentiable. Call only where
         `serves` holds.
 
-        `TORSION_BUILD` routes the call (`KernelOp.call`) with its work buffers (`_trig_buffers`): the
-        dihedrals are scratch (read by the trig pass) in a borrowed workspace buffer; the trig array
-        is borrowed too, or leased to the graph where it is kept for the backward (`workspace`).
+        `TORSION_BUILD` routes the call (`KernelOp.call_bound`: `serves` passed the gate) with its work
+        buffers (`_trig_buffers`): the dihedrals are scratch (read by the trig pass) in a borrowed
+        workspace buffer; the trig array is borrowed too, or leased to the graph where it is kept for
+        the backward (`workspace`).
 
         Example:
             >>> import torch, batched_nerf as bn
@@ -269,7 +270,7 @@ class TorsionBuild:
         """
         if batch is None:
             batch = tuple(parts[0].shape[:-1])
-        return TORSION_BUILD.call(*parts, self, NO_TURNS).view(*batch, self.n_out, 3)
+        return TORSION_BUILD.call_bound(*parts, self, NO_TURNS).view(*batch, self.n_out, 3)
 
     def forward(self, dtype: np.dtype, cs: np.ndarray) -> np.ndarray:
         """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
@@ -354,7 +355,7 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
     table's workspace to the graph) or borrowed too."""
     *parts, tb, _ = args
     m = sum(x.numel() for x in parts) // tb.n_values
-    owner, dtype = tb.kernel_plan.topology, np.dtype(_NP[parts[0].dtype])
+    owner, dtype = tb.kernel_plan.topology, _NP_DTYPE[parts[0].dtype]
     with workspace.borrowed(owner, m * tb.n_out, dtype) as scratch:
         d = tb.dihedrals(parts, m, scratch)
         return with_turns(keep, owner, tb.arrays(dtype, m)[1], d, lambda turns: use(*parts, tb, turns))
@@ -362,8 +363,8 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
 
 def _torsion_kernel(*args: Any) -> Tensor:
     """``(*parts, tb, turns)`` -> ``(m, n_out, 3)``: the forward kernel on the kept trig array."""
-    *parts, tb, turns = args
-    return torch.from_numpy(tb.forward(np.dtype(_NP[parts[0].dtype]), turns.cs))
+    tb, turns = args[-2:]
+    return torch.from_numpy(tb.forward(_NP_DTYPE[args[0].dtype], turns.cs))
 
 
 def _torsion_vjp(
@@ -405,4 +406,5 @@ TorsionFn = TORSION_BUILD.function
 
 
 _NP = {torch.float32: np.float32, torch.float64: np.float64}
+_NP_DTYPE = {k: np.dtype(v) for k, v in _NP.items()}
 _TORCH = {np.dtype(v): k for k, v in _NP.items()}
