@@ -216,90 +216,110 @@ class KernelOp:
                 f"got {transforms!r}"
             )
         direct = transforms == "reference"
-
-        def guarded_run(*args: Any) -> Any:
-            first = next(t for t in args if isinstance(t, Tensor))
-            return guarded(
-                gate.device_type(first),
-                fallback(*args[len(args) - consts :]),  # type: ignore[misc]
-                lambda: kernel(*args),
-                lambda: reference(*args),  # type: ignore[misc]
-            )
-
-        # the kernel itself where there is no fallback (no wrapper on every call)
-        run = kernel if fallback is None else guarded_run
         #: ``run(*tensors, *consts)``: the op's outputs without a graph (the kernel, GPU fallback applied)
-        self.run = run
-
-        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-            k = len(inputs) - consts
-            given = [t for t in inputs[:k] if t is not None]
-            ctx.consts = inputs[k:]
-            # which inputs were given: None where all were (the common case, on every call)
-            ctx.given = None if len(given) == k else tuple(t is not None for t in inputs[:k])
-            ctx.save_for_backward(*given)
-            ctx.save_for_forward(*given)
-
-        def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-            primals = _primals(ctx)
-            if vjp is not None:
-                out = vjp(primals, grads, *ctx.consts)
-            else:
-                _, pull = torch.func.vjp(
-                    lambda *x: reference(*with_none(x, primals), *ctx.consts),  # type: ignore[misc]
-                    *(p for p in primals if p is not None),
-                )
-                out = with_none(pull(grads if len(grads) > 1 else grads[0]), primals)
-            return (*out, *(None,) * consts)
-
-        def forward_mode(ctx: Any, *tangents: Any) -> Any:
-            primals = _primals(ctx)
-            tangents = tangents[: len(primals)]
-            if jvp is not None:
-                return jvp(primals, tangents, *ctx.consts)
-            given = tuple(p.contiguous() for p in primals if p is not None)
-            dense = tuple(
-                (torch.zeros_like(p) if t is None else t).contiguous()
-                for p, t in zip(primals, tangents)
-                if p is not None
-            )
-            return _reference_jvp(lambda *x: reference(*with_none(x, primals), *ctx.consts), given, dense)  # type: ignore[misc]
-
-        def vmap_rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
-            k = len(args) - consts
-            return vmap(self, info, in_dims[:k], args[:k], args[k:])  # type: ignore[misc]
-
-        attrs: dict[str, Any] = {
-            "__doc__": doc,
-            "__module__": module,
-            "__qualname__": name,
-            "forward": staticmethod(run),
-            "setup_context": staticmethod(setup_context),
-            "backward": staticmethod(backward),
-        }
-        if reference is not None or jvp is not None:
-            attrs["jvp"] = staticmethod(forward_mode)
-        if vmap is not None:
-            attrs["vmap"] = staticmethod(vmap_rule)
+        self.run = run = _guarded_run(kernel, reference, fallback, consts)
         #: the ``autograd.Function`` of this op (a graph's nodes read ``<name>Backward``)
-        self.function: type[Function] = type(name, (Function,), attrs)
+        self.function: type[Function] = _function(self, run, vjp, jvp, vmap, module, doc)
         #: ``apply(*tensors, *consts)``: the op, recorded for autograd where a gradient is kept
         self.apply = apply = self.function.apply
-
         #: ``call(*tensors, *consts)``: the op routed by the gate, with its work buffers (class docstring)
         self.call = _routed(run, apply, reference if direct else None, consts, buffers)
-
-        def call_bound(*args: Any) -> Any:
-            keep = gate.keeps_grad(*args[: len(args) - consts])
-            use = apply if keep else run
-            return use(*args) if buffers is None else buffers(keep, args, use)
-
         #: ``call_bound(*tensors, *consts)``: `call` for tensors that passed `gate.bound_inputs` (no
         #: transform, forward-mode level or trace), which the gradient test alone routes
-        self.call_bound = call_bound
+        self.call_bound = _bound_routed(run, apply, consts, buffers)
 
     def __repr__(self) -> str:
         return f"KernelOp({self.name})"
+
+
+def _guarded_run(
+    kernel: Callable[..., Any],
+    reference: Callable[..., Any] | None,
+    fallback: Callable[..., bool] | None,
+    consts: int,
+) -> Callable[..., Any]:
+    """`KernelOp.run`: the kernel itself where no GPU fallback is declared (no wrapper on every call),
+    else the kernel through `gpu_policy.guarded`."""
+    if fallback is None:
+        return kernel
+
+    def run(*args: Any) -> Any:
+        first = next(t for t in args if isinstance(t, Tensor))
+        return guarded(
+            gate.device_type(first),
+            fallback(*args[len(args) - consts :]),
+            lambda: kernel(*args),
+            lambda: reference(*args),  # type: ignore[misc]
+        )
+
+    return run
+
+
+def _function(
+    op: KernelOp,
+    run: Callable[..., Any],
+    vjp: Callable[..., tuple[Any, ...]] | None,
+    jvp: Callable[..., Any] | None,
+    vmap: Callable[..., Any] | None,
+    module: str,
+    doc: str,
+) -> type[Function]:
+    """`KernelOp.function`: the ``autograd.Function`` of ``op`` (forward ``run``; the tensors saved for
+    both modes; backward ``vjp`` or the reference's; forward mode ``jvp`` or the reference's;
+    ``vmap``'s rule where given)."""
+    reference, consts = op.reference, op.consts
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        k = len(inputs) - consts
+        given = [t for t in inputs[:k] if t is not None]
+        ctx.consts = inputs[k:]
+        # which inputs were given: None where all were (the common case, on every call)
+        ctx.given = None if len(given) == k else tuple(t is not None for t in inputs[:k])
+        ctx.save_for_backward(*given)
+        ctx.save_for_forward(*given)
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        primals = _primals(ctx)
+        if vjp is not None:
+            out = vjp(primals, grads, *ctx.consts)
+        else:
+            _, pull = torch.func.vjp(
+                lambda *x: reference(*with_none(x, primals), *ctx.consts),  # type: ignore[misc]
+                *(p for p in primals if p is not None),
+            )
+            out = with_none(pull(grads if len(grads) > 1 else grads[0]), primals)
+        return (*out, *(None,) * consts)
+
+    def forward_mode(ctx: Any, *tangents: Any) -> Any:
+        primals = _primals(ctx)
+        tangents = tangents[: len(primals)]
+        if jvp is not None:
+            return jvp(primals, tangents, *ctx.consts)
+        given = tuple(p.contiguous() for p in primals if p is not None)
+        dense = tuple(
+            (torch.zeros_like(p) if t is None else t).contiguous()
+            for p, t in zip(primals, tangents)
+            if p is not None
+        )
+        return _reference_jvp(lambda *x: reference(*with_none(x, primals), *ctx.consts), given, dense)  # type: ignore[misc]
+
+    def vmap_rule(info: Any, in_dims: tuple[Any, ...], *args: Any) -> Any:
+        k = len(args) - consts
+        return vmap(op, info, in_dims[:k], args[:k], args[k:])  # type: ignore[misc]
+
+    attrs: dict[str, Any] = {
+        "__doc__": doc,
+        "__module__": module,
+        "__qualname__": op.name,
+        "forward": staticmethod(run),
+        "setup_context": staticmethod(setup_context),
+        "backward": staticmethod(backward),
+    }
+    if reference is not None or jvp is not None:
+        attrs["jvp"] = staticmethod(forward_mode)
+    if vmap is not None:
+        attrs["vmap"] = staticmethod(vmap_rule)
+    return type(op.name, (Function,), attrs)
 
 
 def _routed(
@@ -326,6 +346,20 @@ def _routed(
         return use(*args) if buffers is None else buffers(not plain, args, use)
 
     return call
+
+
+def _bound_routed(
+    run: Callable[..., Any], apply: Callable[..., Any], consts: int, buffers: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    """`KernelOp.call_bound`: ``run`` or ``apply`` as the gradient test alone routes the call
+    (`gate.keeps_grad`), through ``buffers`` where declared."""
+
+    def call_bound(*args: Any) -> Any:
+        keep = gate.keeps_grad(*args[: len(args) - consts])
+        use = apply if keep else run
+        return use(*args) if buffers is None else buffers(keep, args, use)
+
+    return call_bound
 
 
 def _primals(ctx: Any) -> tuple[Any, ...]:
