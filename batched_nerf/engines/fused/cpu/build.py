@@ -65,7 +65,7 @@ __all__ = ["backward", "forward", "gathered_forward", "gathered_trig", "pose", "
 #: 16,384) / two (bound 4,096), back to back and each after 2 ms of torch matmuls: forward of
 #: alanine dipeptide x 512 (11,264 atom-samples) 205-208 / 146-151 us and 307-308 / 263-283 us;
 #: its forward+backward 695-731 / 486-487 and 840-878 / 647-648 us; chain 64 x 128 forward
-#: 152 / 129-131 and 238-264 / 216-217 us (``/work/bench/serial.py`` of issue 40's note).
+#: 152 / 129-131 and 238-264 / 216-217 us (``to_cartesian(method="fused")``, one process per bound).
 SERIAL_WORK = 4096
 #: `SERIAL_WORK` on TBB: a launch costs about 2 us there too, but a worker that slept (any call
 #: after a few ms of other work, the common case in a training step) takes longer to wake than a
