@@ -27,7 +27,6 @@ the torch engine's graph.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import math
@@ -175,14 +174,7 @@ def internal_from_xyz(plan: InversePlan, xyz: Tensor, fallback: bool = False) ->
     Raises:
         KernelError: a Triton kernel failed to compile or launch, without ``fallback``.
     """
-    if fallback:
-        plan = _FallbackPlan(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)})
-    return InternalCoordinates(*FUSED_INTERNAL.call(xyz, plan, None))
-
-
-@dataclasses.dataclass(frozen=True)
-class _FallbackPlan(InversePlan):
-    """The inverse plan of a ``method="auto"`` call: Triton kernel errors fall back to the torch engine."""
+    return InternalCoordinates(*FUSED_INTERNAL.call(xyz, plan, fallback, None))
 
 
 # --------------------------------------------------------------------------
@@ -208,7 +200,9 @@ def _backend(xyz: Tensor) -> ModuleType:
     return gpu if gpu is not None else _kernels()
 
 
-def _forward(xyz: Tensor, plan: InversePlan, scratch: np.ndarray | None) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(
+    xyz: Tensor, plan: InversePlan, _fallback: bool, scratch: np.ndarray | None
+) -> tuple[Tensor, Tensor, Tensor]:
     CALLS["forward"] += 1
     lead, n = tuple(xyz.shape[:-2]), xyz.shape[-2]
     kernels = _backend(xyz)
@@ -221,18 +215,18 @@ def _scratch(keep: bool, args: tuple[Any, ...], use: Callable[..., Any]) -> Any:
     """`FUSED_INTERNAL`'s work buffer (`KernelOp`'s ``buffers``): the CPU kernel's ``atan2`` arguments,
     ``4 B N`` float64, borrowed from the table's workspace for the call in either route (only the
     forward kernel reads them; none for ``torch.func`` wrappers, whose rules call with other shapes)."""
-    xyz, plan, _ = args
+    xyz, plan, fallback, _ = args
     if not xyz.is_cpu or (keep and gate.wrapped(xyz)):
         return use(*args)
     with workspace.borrowed(plan.refs, 4 * (xyz.numel() // 3)) as buf:
-        return use(xyz, plan, buf)
+        return use(xyz, plan, fallback, buf)
 
 
 def _lead(xyz: Tensor, *per_atom: Tensor) -> tuple[int, ...]:
     return tuple(batch_shape(xyz.shape[:-2], *(g.shape[:-1] for g in per_atom)))
 
 
-def _vjp(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:
+def _vjp(xyz: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan, _fallback: bool) -> Tensor:
     CALLS["vjp"] += 1
     lead, n, dt = _lead(xyz, gb, ga, gd), xyz.shape[-2], xyz.dtype
     g = (_rows(t, lead, (n,), dt) for t in (gb, ga, gd))
@@ -272,7 +266,7 @@ def _ref(x: Tensor, plan: InversePlan, *_: Any) -> tuple[Tensor, Tensor, Tensor]
     return tuple(torch_internal_from_xyz(plan, x))  # type: ignore[return-value]
 
 
-def _ref_vjp(x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan) -> Tensor:
+def _ref_vjp(x: Tensor, gb: Tensor, ga: Tensor, gd: Tensor, plan: InversePlan, *_: Any) -> Tensor:
     lead, n = _lead(x, gb, ga, gd), x.shape[-2]
     _, pull = torch.func.vjp(lambda y: _ref(y, plan), x.expand(*lead, n, 3))
     return pull(tuple(g.expand(*lead, n) for g in (gb, ga, gd)))[0]
@@ -290,9 +284,9 @@ def _ref_second(
 # --------------------------------------------------------------------------
 
 
-def _may_fall_back(plan: InversePlan, *_: Any) -> bool:
+def _may_fall_back(plan: InversePlan, fallback: bool, *_: Any) -> bool:
     """Whether a failed Triton kernel of this call falls back to the torch engine (``method="auto"``)."""
-    return isinstance(plan, _FallbackPlan)
+    return fallback
 
 
 def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: InversePlan, *_: Any) -> Any:
@@ -302,16 +296,17 @@ def _internal_jvp(primals: tuple[Tensor, ...], tangents: tuple[Any, ...], plan: 
     return FUSED_INTERNAL_SECOND.apply(xyz, zero, zero, zero, t, plan)[1:]
 
 
-#: ``(xyz, plan, scratch) -> (bonds, angles, dihedrals)`` with the forward kernel (``scratch``: its work
-#: buffer, `_scratch`); its backward is `FUSED_INTERNAL_VJP`, its forward mode the second-order
-#: kernel's ``J t``.
+#: ``(xyz, plan, fallback, scratch) -> (bonds, angles, dihedrals)`` with the forward kernel
+#: (``fallback``: a failed Triton kernel falls back to the torch engine, ``method="auto"``;
+#: ``scratch``: its work buffer, `_scratch`); its backward is `FUSED_INTERNAL_VJP`, its forward
+#: mode the second-order kernel's ``J t``.
 FUSED_INTERNAL = KernelOp(
     "FusedInternal",
     kernel=_forward,
     reference=_ref,
-    consts=2,
-    vjp=lambda primals, grads, plan, _: (
-        _sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan), primals[0]),
+    consts=3,
+    vjp=lambda primals, grads, plan, fallback, _: (
+        _sum_to(FUSED_INTERNAL_VJP.apply(*primals, *grads, plan, fallback), primals[0]),
     ),
     jvp=_internal_jvp,
     vmap=lead,
@@ -321,13 +316,14 @@ FUSED_INTERNAL = KernelOp(
     doc="The fused inverse's forward kernel (`FUSED_INTERNAL`).",
 )
 
-#: ``(xyz, gb, ga, gd, plan) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel; its backward is
-#: `FUSED_INTERNAL_SECOND`.
+#: ``(xyz, gb, ga, gd, plan, fallback) -> J^T (gb, ga, gd)`` ``(..., N, 3)`` with the vjp kernel; its
+#: backward is `FUSED_INTERNAL_SECOND`.
 FUSED_INTERNAL_VJP = KernelOp(
     "FusedInternalVJP",
     kernel=_vjp,
     reference=_ref_vjp,
-    vjp=lambda primals, grads, plan: FUSED_INTERNAL_SECOND.apply(*primals, *grads, plan),
+    consts=2,
+    vjp=lambda primals, grads, plan, _: FUSED_INTERNAL_SECOND.apply(*primals, *grads, plan),
     vmap=lead,
     fallback=_may_fall_back,
     module=__name__,
