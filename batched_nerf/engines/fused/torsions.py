@@ -355,7 +355,7 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
     table's workspace to the graph) or borrowed too."""
     *parts, tb, _ = args
     m = sum(x.numel() for x in parts) // tb.n_values
-    owner, dtype = tb.kernel_plan.topology, _NP_DTYPE[parts[0].dtype]
+    owner, dtype = tb.kernel_plan.topology, _NP[parts[0].dtype]
     with workspace.borrowed(owner, m * tb.n_out, dtype) as scratch:
         d = tb.dihedrals(parts, m, scratch)
         return with_turns(keep, owner, tb.arrays(dtype, m)[1], d, lambda turns: use(*parts, tb, turns))
@@ -364,7 +364,7 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
 def _torsion_kernel(*args: Any) -> Tensor:
     """``(*parts, tb, turns)`` -> ``(m, n_out, 3)``: the forward kernel on the kept trig array."""
     tb, turns = args[-2:]
-    return torch.from_numpy(tb.forward(_NP_DTYPE[args[0].dtype], turns.cs))
+    return torch.from_numpy(tb.forward(_NP[args[0].dtype], turns.cs))
 
 
 def _torsion_vjp(
@@ -375,7 +375,7 @@ def _torsion_vjp(
     (g,) = grads
     dtype = parts[0].dtype
     if not torch.is_grad_enabled():
-        return _split(tb.backward(turns.cs, g, np.dtype(_NP[dtype])), parts)
+        return _split(tb.backward(turns.cs, g, _NP[dtype]), parts)
     bonds, angles, template, source, slots, rows, atoms = tb.torch_inputs(dtype)
     m, n = turns.cs.shape[1], tb.n_atoms
     values = torch.cat([x.reshape(m, -1) for x in parts], dim=-1)
@@ -405,6 +405,5 @@ TORSION_BUILD = KernelOp(
 TorsionFn = TORSION_BUILD.function
 
 
-_NP = {torch.float32: np.float32, torch.float64: np.float64}
-_NP_DTYPE = {k: np.dtype(v) for k, v in _NP.items()}
-_TORCH = {np.dtype(v): k for k, v in _NP.items()}
+_NP = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+_TORCH = {v: k for k, v in _NP.items()}

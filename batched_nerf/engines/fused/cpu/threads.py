@@ -75,7 +75,7 @@ def serial_bound(bound: int, workqueue: int, tbb: int | None = None) -> int:
         _layer.append(threading_layer())
     if _layer[0] == "workqueue":
         return workqueue
-    return bound if tbb is None or _layer[0] != "tbb" else tbb
+    return tbb if tbb is not None and _layer[0] == "tbb" else bound
 
 
 def threading_layer() -> str:
