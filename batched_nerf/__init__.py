@@ -37,7 +37,8 @@ from .topology.analysis import Topology
 from .topology.auto import nonbonded_references, perceive_connectivity
 from .torsion_space.inputs import rotor_tables
 from .torsion_space.ops import match_torsions, set_torsions, torsion_angles, torsion_log_volume
-from .torsion_space.rotors import RotorTable, rotatable_bonds, update_torsions
+from .torsion_space.rotors import RotorTable, rotatable_bonds
+from .torsion_space.update import update_torsions
 
 _LAZY_SUBMODULES = ("data", "formats", "protein", "testing")
 # Adapters live in `formats` (which the core never imports): loaded on first use.

@@ -98,7 +98,8 @@ def _flow(table: ConstructionTable, n: int, dtype: torch.dtype) -> None:
 
 def _torsions(n: int, dtype: torch.dtype) -> None:
     """`update_torsions` with its gradient (its turns' forward and backward kernels)."""
-    from .torsion_space.rotors import RotorTable, update_torsions
+    from .torsion_space.rotors import RotorTable
+    from .torsion_space.update import update_torsions
 
     rotors = RotorTable.from_connectivity([(k, k + 1) for k in range(_ATOMS - 1)], _ATOMS)
     b, a, d = _inputs(1, dtype)

@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, ...]] = [
         "batched_nerf.torsion_space.turns",
         "batched_nerf.torsion_space.packed",
         "batched_nerf.torsion_space.rotors",
+        "batched_nerf.torsion_space.update",
         "batched_nerf.torsion_space.ops",
         "batched_nerf.torsion_space.inputs",
     ),

@@ -1,4 +1,4 @@
-"""OpenFold atom37 / atom14 layouts and the symmetric side-chain torsions (batched_nerf.protein._layouts)."""
+"""OpenFold atom37 / atom14 layouts and the symmetric side-chain torsions (protein._layouts, ._symmetry)."""
 
 from __future__ import annotations
 

@@ -389,7 +389,7 @@ def test_the_kernel_and_the_torch_turns_agree(dtype):
 
 
 def test_nested_sides_compose_and_overlapping_sides_take_the_round_trip():
-    from batched_nerf.torsion_space.rotors import _packed
+    from batched_nerf.torsion_space.packed import _packed
 
     pairs, n, xyz = molecule("ring", seed=4)
     smaller = bn.RotorTable.from_connectivity(pairs, n)

@@ -54,20 +54,11 @@ from ..residues.topology import TopologyTable, table_from_topology
 from ._backbone import FOLDINGDIFF_FIRST, BackboneInternal, backbone_internal, build_backbone
 from ._build import PackedProteins, Protein, build, build_batch, packed_proteins
 from ._inverse import Torsions, internal_coordinates, torsions, torsions_batch
-from ._layouts import (
-    ATOM37_NAMES,
-    atom14_names,
-    chi_loss,
-    from_atom14,
-    from_atom37,
-    symmetric_chi,
-    symmetric_renaming,
-    to_atom14,
-    to_atom37,
-)
+from ._layouts import ATOM37_NAMES, atom14_names, from_atom14, from_atom37, to_atom14, to_atom37
 from ._pdb import write_pdb
 from ._sequence import NAME_ALIASES, TORSION_NAMES, ProteinTable, parse_sequence, protein_table
 from ._side_chains import BACKBONE_ATOMS, place_side_chains
+from ._symmetry import chi_loss, symmetric_chi, symmetric_renaming
 
 __all__ = [
     "ATOM37_NAMES",

@@ -15,7 +15,8 @@ import numpy as np
 from torch import Tensor
 
 from ..runtime.torch_compat import values_of
-from .rotors import Moving, RotorTable, Rule, _check_moving, _check_rule, _recent, rotatable_bonds
+from .packed import _recent
+from .rotors import Moving, RotorTable, Rule, _check_moving, _check_rule, rotatable_bonds
 
 __all__ = ["rotor_tables"]
 

@@ -16,7 +16,9 @@ import torch
 from torch import Tensor
 
 from .._geometry import centered, cross, dihedral, safe_normalize, superposed_msd
-from .rotors import RotorTable, _Bridges, _Packed, _per_bond, _prepare, update_torsions
+from .packed import _Packed
+from .rotors import RotorTable, _Bridges
+from .update import _per_bond, _prepare, update_torsions
 
 __all__ = ["match_torsions", "set_torsions", "torsion_angles", "torsion_log_volume"]
 
