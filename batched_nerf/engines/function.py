@@ -355,7 +355,8 @@ def _bound_routed(
     (`gate.keeps_grad`), through ``buffers`` where declared."""
 
     def call_bound(*args: Any) -> Any:
-        keep = gate.keeps_grad(*args[: len(args) - consts])
+        # the grad mode first: no slice of the arguments under no_grad
+        keep = torch.is_grad_enabled() and gate.keeps_grad(*args[: len(args) - consts])
         use = apply if keep else run
         return use(*args) if buffers is None else buffers(keep, args, use)
 

@@ -257,16 +257,17 @@ NO_TURNS = Turns(None)
 
 
 def with_turns(
-    keep: bool, owner: object, angles: Any, dihedrals: Any, use: Callable[[Turns], Tensor]
+    keep: bool, owner: object, angles: Any, dihedrals: Any, use: Callable[..., Tensor], args: tuple[Any, ...]
 ) -> Tensor:
-    """``use(turns)`` with the trig array of ``angles`` and ``dihedrals`` (C-contiguous numpy arrays of
-    one shape): kept for a backward (``keep``: leased from ``owner``'s workspace to the graph,
-    `Turns.kept`) or borrowed for the call (a new array where no buffer serves). The work buffer of
-    every op that hands its kernels a trig array (`KernelOp`'s ``buffers``)."""
+    """``use(*args[:-1], turns)`` (a `KernelOp` call whose last constant is its `Turns`) with the trig
+    array of ``angles`` and ``dihedrals`` (C-contiguous numpy arrays of one shape): kept for a
+    backward (``keep``: leased from ``owner``'s workspace to the graph, `Turns.kept`) or borrowed for
+    the call (a new array where no buffer serves). The work buffer of every op that hands its kernels
+    a trig array (`KernelOp`'s ``buffers``)."""
     if keep:
-        return use(Turns.kept(owner, angles, dihedrals))
+        return use(*args[:-1], Turns.kept(owner, angles, dihedrals))
     with workspace.borrowed(owner, 4 * angles.size) as buf:  # nothing keeps it
-        return use(Turns(require("cpu").trig(angles, dihedrals, buf)))
+        return use(*args[:-1], Turns(require("cpu").trig(angles, dihedrals, buf)))
 
 
 def _forward_kernel(
@@ -366,7 +367,7 @@ def _trig_buffer(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor]) 
     b, a, d, f, rot, tr, plan, _ = args
     if not require(gate.device_type(b)).READS_TRIG or (keep and gate.wrapped(a, d)):
         return use(*args)
-    return with_turns(keep, plan.topology, _np(a), _np(d), lambda t: use(b, a, d, f, rot, tr, plan, t))
+    return with_turns(keep, plan.topology, _np(a), _np(d), use, args)
 
 
 def _no_turns(consts: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -276,11 +276,10 @@ class TorsionBuild:
         """``(m, n_out, 3)`` positions of ``dtype`` from the ``(4, m, n_out)`` trig array of angles and
         dihedrals (`build.trig`); zeros where no atom is."""
         bonds, _, fixed, _ = self.arrays(dtype, cs.shape[1])
-        plan = self.kernel_plan
-        pose = require("cpu").pose.identity_rows(plan.topology.seed_root.size)
+        plan, kernels = self.kernel_plan, require("cpu")
+        pose = kernels.pose.identity_rows(plan.topology.seed_root.size)
         # fresh zeroed pages (calloc) cost no more than an empty array
         out = np.zeros((cs.shape[1], self.n_out, 3), dtype=dtype) if self.pad.size else None
-        kernels = require("cpu")
         return kernels.forward(plan.index, plan.starts, bonds, cs, fixed, pose, plan.width, plan.reach, out)
 
     def backward(self, cs: np.ndarray, g: Tensor, dtype: np.dtype) -> np.ndarray:
@@ -353,12 +352,15 @@ def _trig_buffers(keep: bool, args: tuple[Any, ...], use: Callable[..., Tensor])
     """`TORSION_BUILD`'s work buffers (`KernelOp`'s ``buffers``): the dihedrals (scratch, read by the
     trig pass) borrowed for the call; the trig array kept for the backward (``keep``: leased from the
     table's workspace to the graph) or borrowed too."""
-    *parts, tb, _ = args
-    m = sum(x.numel() for x in parts) // tb.n_values
+    parts, tb = args[:-2], args[-2]
+    n = 0
+    for x in parts:  # a loop, not sum(...): this runs on every call
+        n += x.numel()
+    m = n // tb.n_values
     owner, dtype = tb.kernel_plan.topology, _NP[parts[0].dtype]
     with workspace.borrowed(owner, m * tb.n_out, dtype) as scratch:
         d = tb.dihedrals(parts, m, scratch)
-        return with_turns(keep, owner, tb.arrays(dtype, m)[1], d, lambda turns: use(*parts, tb, turns))
+        return with_turns(keep, owner, tb.arrays(dtype, m)[1], d, use, args)
 
 
 def _torsion_kernel(*args: Any) -> Tensor:
