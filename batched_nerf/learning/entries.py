@@ -5,11 +5,12 @@ informative internal coordinates, ordered by atom: the bonds of the atoms with a
 bond reference, and so on. `gather` picks them out of ``(..., N)`` per-atom
 values; `spread` puts ``(..., E)`` entries back, zero at the other atoms.
 The two maps are each other's adjoints, so each one's backward is the other
-(one ``cat`` of a few slices where the entries are a few runs of consecutive
-atoms, one ``index_select``/``index_copy`` otherwise). Autograd through the
-slices themselves would instead zero-fill an ``(..., E)`` array per slice and add
-them up: on alanine dipeptide x 4,096 that backward cost 1.5 ms of the flow
-layer's inverse, against ~0.1 ms for a ``cat``. Both functions are linear, so
+(`gather`: a view where the entries are one run of consecutive atoms, else one
+``index_select``; `spread`: one ``cat`` of a few slices where the entries are a
+few runs, else one ``index_copy``). Autograd through the slices themselves would
+instead zero-fill an ``(..., E)`` array per slice and add them up: on alanine
+dipeptide x 4,096 that backward cost 1.5 ms of the flow layer's inverse, against
+~0.1 ms for a ``cat``. Both functions are linear, so
 they are differentiable to any order, and pure torch (``vmap``, ``jvp``).
 """
 
@@ -25,9 +26,11 @@ from ..engines.function import linear_pair
 
 __all__ = ["EntryLayout", "gather", "spread"]
 
-#: Entries of at most this many runs of consecutive atoms are sliced and concatenated, not
-#: gathered: one run is a view, and a ``cat`` of a few slices measured ~80 us against ~100 us
-#: for ``index_copy`` (alanine dipeptide x 4,096; both slow on a short last dimension).
+#: Entries of at most this many runs of consecutive atoms are spread by a ``cat`` of slices, not
+#: ``index_copy``: ~80 us against ~100 us (alanine dipeptide x 4,096; both slow on a short last
+#: dimension). Gathered, they are a view (one run) or one ``index_select``, which measured
+#: 150-160 us against 190-250 us for a ``cat`` of their slices (the same rows, 2 threads, each
+#: right after the inverse kernel).
 MAX_RUNS = 8
 
 
@@ -58,11 +61,9 @@ class EntryLayout:
 
 def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
     runs = layout.runs
-    if runs is None:
-        return values.index_select(-1, layout.atoms)
-    if len(runs) <= 1:
+    if runs is not None and len(runs) <= 1:
         return values[..., runs[0][0] : runs[0][1]] if runs else values[..., :0]
-    return torch.cat([values[..., lo:hi] for lo, hi in runs], -1)
+    return values.index_select(-1, layout.atoms)
 
 
 def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .._geometry import batch_shape
 from ..core.checks import check_table, check_tensor
 from ..core.convert import to_cartesian, to_internal
-from ..core.pose import extract_pose, pose_info
+from ..core.pose import pose_info
 from ..core.table import ConstructionTable
 from .entries import EntryLayout, gather, spread
 from .logdet import _masks, entries_log_det, entry_weights, log_det_jacobian
@@ -181,7 +181,11 @@ class InternalCoordinateTransform(nn.Module):
         Raises:
             ValueError: ``xyz`` is not ``(..., N, 3)``.
         """
-        ic = to_internal(xyz, self.table)
+        rotation = translation = None
+        if self.pose:  # one kernel for both, and the pose before the torch operations below
+            ic, (rotation, translation) = to_internal(xyz, self.table, return_pose=True)
+        else:
+            ic = to_internal(xyz, self.table)
         bonds, angles, dihedrals = (self._entries(v, k) for v, k in zip(ic, _KINDS))
         ld = self._log_det(bonds, angles)
         if ld is None:
@@ -191,9 +195,6 @@ class InternalCoordinateTransform(nn.Module):
             angles = angles / math.pi
             dihedrals = (dihedrals + math.pi) / (2.0 * math.pi)
             ld = ld - self._norm_log_det()
-        rotation = translation = None
-        if self.pose:
-            rotation, translation = extract_pose(xyz, self.table)
         fixed = xyz.index_select(-2, self.fixed_atoms) if self.table.n_fixed else None
         return FlowCoordinates(bonds, angles, dihedrals, rotation, translation, fixed, ld)
 
