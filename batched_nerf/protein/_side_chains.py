@@ -174,44 +174,11 @@ def place_side_chains(
     if not given:
         raise ValueError("sequences must be a sequence or a non-empty list of sequences")
     residues = tuple(protein_table(s).residues for s in given)
-    x = _float(backbone, "backbone", None)
-    lead = 0 if single else 1
-    n_backbone = x.shape[-2] if x.ndim >= 3 + lead else 0
-    if x.ndim < 3 + lead or x.shape[-1] != 3 or n_backbone not in (3, 4):
-        want = "(..., L, 3 or 4, 3)" if single else "(..., B, L_pad, 3 or 4, 3)"
-        raise ValueError(
-            f"backbone must be {want} (N, CA, C[, O] of each residue), got shape {tuple(x.shape)}"
-        )
-    if single:
-        x = x.unsqueeze(-4)
     counts = [len(r) for r in residues]
+    x = _backbone(backbone, counts, single)
     length = x.shape[-3]
-    if x.shape[-4] != len(given) or (length != counts[0] if single else length < max(counts)):
-        what = (
-            f"{counts[0]} residues"
-            if single
-            else f"B = {len(given)} sequences of up to {max(counts)} residues"
-        )
-        raise ValueError(
-            f"backbone of shape {tuple(_float(backbone, 'backbone', None).shape)} does not fit {what}"
-        )
-    placer = _placer(residues, bool(hydrogens), n_backbone)
-    packed = placer.packed
-    if chi is None:
-        with _static_tensors():
-            c = torch.zeros(len(given), length, 4, dtype=torch.float64)
-            c[:, : packed.l_max] = packed.default_chi
-        c = c.to(dtype=x.dtype, device=x.device)
-    else:
-        c = _float(chi, "chi", x)
-        want = (counts[0], 4) if single else (len(given), length, 4)
-        if tuple(c.shape[-len(want) :]) != want or c.ndim < len(want):
-            shape = "(..., L, 4)" if single else "(..., B, L_pad, 4)"
-            raise ValueError(
-                f"chi must be {shape} = (..., {', '.join(map(str, want))}), got {tuple(c.shape)}"
-            )
-        c = c.unsqueeze(-3) if single else c
-        c = c * _DEG if degrees else c
+    placer = _placer(residues, bool(hydrogens), x.shape[-2])
+    c = _chi(chi, x, placer.packed, counts, single, degrees)
     dtype = torch.promote_types(x.dtype, c.dtype)
     try:
         batch = torch.broadcast_shapes(x.shape[:-4], c.shape[:-3])
@@ -227,22 +194,71 @@ def place_side_chains(
     bonds = placer.bonds.to(dtype=dtype, device=x.device)
     angles = placer.angles.to(dtype=dtype, device=x.device)
     xyz = to_cartesian(bonds, angles, dihedrals, placer.table, fixed_xyz=fixed_xyz, method=method)
-    padded = packed.padded(xyz)
-    t = packed.tables
+    return _protein(placer.packed, placer.packed.padded(xyz), single)
+
+
+def _backbone(backbone: Any, counts: list[int], single: bool) -> Tensor:
+    """``backbone`` checked against the sequences' residue ``counts``: ``(..., B, L_pad, 3|4, 3)``
+    (one sequence: a batch of one added)."""
+    x = _float(backbone, "backbone", None)
+    lead = 0 if single else 1
+    if x.ndim < 3 + lead or x.shape[-1] != 3 or x.shape[-2] not in (3, 4):
+        want = "(..., L, 3 or 4, 3)" if single else "(..., B, L_pad, 3 or 4, 3)"
+        raise ValueError(
+            f"backbone must be {want} (N, CA, C[, O] of each residue), got shape {tuple(x.shape)}"
+        )
+    shape = tuple(x.shape)
+    if single:
+        x = x.unsqueeze(-4)
+    length = x.shape[-3]
+    if x.shape[-4] != len(counts) or (length != counts[0] if single else length < max(counts)):
+        what = (
+            f"{counts[0]} residues"
+            if single
+            else f"B = {len(counts)} sequences of up to {max(counts)} residues"
+        )
+        raise ValueError(f"backbone of shape {shape} does not fit {what}")
+    return x
+
+
+def _chi(
+    chi: Any, x: Tensor, packed: PackedProteins, counts: list[int], single: bool, degrees: bool
+) -> Tensor:
+    """``(..., B, L_pad, 4)`` chi (radians) of the call: ``chi`` checked, or the packed tables'
+    default rotamers (``x``: the checked backbone, whose dtype and device they take)."""
+    length = x.shape[-3]
+    if chi is None:
+        with _static_tensors():
+            c = torch.zeros(len(counts), length, 4, dtype=torch.float64)
+            c[:, : packed.l_max] = packed.default_chi
+        return c.to(dtype=x.dtype, device=x.device)
+    c = _float(chi, "chi", x)
+    want = (counts[0], 4) if single else (len(counts), length, 4)
+    if tuple(c.shape[-len(want) :]) != want or c.ndim < len(want):
+        shape = "(..., L, 4)" if single else "(..., B, L_pad, 4)"
+        raise ValueError(f"chi must be {shape} = (..., {', '.join(map(str, want))}), got {tuple(c.shape)}")
+    c = c.unsqueeze(-3) if single else c
+    return c * _DEG if degrees else c
+
+
+def _protein(packed: PackedProteins, padded: Tensor, single: bool) -> Protein:
+    """The `Protein` of ``padded`` ``(..., B, N_max, 3)`` coordinates: one sequence's own atoms, or
+    the padded batch with its mask."""
+    t, device = packed.tables, padded.device
     if single:
         return Protein(
             padded[..., 0, : t[0].n_atoms, :],
             t[0].atom_names,
-            t[0].residue_index.to(x.device),
+            t[0].residue_index.to(device),
             t[0].elements,
             t[0].sequence,
-            torch.ones(t[0].n_atoms, dtype=torch.bool, device=x.device),
+            torch.ones(t[0].n_atoms, dtype=torch.bool, device=device),
         )
     return Protein(
         padded,
         tuple(p.atom_names for p in t),
-        packed.residue_index.to(x.device),
+        packed.residue_index.to(device),
         tuple(p.elements for p in t),
         packed.sequences,
-        packed.mask.to(x.device),
+        packed.mask.to(device),
     )
