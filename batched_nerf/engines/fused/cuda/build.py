@@ -241,16 +241,21 @@ if triton is not None:
         )
 
     @triton.jit
+    def _lanes(unit_start, unit_len, n_units, batch, BLOCK: tl.constexpr):
+        """This program's lanes, one per (unit, sample): each lane's sample, its unit's first row and
+        length (0 for a lane past the last unit)."""
+        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live_lane = lane < n_units * batch
+        unit = tl.where(live_lane, lane // batch, 0)
+        length = tl.where(live_lane, tl.load(unit_len + unit), 0)
+        return lane % batch, tl.load(unit_start + unit), length
+
+    @triton.jit
     def _build_kernel(
         rows, unit_start, unit_len, bonds, angles, dihedrals, fixed, pos, frames, phis,
         n_rows, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live_lane = lane < n_units * batch
-        sample = lane % batch
-        unit = tl.where(live_lane, lane // batch, 0)
-        start = tl.load(unit_start + unit)
-        length = tl.where(live_lane, tl.load(unit_len + unit), 0)
+        sample, start, length = _lanes(unit_start, unit_len, n_units, batch, BLOCK)
         pi = 3.141592653589793
         for step in range(0, max_len):
             live = step < length
@@ -334,12 +339,7 @@ if triton is not None:
         rows, unit_start, unit_len, bonds, angles, pos, frames, phis, gpos, gframes, gphis,
         g_bonds, g_angles, g_dihedrals, g_fixed, n_rows, n_units, batch, max_len, eps, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        lane = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        live_lane = lane < n_units * batch
-        sample = lane % batch
-        unit = tl.where(live_lane, lane // batch, 0)
-        start = tl.load(unit_start + unit)
-        length = tl.where(live_lane, tl.load(unit_len + unit), 0)
+        sample, start, length = _lanes(unit_start, unit_len, n_units, batch, BLOCK)
         for step in range(0, max_len):
             back = max_len - 1 - step
             live = back < length
