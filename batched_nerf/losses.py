@@ -465,15 +465,7 @@ def clash_loss(
         )
     xyz = check_xyz(xyz, tab)
     n = tab.n_atoms
-    if (min_distance is None) == (radii is None):
-        raise ValueError("give exactly one of min_distance (a scalar or per sample) and radii (shape (N,))")
-    if not power >= 1.0:
-        raise ValueError(f"power must be >= 1 (finite gradients at the flat bottom), got {power!r}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    if chunk_size is not None and chunk_size != "auto":
-        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk_size!r}")
+    _check_clash_options(min_distance is None, radii is None, power, reduction, chunk_size)
     dev, dtype = xyz.device, xyz.dtype
     batch = xyz.shape[:-2]
     periodic = None if box is None else cell(as_box(box, xyz))  # (H, H^-1), once for every block
@@ -492,13 +484,7 @@ def clash_loss(
     depth = _depth(exclude_14)
     ex = _graph_exclusions(graph, depth)
     ex_i, ex_j = _device_exclusions(graph, depth, dev)
-    batch_numel = math.prod(batch)
-    if chunk_size is None:
-        rows = max(n, 1)
-    elif chunk_size == "auto":
-        rows = max(1, _AUTO_ELEMENTS // max(1, batch_numel * n))
-    else:
-        rows = chunk_size
+    rows = _block_rows(chunk_size, math.prod(batch), n)
     cols = torch.arange(n, device=dev)
     starts = np.searchsorted(ex.i, np.arange(0, n + rows, rows)) if n else np.zeros(1, dtype=np.int64)
     pieces = []
@@ -528,3 +514,28 @@ def clash_loss(
     if reduction == "mean":
         return total / max(ex.n_pairs, 1)
     return total
+
+
+def _check_clash_options(
+    no_min_distance: bool, no_radii: bool, power: float, reduction: str, chunk_size: Any
+) -> None:
+    """`clash_loss`'s options checked (each message names the option and the value given)."""
+    if no_min_distance == no_radii:
+        raise ValueError("give exactly one of min_distance (a scalar or per sample) and radii (shape (N,))")
+    if not power >= 1.0:
+        raise ValueError(f"power must be >= 1 (finite gradients at the flat bottom), got {power!r}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    if chunk_size is not None and chunk_size != "auto":
+        if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, 'auto' or None, got {chunk_size!r}")
+
+
+def _block_rows(chunk_size: Any, batch_numel: int, n: int) -> int:
+    """Rows of the ``(..., R, N)`` distance blocks of `clash_loss`: all ``n`` (``chunk_size=None``),
+    about `_AUTO_ELEMENTS` elements a block (``"auto"``) or ``chunk_size``."""
+    if chunk_size is None:
+        return max(n, 1)
+    if chunk_size == "auto":
+        return max(1, _AUTO_ELEMENTS // max(1, batch_numel * n))
+    return int(chunk_size)
