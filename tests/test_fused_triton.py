@@ -124,7 +124,8 @@ def _internal(table: bn.ConstructionTable, batch: int, dtype: torch.dtype, seed:
 
 @pytest.mark.parametrize("name", list(_build_tables()))
 def test_build_and_vjp_match_levels(name: str) -> None:
-    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build, triton_vjp
+    from batched_nerf.engines.fused.cuda.build import triton_build, triton_vjp
+    from batched_nerf.engines.fused.cuda.rows import device_rows
 
     table = _build_tables()[name]
     bonds, angles, dihedrals, fixed = _internal(table, 3, torch.float64)
@@ -142,7 +143,8 @@ def test_build_and_vjp_match_levels(name: str) -> None:
 
 def test_build_degenerate_inputs_match_scan() -> None:
     """Zero bonds and angles of 0, pi and beyond pi continue along the frames like the scan engine."""
-    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build
+    from batched_nerf.engines.fused.cuda.build import triton_build
+    from batched_nerf.engines.fused.cuda.rows import device_rows
 
     table = bn.ConstructionTable.chain(10)
     bonds, angles, dihedrals, _ = _internal(table, 4, torch.float64)
@@ -156,7 +158,8 @@ def test_build_degenerate_inputs_match_scan() -> None:
 
 
 def test_build_float32_and_nan() -> None:
-    from batched_nerf.engines.fused.cuda.build import device_rows, triton_build
+    from batched_nerf.engines.fused.cuda.build import triton_build
+    from batched_nerf.engines.fused.cuda.rows import device_rows
 
     table = bn.data.load("alanine_dipeptide").table
     bonds, angles, dihedrals, _ = _internal(table, 5, torch.float64)

@@ -2,7 +2,7 @@
 
 One launch builds every sample: each lane is one ``(component, sample)`` pair and
 walks that component's rows of the fused plan (`batched_nerf.engines.fused.rows`: the
-array the CPU kernels read, as an ``int32`` device copy, `device_rows`), keeping each
+array the CPU kernels read, as an ``int32`` device copy, `rows.device_rows`), keeping each
 row's position and out-frame in a batch-innermost scratch (``(N, 3, B)`` and
 ``(N, 9, B)``, by row), so that consecutive lanes read consecutive memory. Row by row it follows the frame
 convention of ``docs/conventions.md`` (`frame_tree`): a placement frame
@@ -15,7 +15,7 @@ the effective dihedral with its sibling offsets, ``x_j = x_b + r_j M_j u`` and
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,6 +23,7 @@ from torch import Tensor
 from ...._geometry import EPS, nan_negative_bonds, pose_atoms
 from ...gpu_policy import launch
 from .. import rows as R
+from .rows import DeviceRows, device_rows
 
 try:  # optional: the CUDA builds of torch ship Triton
     import triton
@@ -35,10 +36,8 @@ __all__ = [
     "BLOCK",
     "NUM_WARPS",
     "READS_TRIG",
-    "DeviceRows",
     "build",
     "build_vjp",
-    "device_rows",
     "triton_build",
     "triton_vjp",
 ]
@@ -50,49 +49,6 @@ NUM_WARPS = 1
 BLOCK = 32 * NUM_WARPS
 #: Accumulation dtypes of the scratch (frames, positions): float64 unless asked (``accumulate_dtype``).
 ACCUMULATE = (torch.float64, torch.float32)
-
-
-class DeviceRows(NamedTuple):
-    """The fused plan's arrays on a device, as the kernels read them.
-
-    ``rows``: ``(12, N)`` ``int32``, the plan's ``index`` (fields of `rows`); ``run_start``,
-    ``run_len``: ``(C,)`` ``int32`` first row and row count of each component (a lane each);
-    ``row_of_atom``, ``atom_of_row``: ``(N,)`` ``int64`` the row that places each atom and
-    its inverse (the scratch is by row, the inputs and outputs by atom); ``seed_slot``: ``(N,)``
-    ``int64`` each atom's seeded component (the pose it moves by; ``S``: none).
-    """
-
-    rows: Tensor
-    run_start: Tensor
-    run_len: Tensor
-    row_of_atom: Tensor
-    atom_of_row: Tensor
-    seed_slot: Tensor
-    n_units: int
-    max_len: int
-
-
-def device_rows(plan: Any, device: torch.device | str) -> DeviceRows:
-    """`DeviceRows` of a fused plan (`batched_nerf.engines.fused.build.FusedPlan`) on ``device``,
-    made once per plan and device and kept with the plan."""
-    device = torch.device(device)
-    key = ("device_rows", device)
-    made = plan._reference.get(key)
-    if made is None:
-        index = torch.from_numpy(plan.index)
-        runs = torch.from_numpy(plan.runs)
-        made = DeviceRows(
-            rows=index.to(device=device, dtype=torch.int32).contiguous(),
-            run_start=runs[:-1].to(device=device, dtype=torch.int32),
-            run_len=runs.diff().to(device=device, dtype=torch.int32),
-            row_of_atom=torch.argsort(index[R.ATOM]).to(device),
-            atom_of_row=index[R.ATOM].to(device),
-            seed_slot=torch.tensor(plan.topology.seed_slot, dtype=torch.long, device=device),
-            n_units=int(runs.numel() - 1),
-            max_len=int(runs.diff().max()) if runs.numel() > 1 else 0,
-        )
-        plan._reference[key] = made
-    return made
 
 
 if triton is not None:
