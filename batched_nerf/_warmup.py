@@ -29,6 +29,7 @@ def _thresholds(threaded: bool) -> Iterator[None]:
     """With ``threaded``, the kernels' serial-below-this-size thresholds set to 0 (tiny calls take the
     threaded kernels), restored afterwards."""
     from .engines.fused.cpu import build as fused_numba
+    from .engines.fused.cpu import entries as fused_entries
     from .engines.fused.cpu import inverse as fused_inverse_numba
     from .engines.fused.cpu import trig as fused_numba_trig
     from .engines.fused.cpu import turns as fused_turns
@@ -39,6 +40,8 @@ def _thresholds(threaded: bool) -> Iterator[None]:
         (fused_numba, "TBB_SERIAL_WORK"),
         (fused_numba_trig, "SERIAL_VALUES"),
         (fused_numba_trig, "WORKQUEUE_SERIAL_VALUES"),
+        (fused_entries, "SERIAL_VALUES"),
+        (fused_entries, "WORKQUEUE_SERIAL_VALUES"),
         (fused_inverse_numba, "PARALLEL_ROWS"),
         (fused_turns, "SERIAL_WORK"),
         (fused_turns, "WORKQUEUE_SERIAL_WORK"),

@@ -84,3 +84,47 @@ def test_torch_func(name: str) -> None:
     torch.testing.assert_close(jac, eye.T, rtol=0, atol=0)
     hess = torch.func.hessian(lambda e: spread(e, layout).pow(3).sum())(entries[0])
     torch.testing.assert_close(hess, torch.diag(6 * entries[0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", ["a few runs", "many runs", "no entries"])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_cpu_copies_give_the_torch_maps_bits(
+    name: str, dtype: torch.dtype, threaded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where numba is installed the plain CPU calls take the backend's copies (one pass over the rows,
+    threaded above a size): the same bits as the torch maps, NaN included."""
+    pytest.importorskip("numba")
+    from batched_nerf.engines.fused.cpu import entries as cpu_entries
+    from batched_nerf.learning import entries as module
+
+    if threaded:
+        monkeypatch.setattr(cpu_entries, "SERIAL_VALUES", 0)
+        monkeypatch.setattr(cpu_entries, "WORKQUEUE_SERIAL_VALUES", 0)
+    layout = _layout(name)
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randn(3, 5, layout.n_atoms, dtype=F64, generator=gen).to(dtype)
+    entries = torch.randn(3, 5, layout.atoms.numel(), dtype=F64, generator=gen).to(dtype)
+    values[0, 1, -1], entries[..., :1] = float("nan"), float("nan")
+    assert module._kernels(values) is not None
+    got = gather(values, layout), spread(entries, layout), spread(entries[1, 2], layout)
+    monkeypatch.setattr(module, "_kernels", lambda x: None)
+    want = gather(values, layout), spread(entries, layout), spread(entries[1, 2], layout)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g.view(torch.int8), w.view(torch.int8))  # bitwise, NaN included
+
+
+def test_the_cpu_copies_serve_plain_calls_only() -> None:
+    pytest.importorskip("numba")
+    from batched_nerf.learning.entries import _kernels
+
+    x = torch.ones(2, 3)
+    assert _kernels(x) is not None
+    assert _kernels(x.half()) is None  # no kernel for the dtype
+    assert _kernels(x.clone().requires_grad_()) is None  # a gradient kept: the Function's route
+    with torch.no_grad():
+        assert _kernels(x.clone().requires_grad_()) is not None
+    seen = []
+    torch.func.vmap(lambda v: seen.append(_kernels(v)) or v)(x)
+    assert seen == [None]  # under a transform: torch

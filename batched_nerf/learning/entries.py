@@ -4,27 +4,36 @@ The flow layer ([`InternalCoordinateTransform`][batched_nerf.InternalCoordinateT
 informative internal coordinates, ordered by atom: the bonds of the atoms with a
 bond reference, and so on. `gather` picks them out of ``(..., N)`` per-atom
 values; `spread` puts ``(..., E)`` entries back, zero at the other atoms.
-The two maps are each other's adjoints, so each one's backward is the other
-(`gather`: a view where the entries are one run of consecutive atoms, else one
-``index_select``; `spread`: one ``cat`` of a few slices where the entries are a
-few runs, else one ``index_copy``). Autograd through the slices themselves would
-instead zero-fill an ``(..., E)`` array per slice and add them up: on alanine
-dipeptide x 4,096 that backward cost 1.5 ms of the flow layer's inverse, against
-~0.1 ms for a ``cat``. Both functions are linear, so
-they are differentiable to any order, and pure torch (``vmap``, ``jvp``).
+The two maps are each other's adjoints, so each one's backward is the other.
+Both are linear, so they are differentiable to any order (``vmap``, ``jvp``).
+Autograd through slices of the values would instead zero-fill an ``(..., E)``
+array per slice and add them up: on alanine dipeptide x 4,096 that backward cost
+1.5 ms of the flow layer's inverse, against ~0.1 ms for one ``cat``.
+
+Each map is a copy, computed by whichever is fastest, with the same bits: a view
+where the entries are one run of consecutive atoms (`gather`); on the CPU, where
+the gate routes the call plain (inside the two Functions, on their tangents and
+cotangents) and numba is installed, one pass of the CPU backend's copies
+(`batched_nerf.engines.fused.cpu.entries`); otherwise torch: one ``index_select``
+(`gather`), a ``cat`` of a few slices or one ``index_copy`` (`spread`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ..engines.backends import available, require
 from ..engines.function import linear_pair
+from ..runtime import gate
 
 __all__ = ["EntryLayout", "gather", "spread"]
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
 
 #: Entries of at most this many runs of consecutive atoms are spread by a ``cat`` of slices, not
 #: ``index_copy``: ~80 us against ~100 us (alanine dipeptide x 4,096; both slow on a short last
@@ -59,15 +68,34 @@ class EntryLayout:
         return cls(atoms, _runs(atoms.cpu().numpy()), int(n_atoms))
 
 
+def _kernels(x: Tensor) -> Any:
+    """The CPU backend's entry copies (`batched_nerf.engines.fused.cpu.entries`) where they serve
+    ``x``: a CPU float32/float64 tensor the gate routes plain (no gradient kept, no transform:
+    inside the maps' Functions, on their tangents and cotangents), numba installed; else None."""
+    if x.is_cpu and x.dtype in _KERNEL_DTYPES and x.numel() and gate.plain(x) and available("cpu"):
+        return require("cpu").entries
+    return None
+
+
 def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
     runs = layout.runs
     if runs is not None and len(runs) <= 1:
         return values[..., runs[0][0] : runs[0][1]] if runs else values[..., :0]
+    kernels = _kernels(values)
+    if kernels is not None:
+        rows = values.detach().contiguous().reshape(-1, layout.n_atoms).numpy()
+        out = kernels.gather(rows, layout.atoms.numpy())
+        return torch.from_numpy(out).reshape(*values.shape[:-1], -1)
     return values.index_select(-1, layout.atoms)
 
 
 def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:
     runs, n = layout.runs, layout.n_atoms
+    kernels = _kernels(entries)
+    if kernels is not None:
+        rows = entries.detach().contiguous().reshape(-1, entries.shape[-1]).numpy()
+        out = kernels.spread(rows, layout.atoms.numpy(), n)
+        return torch.from_numpy(out).reshape(*entries.shape[:-1], n)
     if runs is None:
         full = entries.new_zeros((*entries.shape[:-1], n))
         return full.index_copy(-1, layout.atoms, entries)

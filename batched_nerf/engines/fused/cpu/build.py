@@ -52,12 +52,22 @@ from numba import njit
 from torch import Tensor
 
 from ..arrays import numpy_view as _np
-from . import pose, threads, tiers, turns
+from . import entries, pose, threads, tiers, turns
 from .blocks import LANES, _blocks_items, _ring, backward_call, forward_call
 from .samples import _backward_items, _backward_parallel, _forward_items, _forward_parallel
 from .trig import _gathered_items, gathered_trig, trig
 
-__all__ = ["backward", "forward", "gathered_forward", "gathered_trig", "pose", "trig", "turns", "zero_past"]
+__all__ = [
+    "backward",
+    "entries",
+    "forward",
+    "gathered_forward",
+    "gathered_trig",
+    "pose",
+    "trig",
+    "turns",
+    "zero_past",
+]
 
 #: Below this many atom-samples per call a kernel runs on the calling thread (no pool round trip),
 #: on GNU OpenMP (`TBB_SERIAL_WORK` on TBB, `WORKQUEUE_SERIAL_WORK` on numba's ``workqueue``;
