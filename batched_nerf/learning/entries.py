@@ -83,7 +83,7 @@ def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
         return values[..., runs[0][0] : runs[0][1]] if runs else values[..., :0]
     kernels = _kernels(values)
     if kernels is not None:
-        rows = values.detach().contiguous().reshape(-1, layout.n_atoms).numpy()
+        rows = values.detach().contiguous().reshape(-1, values.shape[-1]).numpy()
         out = kernels.gather(rows, layout.atoms.numpy())
         return torch.from_numpy(out).reshape(*values.shape[:-1], -1)
     return values.index_select(-1, layout.atoms)
