@@ -33,8 +33,6 @@ from ..runtime import gate
 
 __all__ = ["EntryLayout", "gather", "spread"]
 
-_KERNEL_DTYPES = (torch.float32, torch.float64)
-
 #: Entries of at most this many runs of consecutive atoms are spread by a ``cat`` of slices, not
 #: ``index_copy``: ~80 us against ~100 us (alanine dipeptide x 4,096; both slow on a short last
 #: dimension). Gathered, they are a view (one run) or one ``index_select``, which measured
@@ -72,7 +70,7 @@ def _kernels(x: Tensor) -> Any:
     """The CPU backend's entry copies (`batched_nerf.engines.fused.cpu.entries`) where they serve
     ``x``: a CPU float32/float64 tensor the gate routes plain (no gradient kept, no transform:
     inside the maps' Functions, on their tangents and cotangents), numba installed; else None."""
-    if x.is_cpu and x.dtype in _KERNEL_DTYPES and x.numel() and gate.plain(x) and available("cpu"):
+    if x.numel() and gate.kernel_inputs(x) and gate.plain(x) and available("cpu"):
         return require("cpu").entries
     return None
 
