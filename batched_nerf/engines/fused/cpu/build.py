@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 from numba import njit
@@ -110,9 +109,8 @@ def _blocked(n_samples: int, width: int, n_units: int, nt: int, max_width: int) 
 
 def _threads(n_samples: int, n_units: int, n_atoms: int) -> int:
     """Threads for one call: 1 for small work, else at most one per work item."""
-    if n_samples * n_atoms < threads.serial_bound(SERIAL_WORK, WORKQUEUE_SERIAL_WORK, TBB_SERIAL_WORK):
-        return 1
-    return max(1, min(numba.get_num_threads(), n_samples * n_units))
+    work = n_samples * n_atoms
+    return threads.count(work, n_samples * n_units, SERIAL_WORK, WORKQUEUE_SERIAL_WORK, TBB_SERIAL_WORK)
 
 
 def forward(

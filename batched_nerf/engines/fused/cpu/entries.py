@@ -10,11 +10,10 @@ threads, with the calls around them: the three kinds spread in 219 us against 34
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
-from .threads import serial_bound
+from . import threads
 
 __all__ = ["gather", "spread"]
 
@@ -52,21 +51,12 @@ def _spread_parallel(entries, atoms, out, nt):
         _spread_items(t, nt, entries, atoms, out)
 
 
-def _run(items, parallel, n_values: int, *args) -> None:  # type: ignore[no-untyped-def]
-    """``items`` on this thread for small calls (no thread-pool round trip), else ``parallel``."""
-    serial = n_values < serial_bound(SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
-    nt = 1 if serial else min(numba.get_num_threads(), args[0].shape[0])
-    if nt > 1:
-        parallel(*args, nt)
-    else:
-        items(0, 1, *args)
-
-
 def gather(values: np.ndarray, atoms: np.ndarray) -> np.ndarray:
     """``(M, E)`` entries ``values[:, atoms]`` of C-contiguous ``(M, N)`` rows; ``atoms`` ``(E,)``
     int64, distinct, in ``[0, N)``."""
     out = np.empty((values.shape[0], atoms.size), dtype=values.dtype)
-    _run(_gather_items, _gather_parallel, values.size, values, atoms, out)
+    nt = threads.count(values.size, values.shape[0], SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
+    threads.launch(_gather_items, _gather_parallel, nt, values, atoms, out)
     return out
 
 
@@ -74,5 +64,6 @@ def spread(entries: np.ndarray, atoms: np.ndarray, n_atoms: int) -> np.ndarray:
     """``(M, n_atoms)`` rows, zero but at ``atoms`` ``(E,)`` (int64, distinct, in ``[0, n_atoms)``),
     where they hold the C-contiguous ``(M, E)`` ``entries``."""
     out = np.zeros((entries.shape[0], n_atoms), dtype=entries.dtype)  # calloc: zeroed pages
-    _run(_spread_items, _spread_parallel, out.size, entries, atoms, out)
+    nt = threads.count(out.size, entries.shape[0], SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
+    threads.launch(_spread_items, _spread_parallel, nt, entries, atoms, out)
     return out

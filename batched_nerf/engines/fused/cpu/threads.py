@@ -5,8 +5,9 @@ inside the functions).
 A launch of a parallel kernel costs about 2 us on GNU OpenMP or TBB and 70-80 us on numba's own
 ``workqueue`` (2-core Linux machine), and a TBB worker that slept through other work is slow to
 wake, so each kernel keeps a serial bound per layer (the work below which a call runs on the
-calling thread), and `serial_bound` picks the layer's. Which layer
-`cache.prepare` asks for, and why, is said in `cache`.
+calling thread), and `serial_bound` picks the layer's; `count` turns it into a call's threads
+and `launch` runs a kernel pair (a slice function and its ``prange`` over slices) on them. Which
+layer `cache.prepare` asks for, and why, is said in `cache`.
 
 GNU OpenMP is not fork-safe: numba ends a forked child at its first parallel launch when the
 parent had launched one ("fork() called from a process already using GNU OpenMP"). So
@@ -24,8 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "count",
     "gnu_omp_missing",
     "is_parallel",
+    "launch",
     "load_tbb",
     "parallel_kernels",
     "serial_bound",
@@ -76,6 +79,27 @@ def serial_bound(bound: int, workqueue: int, tbb: int | None = None) -> int:
     if _layer[0] == "workqueue":
         return workqueue
     return tbb if tbb is not None and _layer[0] == "tbb" else bound
+
+
+def count(work: int, most: int, bound: int, workqueue: int, tbb: int | None = None) -> int:
+    """Threads for a call of ``work`` units: 1 below the kernel's `serial_bound` (``bound``,
+    ``workqueue``, ``tbb`` as there), else numba's thread count, at most ``most`` (the call's work
+    items) and at least 1."""
+    if work < serial_bound(bound, workqueue, tbb):
+        return 1
+    import numba
+
+    return max(1, min(numba.get_num_threads(), most))
+
+
+def launch(items: Callable[..., None], parallel: Callable[..., None], nt: int, *args: Any) -> None:
+    """Run a kernel pair on ``nt`` threads: ``parallel(*args, nt)`` (a ``prange`` over ``nt``
+    slices), or ``items(0, 1, *args)`` (the one slice, on the calling thread: no thread-pool round
+    trip) where ``nt`` is 1."""
+    if nt > 1:
+        parallel(*args, nt)
+    else:
+        items(0, 1, *args)
 
 
 def threading_layer() -> str:

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
-from .threads import serial_bound
+from . import threads
 
 __all__ = ["angles", "gathered_trig", "trig"]
 
@@ -115,14 +114,10 @@ def trig(angles: np.ndarray, dihedrals: np.ndarray, out: np.ndarray | None = Non
 
 
 def _run(items, parallel, *args):  # type: ignore[no-untyped-def]
-    """``items`` on this thread for small calls (no thread-pool round trip), else ``parallel``;
-    ``args[0]``: the flat values of one of the two inputs."""
-    serial = 2 * args[0].size < serial_bound(SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
-    nt = 1 if serial else numba.get_num_threads()
-    if nt > 1:
-        parallel(*args, nt)
-    else:
-        items(0, 1, *args)
+    """`threads.launch` of a kernel pair over the two inputs' values (``args[0]``: the flat values
+    of one of them)."""
+    n = args[0].size
+    threads.launch(items, parallel, threads.count(2 * n, n, SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES), *args)
 
 
 @njit(cache=True)
@@ -185,12 +180,8 @@ def gathered_trig(
     bonds = np.empty((m, n), dtype=values[0].dtype)
     out = np.empty((4, m, n))
     args = (values, consts, which, column, count, fallback, bonds, out)
-    serial = 2 * m * n < serial_bound(SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
-    nt = 1 if serial else min(numba.get_num_threads(), m)
-    if nt > 1:
-        _gathered_parallel(*args, nt)
-    else:
-        _gathered_items(0, 1, *args)
+    nt = threads.count(2 * m * n, m, SERIAL_VALUES, WORKQUEUE_SERIAL_VALUES)
+    threads.launch(_gathered_items, _gathered_parallel, nt, *args)
     return bonds, out
 
 
