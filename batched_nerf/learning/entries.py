@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..engines.backends import available, require
 from ..engines.function import linear_pair
+from ..engines.fused.arrays import numpy_view
 from ..runtime import gate
 
 __all__ = ["EntryLayout", "gather", "spread"]
@@ -81,8 +82,7 @@ def _gather(values: Tensor, layout: EntryLayout) -> Tensor:
         return values[..., runs[0][0] : runs[0][1]] if runs else values[..., :0]
     kernels = _kernels(values)
     if kernels is not None:
-        rows = values.detach().contiguous().reshape(-1, values.shape[-1]).numpy()
-        out = kernels.gather(rows, layout.atoms.numpy())
+        out = kernels.gather(numpy_view(values).reshape(-1, values.shape[-1]), layout.atoms.numpy())
         return torch.from_numpy(out).reshape(*values.shape[:-1], -1)
     return values.index_select(-1, layout.atoms)
 
@@ -91,8 +91,7 @@ def _spread(entries: Tensor, layout: EntryLayout) -> Tensor:
     runs, n = layout.runs, layout.n_atoms
     kernels = _kernels(entries)
     if kernels is not None:
-        rows = entries.detach().contiguous().reshape(-1, entries.shape[-1]).numpy()
-        out = kernels.spread(rows, layout.atoms.numpy(), n)
+        out = kernels.spread(numpy_view(entries).reshape(-1, entries.shape[-1]), layout.atoms.numpy(), n)
         return torch.from_numpy(out).reshape(*entries.shape[:-1], n)
     if runs is None:
         full = entries.new_zeros((*entries.shape[:-1], n))
